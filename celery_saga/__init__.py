@@ -1,0 +1,61 @@
+"""Saga semantics for Celery: durable multi-step workflows with reverse-order compensation."""
+
+from celery_saga.definition.builder import Saga, SagaDefinition, compensated_by, path, step
+from celery_saga.errors import (
+    BranchPathError,
+    DefinitionChangedError,
+    DefinitionError,
+    ExecutionNotFoundError,
+    InvalidStateError,
+    PayloadError,
+    SagaError,
+    SchemaValidationError,
+    StepTimeoutError,
+    UnknownSagaError,
+)
+from celery_saga.records import (
+    CompensationOutcome,
+    Execution,
+    ExecutionRecord,
+    ExecutionState,
+    RollbackStatus,
+    StepRecord,
+    StepStatus,
+)
+from celery_saga.runtime.clock import Clock, SystemClock, get_clock, set_clock
+from celery_saga.runtime.context import SagaContext
+from celery_saga.store.queries import Page
+from celery_saga.worker.engine import SagaEngine, SagaHandle
+
+__all__ = [
+    "BranchPathError",
+    "Clock",
+    "CompensationOutcome",
+    "DefinitionChangedError",
+    "DefinitionError",
+    "Execution",
+    "ExecutionNotFoundError",
+    "ExecutionRecord",
+    "ExecutionState",
+    "InvalidStateError",
+    "Page",
+    "PayloadError",
+    "RollbackStatus",
+    "Saga",
+    "SagaContext",
+    "SagaDefinition",
+    "SagaEngine",
+    "SagaError",
+    "SagaHandle",
+    "SchemaValidationError",
+    "StepRecord",
+    "StepStatus",
+    "StepTimeoutError",
+    "SystemClock",
+    "UnknownSagaError",
+    "compensated_by",
+    "get_clock",
+    "path",
+    "set_clock",
+    "step",
+]

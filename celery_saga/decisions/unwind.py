@@ -1,0 +1,79 @@
+"""What the unwind does next (guarantees 1-6, 8).
+
+Eligible steps are those that started with a compensation declared, unless the run passed
+its pivot. They are undone in reverse start order (record id order), one at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from celery_saga.decisions.admission import Admission
+from celery_saga.records import CompensationOutcome, RollbackStatus, StepRecord
+
+
+class UnwindKind(str, Enum):
+    COMPENSATE = "compensate"
+    HALT_FAILED = "halt_failed"
+    HALT_VANISHED = "halt_vanished"
+    DONE = "done"
+
+
+@dataclass(frozen=True)
+class UnwindStep:
+    kind: UnwindKind
+    record: StepRecord | None = None
+    rollback_status: RollbackStatus | None = None
+
+
+def eligible_steps(records: Sequence[StepRecord], committed: bool) -> list[StepRecord]:
+    """Steps owed a reversal, most recently started first. A failed step is eligible too."""
+    if committed:
+        return []
+    return sorted((r for r in records if r.compensatable), key=lambda r: r.id, reverse=True)
+
+
+def next_unwind_step(
+    records: Sequence[StepRecord], committed: bool, compensations: Collection[str]
+) -> UnwindStep:
+    """``compensations``: names of steps whose compensation the deployed definition has."""
+    eligible = eligible_steps(records, committed)
+    for record in eligible:
+        if record.compensation_status in (
+            CompensationOutcome.COMPENSATED,
+            CompensationOutcome.SKIPPED,
+        ):
+            continue
+        if record.compensation_status is CompensationOutcome.FAILED:
+            return UnwindStep(UnwindKind.HALT_FAILED, record)
+        if record.name not in compensations:
+            return UnwindStep(UnwindKind.HALT_VANISHED, record)
+        return UnwindStep(UnwindKind.COMPENSATE, record)
+    status = RollbackStatus.COMPLETED if eligible else RollbackStatus.NOT_APPLICABLE
+    return UnwindStep(UnwindKind.DONE, rollback_status=status)
+
+
+def outstanding_steps(records: Sequence[StepRecord], committed: bool) -> list[StepRecord]:
+    """Eligible steps with no outcome yet: what ``abandon_compensation`` marks skipped."""
+    return [r for r in eligible_steps(records, committed) if r.compensation_status is None]
+
+
+
+def compensation_admission(
+    record: StepRecord | None, planned: UnwindStep, attempt: int, lease_live: bool
+) -> Admission:
+    """May this compensate message run? Only for the plan's next step, still without an
+    outcome and not held by a live claim; older attempts' duplicates are dropped."""
+    if record is None or planned.kind is not UnwindKind.COMPENSATE or planned.record is None:
+        return Admission.REJECT_NOT_LIVE
+    if planned.record.id != record.id:
+        return Admission.REJECT_STALE_CURSOR
+    if record.compensation_status is not None:
+        return Admission.REJECT_ALREADY_DONE
+    if lease_live:
+        return Admission.REJECT_IN_FLIGHT
+    if attempt < record.compensation_attempts:
+        return Admission.REJECT_STALE_ATTEMPT
+    return Admission.RUN

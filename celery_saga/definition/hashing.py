@@ -1,0 +1,45 @@
+"""Structural hash of a saga graph (guarantee 22).
+
+Covers what decides how a stored run is interpreted: node kinds and order, step and path names,
+which callables run, and whether a step has a compensation. Tuning (retries, timeouts) is left
+out, so changing it does not orphan running executions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from celery_saga.definition.nodes import BranchNode, Node, ParallelNode, StepNode, StepSpec
+
+
+def callable_identity(action: Any) -> str:
+    """A Celery task's registered name, or a function's ``module.qualname``."""
+    task_name = getattr(action, "name", None)
+    if isinstance(task_name, str) and hasattr(action, "apply_async"):
+        return task_name
+    module = getattr(action, "__module__", "?")
+    return f"{module}.{getattr(action, '__qualname__', type(action).__qualname__)}"
+
+
+def _step_shape(spec: StepSpec) -> list[Any]:
+    compensation = None if spec.compensation is None else callable_identity(spec.compensation)
+    return [spec.name, callable_identity(spec.action), compensation, spec.is_transform]
+
+
+def _node_shape(node: Node) -> list[Any]:
+    if isinstance(node, StepNode):
+        return ["step", _step_shape(node.step)]
+    if isinstance(node, ParallelNode):
+        return ["parallel", node.name, [_step_shape(s) for s in node.steps]]
+    if isinstance(node, BranchNode):
+        paths = {name: [_step_shape(s) for s in steps] for name, steps in node.paths.items()}
+        return ["branch", node.name, sorted(paths.items())]
+    return ["pivot"]
+
+
+def structural_hash(saga: str, nodes: Sequence[Node]) -> str:
+    shape = [saga, [_node_shape(node) for node in nodes]]
+    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]

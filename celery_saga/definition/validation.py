@@ -1,0 +1,101 @@
+"""Checks run when a saga is built or sealed; each error names the saga and the step."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from celery_saga.definition.nodes import (
+    BranchNode,
+    Node,
+    ParallelNode,
+    PivotNode,
+    StepSpec,
+    node_steps,
+)
+from celery_saga.errors import DefinitionError
+
+#: ``name:<digits>`` is how loop iterations are recorded, so a step may not be named that way.
+_ITERATION_SUFFIX = re.compile(r":\d+$")
+RESERVED_STEP_NAMES = frozenset({"input", "results", "signals"})
+
+
+def _check_positive(saga: str, step: str, field: str, value: float | None) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise DefinitionError(
+            f"saga {saga!r}, step {step!r}: {field} must be a positive number of seconds, "
+            f"got {value!r}"
+        )
+
+
+def _check_attempts(saga: str, step: str, field: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise DefinitionError(
+            f"saga {saga!r}, step {step!r}: {field} is a number of attempts and must be an "
+            f"integer >= 1, got {value!r}"
+        )
+
+
+def validate_step(saga: str, spec: StepSpec) -> None:
+    name = spec.name
+    if not isinstance(name, str) or not name.strip():
+        raise DefinitionError(f"saga {saga!r}: a step needs a non-empty string name, got {name!r}")
+    if name in RESERVED_STEP_NAMES or name.startswith("__"):
+        raise DefinitionError(f"saga {saga!r}: step name {name!r} is reserved")
+    if _ITERATION_SUFFIX.search(name):
+        raise DefinitionError(
+            f"saga {saga!r}: step name {name!r} ends in ':<number>', which is reserved for "
+            "loop iterations"
+        )
+    if not callable(spec.action):
+        raise DefinitionError(
+            f"saga {saga!r}, step {name!r}: the action must be a Celery task or a callable, "
+            f"got {spec.action!r}"
+        )
+    if spec.compensation is not None and not callable(spec.compensation):
+        raise DefinitionError(
+            f"saga {saga!r}, step {name!r}: the compensation must be a Celery task or a "
+            f"callable, got {spec.compensation!r}"
+        )
+    _check_attempts(saga, name, "retry", spec.retry)
+    _check_attempts(saga, name, "compensation_retry", spec.compensation_retry)
+    _check_positive(saga, name, "timeout", spec.timeout)
+    _check_positive(saga, name, "compensation_timeout", spec.compensation_timeout)
+    _check_positive(saga, name, "backoff", spec.backoff)
+    _check_positive(saga, name, "backoff_max", spec.backoff_max)
+    for field in ("args", "compensation_args"):
+        mapper = getattr(spec, field)
+        if mapper is not None and not callable(mapper):
+            raise DefinitionError(f"saga {saga!r}, step {name!r}: {field} must be callable")
+
+
+def _check_node(saga: str, node: Node) -> None:
+    if isinstance(node, ParallelNode) and not node.steps:
+        raise DefinitionError(f"saga {saga!r}: parallel group {node.name!r} has no steps")
+    if isinstance(node, BranchNode):
+        if not callable(node.selector):
+            raise DefinitionError(f"saga {saga!r}: branch {node.name!r} needs a callable selector")
+        if not node.paths:
+            raise DefinitionError(f"saga {saga!r}: branch {node.name!r} has no paths")
+        for path_name, steps in node.paths.items():
+            if not steps:
+                raise DefinitionError(
+                    f"saga {saga!r}: path {path_name!r} of branch {node.name!r} has no steps"
+                )
+
+
+def validate_saga(saga: str, nodes: Sequence[Node]) -> None:
+    """Whole-graph checks: not empty, unique step names, at most one pivot."""
+    if not any(node_steps(node) for node in nodes):
+        raise DefinitionError(f"saga {saga!r} has no steps")
+    if sum(isinstance(node, PivotNode) for node in nodes) > 1:
+        raise DefinitionError(f"saga {saga!r} has more than one pivot")
+    seen: set[str] = set()
+    for node in nodes:
+        _check_node(saga, node)
+        for spec in node_steps(node):
+            if spec.name in seen:
+                raise DefinitionError(f"saga {saga!r}: step name {spec.name!r} is used twice")
+            seen.add(spec.name)

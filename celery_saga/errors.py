@@ -1,0 +1,43 @@
+"""The public error hierarchy: every error the library raises on purpose is a ``SagaError``."""
+
+from __future__ import annotations
+
+
+class SagaError(Exception):
+    """Base class of every error raised by celery_saga on purpose."""
+
+
+class DefinitionError(SagaError):
+    """A saga definition is malformed (raised when it is built or registered)."""
+
+
+class UnknownSagaError(SagaError):
+    """A saga name was used that no registered definition carries."""
+
+
+class ExecutionNotFoundError(SagaError):
+    """An execution id names no stored execution."""
+
+
+class InvalidStateError(SagaError):
+    """An operator command was given to an execution in a state that does not allow it."""
+
+
+class PayloadError(SagaError):
+    """A value cannot be stored: unsupported type, or larger than the configured limit."""
+
+
+class SchemaValidationError(SagaError):
+    """A step's input or output was rejected by its schema."""
+
+
+class StepTimeoutError(SagaError):
+    """A step or compensation ran longer than its timeout."""
+
+
+class DefinitionChangedError(SagaError):
+    """A running execution's definition hash differs from the deployed definition."""
+
+
+class BranchPathError(SagaError):
+    """A branch selector returned a path name the branch does not define."""

@@ -1,0 +1,118 @@
+"""Plain records of stored state, shared by the decisions, the store and the public API."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import Enum
+from typing import Any
+
+
+class ExecutionState(str, Enum):
+    RUNNING = "running"
+    WAITING = "waiting"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    COMPENSATING = "compensating"
+    COMPENSATION_STUCK = "compensation_stuck"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (ExecutionState.COMPLETED, ExecutionState.FAILED)
+
+
+class RollbackStatus(str, Enum):
+    COMPLETED = "completed"
+    NOT_APPLICABLE = "not_applicable"
+    STUCK = "stuck"
+
+
+class StepStatus(str, Enum):
+    PENDING = "pending"  # started before, waiting for its next attempt
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class CompensationOutcome(str, Enum):
+    COMPENSATED = "compensated"
+    FAILED = "compensation_failed"
+    SKIPPED = "compensation_skipped"
+
+
+@dataclass(frozen=True)
+class ExecutionRecord:
+    id: str
+    saga_name: str
+    definition_hash: str
+    state: ExecutionState
+    cursor: int
+    cursor_sub: int
+    input: Any
+    failure_reason: str | None
+    rollback_status: RollbackStatus | None
+    rollback_reason: str | None
+    committed_at: datetime | None
+    parent_execution_id: str | None
+    version: int
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One step's journal row. ``id`` grows with first start, so it IS the start order."""
+
+    id: int
+    execution_id: str
+    name: str
+    node: int
+    sub: int
+    status: StepStatus
+    attempts: int
+    idempotency_key: str
+    compensatable: bool
+    result: Any = None
+    error: str | None = None
+    lease_expires_at: datetime | None = None
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+    compensation_status: CompensationOutcome | None = None
+    compensation_reason: str | None = None
+    compensated_at: datetime | None = None
+    compensation_attempts: int = 0
+    compensation_lease_expires_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Execution:
+    """What ``SagaEngine.get`` returns: the execution row and its steps in start order."""
+
+    record: ExecutionRecord
+    steps: tuple[StepRecord, ...]
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    @property
+    def state(self) -> ExecutionState:
+        return self.record.state
+
+    @property
+    def rollback_status(self) -> RollbackStatus | None:
+        return self.record.rollback_status
+
+    @property
+    def failure_reason(self) -> str | None:
+        return self.record.failure_reason
+
+    @property
+    def results(self) -> dict[str, Any]:
+        return {s.name: s.result for s in self.steps if s.status is StepStatus.COMPLETED}
+
+    def step(self, name: str) -> StepRecord:
+        for record in self.steps:
+            if record.name == name:
+                return record
+        raise KeyError(name)

@@ -1,0 +1,118 @@
+"""Calling a step or compensation: argument mapping, schemas and timeouts."""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from celery_saga.errors import SchemaValidationError, StepTimeoutError
+from celery_saga.runtime.context import SagaContext
+from celery_saga.runtime.describe import describe_error
+
+_CONTEXT_NAMES = ("ctx", "context")
+
+
+def _body(target: Any) -> Callable[..., Any]:
+    """The function whose signature describes a Celery task (``run``) or a callable."""
+    run = getattr(target, "run", None)
+    return run if callable(run) and hasattr(target, "apply_async") else target  # type: ignore[no-any-return]
+
+
+def _parameters(target: Any) -> Mapping[str, inspect.Parameter]:
+    try:
+        return inspect.signature(_body(target)).parameters
+    except (TypeError, ValueError):
+        return {}
+
+
+def _asks_for_context(parameters: Mapping[str, inspect.Parameter]) -> str | None:
+    for name, parameter in parameters.items():
+        if name in _CONTEXT_NAMES or parameter.annotation in (SagaContext, "SagaContext"):
+            return name
+    return None
+
+
+def as_plain_mapping(value: Any) -> Mapping[str, Any]:
+    """A validated model's fields, or the mapping itself; anything else maps to nothing."""
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        return dump()  # type: ignore[no-any-return]
+    return value if isinstance(value, Mapping) else {}
+
+
+def call_arguments(
+    target: Any, ctx: SagaContext, mapper: Callable[[SagaContext], Mapping[str, Any]] | None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Keyword arguments for ``target``: the mapper's, the context, or matching input keys."""
+    if mapper is not None:
+        mapped = mapper(ctx)
+        if not isinstance(mapped, Mapping):
+            raise TypeError(f"args mapper of step {ctx.step_name!r} returned "
+                            f"{type(mapped).__name__}, not a mapping")
+        return dict(mapped)
+    parameters = _parameters(target)
+    context_name = _asks_for_context(parameters)
+    if context_name is not None:
+        return {context_name: ctx}
+    available = {**as_plain_mapping(ctx.input), **(extra or {})}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return available
+    return {name: value for name, value in available.items() if name in parameters}
+
+
+def run_with_timeout(function: Callable[[], Any], timeout: float | None, what: str) -> Any:
+    """Run ``function``; past ``timeout`` seconds give up on it and raise StepTimeoutError.
+
+    The body keeps running in its daemon thread (Python cannot kill a thread); under the
+    prefork pool the message's hard time limit is what finally stops it.
+    """
+    if timeout is None:
+        return function()
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = function()
+        except BaseException as error:  # handed back to the caller's thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=target, name=f"saga:{what}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise StepTimeoutError(f"{what} timed out after {timeout:g}s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
+
+
+def apply_schema(schema: Any, value: Any, what: str) -> Any:
+    """Validate ``value`` and return what the validator RETURNS (coercions, defaults).
+
+    Accepts a pydantic model or TypeAdapter, any object with ``model_validate``,
+    ``validate_python``, ``validate`` or ``parse``, or a plain callable. A validator that
+    returns None only asserts, and the original value is kept.
+    """
+    if schema is None:
+        return value
+    for method in ("model_validate", "validate_python", "validate", "parse"):
+        validator = getattr(schema, method, None)
+        if callable(validator):
+            break
+    else:
+        validator = schema
+    try:
+        validated = validator(value)
+    except Exception as error:
+        raise SchemaValidationError(f"{what} was rejected by its schema: "
+                                    f"{describe_error(error)}") from error
+    return value if validated is None else validated
+
+
+def storable(value: Any) -> Any:
+    """A validated model is stored as its fields."""
+    dump = getattr(value, "model_dump", None)
+    return dump(mode="python") if callable(dump) else value

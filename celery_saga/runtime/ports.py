@@ -1,0 +1,42 @@
+"""What the runtime needs from the outside: publishing messages, emitting events, settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from celery_saga.decisions.admission import NodeMessage
+from celery_saga.definition.nodes import StepSpec
+from celery_saga.store.codec import DEFAULT_MAX_PAYLOAD_BYTES
+
+
+class Publisher(Protocol):
+    def publish_node(self, saga_name: str, spec: StepSpec | None, message: NodeMessage,
+                     countdown: float | None = None) -> None:
+        """Send the node task for ``message``, routed and named after ``spec``'s action."""
+
+    def publish_compensation(self, saga_name: str, spec: StepSpec | None, execution_id: str,
+                             step_name: str, attempt: int,
+                             countdown: float | None = None) -> None:
+        """Send the compensate task for one reversal."""
+
+
+class EventSink(Protocol):
+    def __call__(self, event: str, fields: dict[str, Any]) -> None:
+        """Deliver one saga event (``saga-step-completed`` ...) with its fields."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Engine-wide knobs (read from the Celery app's ``saga_*`` settings).
+
+    ``lease_seconds``: how long a claimed step is protected from a duplicate message when it
+    declares no timeout; ``compensation_timeout``: the default reversal timeout
+    (guarantee 7); ``max_payload_bytes``: largest encoded input or result;
+    ``store_retry_delays``: pauses between retries of a failure record that the store refused.
+    """
+
+    lease_seconds: float = 300.0
+    compensation_timeout: float = 30.0
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    store_retry_delays: tuple[float, ...] = (0.05, 0.2, 0.5, 1.0, 2.0)

@@ -1,0 +1,119 @@
+"""Engine set-up per backend, transactions, schema migrations and a statement counter."""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import StaticPool
+
+VERSION_TABLE = "celery_saga_alembic_version"
+_MIGRATIONS = Path(__file__).with_name("migrations")
+_MIGRATION_LOCK = 0x5A6A_0001
+
+
+def to_db_time(value: datetime) -> datetime:
+    """Stored timestamps are naive UTC, the one form every backend keeps exactly."""
+    return value.astimezone(timezone.utc).replace(tzinfo=None)
+
+
+def from_db_time(value: datetime | None) -> datetime | None:
+    return None if value is None else value.replace(tzinfo=timezone.utc)
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let SQLAlchemy's "begin" event issue BEGIN IMMEDIATE instead of pysqlite's BEGIN.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        for pragma in ("journal_mode=WAL", "busy_timeout=30000", "foreign_keys=ON",
+                       "synchronous=NORMAL"):
+            cursor.execute(f"PRAGMA {pragma}")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(connection: Connection) -> None:
+        # Writers are serialised up front: a deferred transaction that later upgrades to a
+        # write lock can fail with SQLITE_BUSY regardless of the busy timeout.
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _after_fork(reference: weakref.ref[Engine]) -> None:
+    engine = reference()
+    if engine is not None:
+        # A prefork child must not reuse the parent's sockets (billiard forks after import).
+        engine.dispose(close=False)
+
+
+class Database:
+    """One SQLAlchemy engine for the store, configured for its backend."""
+
+    def __init__(self, url: str) -> None:
+        parsed = make_url(url)
+        self.url = url
+        self.dialect = parsed.get_backend_name()
+        self.statement_count = 0
+        options: dict[str, Any] = {"future": True}
+        if self.dialect == "sqlite":
+            options["connect_args"] = {"timeout": 30, "check_same_thread": False}
+            if parsed.database in (None, "", ":memory:"):
+                options["poolclass"] = StaticPool
+        else:
+            # Every conditional write re-reads committed rows; REPEATABLE READ (MySQL's
+            # default) would show a join an old snapshot of its sibling steps.
+            options.update(isolation_level="READ COMMITTED", pool_pre_ping=True)
+        self.engine = create_engine(url, **options)
+        if self.dialect == "sqlite":
+            _configure_sqlite(self.engine)
+        event.listen(self.engine, "before_cursor_execute", self._count)
+        reference = weakref.ref(self.engine)
+        os.register_at_fork(after_in_child=lambda: _after_fork(reference))
+        self._migrated = False
+        self._migrate_lock = threading.Lock()
+
+    def _count(self, *_args: Any) -> None:
+        statement = _args[2] if len(_args) > 2 else ""
+        if not str(statement).lstrip().upper().startswith(("BEGIN", "PRAGMA")):
+            self.statement_count += 1
+
+    @contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        with self.engine.begin() as connection:
+            yield connection
+
+    def migrate(self) -> None:
+        """Bring the schema to the newest revision; safe to call from many processes."""
+        with self._migrate_lock:
+            if self._migrated:
+                return
+            from alembic import command
+            from alembic.config import Config
+
+            config = Config()
+            config.set_main_option("script_location", str(_MIGRATIONS))
+            config.set_main_option("version_table", VERSION_TABLE)
+            with self.engine.begin() as connection:
+                self._lock_migrations(connection)
+                config.attributes["connection"] = connection
+                command.upgrade(config, "head")
+                if self.dialect in ("mysql", "mariadb"):
+                    connection.execute(text("SELECT RELEASE_LOCK('celery_saga_migrate')"))
+            self._migrated = True
+
+    def _lock_migrations(self, connection: Connection) -> None:
+        if self.dialect == "postgresql":
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK})
+        elif self.dialect in ("mysql", "mariadb"):
+            connection.execute(text("SELECT GET_LOCK('celery_saga_migrate', 120)"))
+
+    def dispose(self) -> None:
+        self.engine.dispose()

@@ -1,0 +1,227 @@
+"""Forward-path writes. Each function is one transaction whose WHERE clause is the guarantee."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, exists, insert, literal, select, update
+from sqlalchemy.exc import IntegrityError
+
+from celery_saga.decisions.cursor import Advance, group_outcome
+from celery_saga.decisions.unwind import UnwindKind, UnwindStep, next_unwind_step
+from celery_saga.records import ExecutionState, StepRecord, StepStatus
+from celery_saga.store.database import Database, to_db_time
+from celery_saga.store.queries import load_steps
+from celery_saga.store.tables import executions, step_records
+
+
+class Conflict(Exception):
+    """A conditional write matched nothing: another worker got there first. Rolls back."""
+
+
+def _at_cursor(execution_id: str, node: int, sub: int) -> Any:
+    return (
+        (executions.c.id == execution_id)
+        & (executions.c.state == ExecutionState.RUNNING.value)
+        & (executions.c.cursor == node)
+        & (executions.c.cursor_sub == sub)
+    )
+
+
+def claim_step(
+    db: Database,
+    *,
+    execution_id: str,
+    name: str,
+    node: int,
+    sub: int,
+    idempotency_key: str,
+    compensatable: bool,
+    lease_expires_at: datetime,
+    now: datetime,
+    existing: StepRecord | None,
+) -> int | None:
+    """Claim the step for this worker; returns the attempt number, or None if not ours.
+
+    The first start INSERTs the START record (with its forward key) only while the run is
+    live at this position; the unique (execution, name) key turns a duplicate into a refusal.
+    A retry or a re-claim after an expired lease is a compare-and-set on what we read.
+    """
+    lease, stamp = to_db_time(lease_expires_at), to_db_time(now)
+    live_here = exists().where(_at_cursor(execution_id, node, sub))
+    with db.transaction() as connection:
+        if existing is None:
+            values = {
+                "execution_id": execution_id, "name": name, "node": node, "sub": sub,
+                "status": StepStatus.RUNNING.value, "attempts": 1,
+                "idempotency_key": idempotency_key, "compensatable": compensatable,
+                "lease_expires_at": lease, "started_at": stamp, "compensation_attempts": 0,
+            }
+            source = select(*(literal(v, step_records.c[k].type).label(k) for k, v in values.items()))
+            try:
+                result = connection.execute(
+                    insert(step_records).from_select(list(values), source.where(live_here))
+                )
+            except IntegrityError:
+                return None
+            return 1 if result.rowcount == 1 else None
+        guard = (
+            (step_records.c.execution_id == execution_id)
+            & (step_records.c.name == name)
+            & (step_records.c.status == existing.status.value)
+            & (step_records.c.attempts == existing.attempts)
+        )
+        if existing.lease_expires_at is not None:
+            guard &= step_records.c.lease_expires_at == to_db_time(existing.lease_expires_at)
+        result = connection.execute(
+            update(step_records)
+            .where(guard, live_here)
+            .values(
+                status=StepStatus.RUNNING.value,
+                attempts=step_records.c.attempts + 1,
+                lease_expires_at=lease,
+            )
+        )
+        return existing.attempts + 1 if result.rowcount == 1 else None
+
+
+def _lock_execution(connection: Connection, execution_id: str, node: int, sub: int,
+                    now: datetime, **changes: Any) -> None:
+    """Bump the version of the run at this position (taking its row lock) or conflict."""
+    result = connection.execute(
+        update(executions)
+        .where(_at_cursor(execution_id, node, sub))
+        .values(version=executions.c.version + 1, updated_at=to_db_time(now), **changes)
+    )
+    if result.rowcount != 1:
+        raise Conflict(execution_id)
+
+
+def _settle_step(connection: Connection, execution_id: str, name: str, attempt: int,
+                 **changes: Any) -> None:
+    result = connection.execute(
+        update(step_records)
+        .where(
+            step_records.c.execution_id == execution_id,
+            step_records.c.name == name,
+            step_records.c.status == StepStatus.RUNNING.value,
+            step_records.c.attempts == attempt,
+        )
+        .values(lease_expires_at=None, **changes)
+    )
+    if result.rowcount != 1:
+        raise Conflict(execution_id)
+
+
+def _advance_values(advance: Advance, now: datetime) -> dict[str, Any]:
+    if advance.finished:
+        values: dict[str, Any] = {"state": ExecutionState.COMPLETED.value}
+    else:
+        values = {"cursor": advance.node, "cursor_sub": advance.sub}
+    if advance.passes_pivot:
+        values["committed_at"] = to_db_time(now)
+    return values
+
+
+def record_step_completed(
+    db: Database, *, execution_id: str, name: str, attempt: int, node: int, sub: int,
+    result_blob: bytes, advance: Advance, now: datetime,
+) -> bool:
+    """Outcome and cursor move in one transaction; False if someone else owns the step now."""
+    try:
+        with db.transaction() as connection:
+            _lock_execution(connection, execution_id, node, sub, now, **_advance_values(advance, now))
+            _settle_step(connection, execution_id, name, attempt,
+                         status=StepStatus.COMPLETED.value, result=result_blob,
+                         completed_at=to_db_time(now))
+        return True
+    except Conflict:
+        return False
+
+
+def record_step_retry(db: Database, *, execution_id: str, name: str, attempt: int,
+                      error: str) -> bool:
+    """Release the claim; the next attempt's message will claim it again."""
+    try:
+        with db.transaction() as connection:
+            _settle_step(connection, execution_id, name, attempt,
+                         status=StepStatus.PENDING.value, error=error)
+        return True
+    except Conflict:
+        return False
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    """What settling one member of a node did: still waiting, advanced, or failed the run."""
+
+    settled: bool
+    failure_reason: str | None = None
+    unwind: UnwindStep | None = None
+
+
+def _fail_run(connection: Connection, execution_id: str, reason: str, committed: bool,
+              compensations: Collection[str], now: datetime) -> UnwindStep:
+    plan = next_unwind_step(load_steps(connection, execution_id), committed, compensations)
+    values: dict[str, Any] = {"failure_reason": reason, "updated_at": to_db_time(now)}
+    if plan.kind is UnwindKind.DONE:
+        assert plan.rollback_status is not None
+        values.update(state=ExecutionState.FAILED.value, rollback_status=plan.rollback_status.value)
+    else:
+        values.update(state=ExecutionState.COMPENSATING.value)
+    connection.execute(update(executions).where(executions.c.id == execution_id).values(**values))
+    return plan
+
+
+def record_step_settled(
+    db: Database, *, execution_id: str, name: str, attempt: int, node: int, sub: int,
+    members: Sequence[str], committed: bool, compensations: Collection[str], now: datetime,
+    advance: Advance, result_blob: bytes | None = None, error: str | None = None,
+) -> GroupResult | None:
+    """Settle a step of a parallel group, or a failed step; the last settler decides.
+
+    The execution row is locked first, so concurrent members settle one at a time and
+    exactly one of them sees the group complete. None means the claim was lost.
+    """
+    failed = error is not None
+    changes: dict[str, Any] = {"completed_at": to_db_time(now)}
+    if failed:
+        changes.update(status=StepStatus.FAILED.value, error=error)
+    else:
+        changes.update(status=StepStatus.COMPLETED.value, result=result_blob)
+    try:
+        with db.transaction() as connection:
+            _lock_execution(connection, execution_id, node, sub, now)
+            _settle_step(connection, execution_id, name, attempt, **changes)
+            outcome = group_outcome(members, load_steps(connection, execution_id))
+            if not outcome.settled:
+                return GroupResult(settled=False)
+            if not outcome.failures:
+                connection.execute(
+                    update(executions).where(executions.c.id == execution_id)
+                    .values(**_advance_values(advance, now))
+                )
+                return GroupResult(settled=True)
+            reason = outcome.reason if len(members) > 1 else (error or "")
+            plan = _fail_run(connection, execution_id, reason, committed, compensations, now)
+            return GroupResult(settled=True, failure_reason=reason, unwind=plan)
+    except Conflict:
+        return None
+
+
+def fail_execution(db: Database, *, execution_id: str, reason: str, committed: bool,
+                   compensations: Collection[str], now: datetime) -> UnwindStep | None:
+    """Fail a live run for a reason outside any step (e.g. its definition changed)."""
+    with db.transaction() as connection:
+        result = connection.execute(
+            update(executions)
+            .where(executions.c.id == execution_id,
+                   executions.c.state == ExecutionState.RUNNING.value)
+            .values(version=executions.c.version + 1)
+        )
+        if result.rowcount != 1:
+            return None
+        return _fail_run(connection, execution_id, reason, committed, compensations, now)

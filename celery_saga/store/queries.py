@@ -1,0 +1,176 @@
+"""Creating executions and reading them back: snapshots, listing, journaled decisions."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, and_, insert, or_, select
+from sqlalchemy.exc import IntegrityError
+
+from celery_saga.records import ExecutionRecord, ExecutionState, RollbackStatus, StepRecord
+from celery_saga.store.codec import pack, unpack
+from celery_saga.store.database import Database, to_db_time
+from celery_saga.store.rows import execution_from_row, step_from_row
+from celery_saga.store.tables import decisions, executions, step_records
+
+_STEP_PREFIX = "step__"
+
+
+def create_execution(
+    db: Database,
+    *,
+    execution_id: str,
+    saga_name: str,
+    definition_hash: str,
+    input_blob: bytes,
+    node: int,
+    sub: int,
+    state: ExecutionState,
+    committed: bool,
+    now: datetime,
+    parent_execution_id: str | None = None,
+) -> None:
+    """A plain INSERT: a duplicate id fails loudly instead of overwriting a live run."""
+    stamp = to_db_time(now)
+    with db.transaction() as connection:
+        connection.execute(
+            insert(executions).values(
+                id=execution_id,
+                saga_name=saga_name,
+                definition_hash=definition_hash,
+                state=state.value,
+                cursor=node,
+                cursor_sub=sub,
+                input=input_blob,
+                committed_at=stamp if committed else None,
+                parent_execution_id=parent_execution_id,
+                created_at=stamp,
+                updated_at=stamp,
+                version=1,
+            )
+        )
+
+
+def load_snapshot(
+    db: Database, execution_id: str
+) -> tuple[ExecutionRecord | None, list[StepRecord]]:
+    """The execution row and all its step records, in one statement."""
+    step_columns = [c.label(_STEP_PREFIX + c.name) for c in step_records.c]
+    query = (
+        select(executions, *step_columns)
+        .select_from(
+            executions.outerjoin(step_records, step_records.c.execution_id == executions.c.id)
+        )
+        .where(executions.c.id == execution_id)
+        .order_by(step_records.c.id)
+    )
+    with db.transaction() as connection:
+        rows = connection.execute(query).mappings().all()
+    if not rows:
+        return None, []
+    steps = [step_from_row(r, _STEP_PREFIX) for r in rows if r[_STEP_PREFIX + "id"] is not None]
+    return execution_from_row(rows[0]), steps
+
+
+def load_steps(connection: Connection, execution_id: str) -> list[StepRecord]:
+    query = (
+        select(step_records)
+        .where(step_records.c.execution_id == execution_id)
+        .order_by(step_records.c.id)
+    )
+    return [step_from_row(r) for r in connection.execute(query).mappings()]
+
+
+def load_execution_row(connection: Connection, execution_id: str) -> ExecutionRecord | None:
+    row = connection.execute(
+        select(executions).where(executions.c.id == execution_id)
+    ).mappings().first()
+    return None if row is None else execution_from_row(row)
+
+
+def journal_decision(db: Database, execution_id: str, key: str, value: Any, now: datetime) -> Any:
+    """First writer wins: the value already journaled under ``key`` is returned if any."""
+    try:
+        with db.transaction() as connection:
+            connection.execute(
+                insert(decisions).values(
+                    execution_id=execution_id,
+                    key=key,
+                    value=pack(value, what=f"decision {key!r}"),
+                    created_at=to_db_time(now),
+                )
+            )
+        return value
+    except IntegrityError:
+        existing = load_decision(db, execution_id, key)
+        if existing is None:
+            raise
+        return existing[0]
+
+
+def load_decision(db: Database, execution_id: str, key: str) -> tuple[Any] | None:
+    with db.transaction() as connection:
+        row = connection.execute(
+            select(decisions.c.value).where(
+                decisions.c.execution_id == execution_id, decisions.c.key == key
+            )
+        ).first()
+    return None if row is None else (unpack(row[0]),)
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of executions, oldest first; pass ``next_cursor`` to get the next page."""
+
+    items: tuple[ExecutionRecord, ...]
+    next_cursor: str | None
+
+
+def _encode_cursor(record: ExecutionRecord) -> str:
+    raw = f"{to_db_time(record.created_at).isoformat()}|{record.id}"
+    return base64.urlsafe_b64encode(raw.encode()).decode()
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    """Raises ``ValueError`` for anything ``list_executions`` did not hand out."""
+    stamp, _, execution_id = base64.urlsafe_b64decode(cursor.encode()).decode().partition("|")
+    if not execution_id:
+        raise ValueError(cursor)
+    return datetime.fromisoformat(stamp), execution_id
+
+
+def list_executions(
+    db: Database,
+    *,
+    saga_names: Sequence[str] = (),
+    states: Sequence[ExecutionState] = (),
+    rollback_statuses: Sequence[RollbackStatus] = (),
+    after: tuple[datetime, str] | None = None,
+    limit: int,
+) -> Page:
+    query = select(executions).order_by(executions.c.created_at, executions.c.id).limit(limit + 1)
+    if saga_names:
+        query = query.where(executions.c.saga_name.in_(list(saga_names)))
+    if states:
+        query = query.where(executions.c.state.in_([s.value for s in states]))
+    if rollback_statuses:
+        query = query.where(executions.c.rollback_status.in_([s.value for s in rollback_statuses]))
+    if after is not None:
+        stamp, last_id = after
+        query = query.where(
+            or_(
+                executions.c.created_at > stamp,
+                and_(executions.c.created_at == stamp, executions.c.id > last_id),
+            )
+        )
+    with db.transaction() as connection:
+        rows = connection.execute(query).mappings().all()
+    items = tuple(execution_from_row(r) for r in rows[:limit])
+    more = len(rows) > limit
+    return Page(items, _encode_cursor(items[-1]) if more and items else None)
+
+

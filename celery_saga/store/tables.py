@@ -1,0 +1,101 @@
+"""Tables of the saga store (SQLAlchemy Core). Migrations in ``migrations/`` mirror them."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects import mysql
+
+metadata = MetaData()
+
+#: MySQL's BLOB stops at 64 KiB; payloads may be larger.
+Blob = LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
+#: MySQL's DATETIME drops sub-second precision unless asked.
+Timestamp = DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+#: SQLite only autoincrements INTEGER PRIMARY KEY.
+RecordId = BigInteger().with_variant(Integer(), "sqlite")
+
+executions = Table(
+    "saga_executions",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("saga_name", String(200), nullable=False),
+    Column("definition_hash", String(64), nullable=False),
+    Column("state", String(32), nullable=False),
+    Column("cursor", Integer, nullable=False),
+    Column("cursor_sub", Integer, nullable=False),
+    Column("input", Blob, nullable=False),
+    Column("failure_reason", Text),
+    Column("rollback_status", String(32)),
+    Column("rollback_reason", Text),
+    Column("committed_at", Timestamp),
+    Column("parent_execution_id", String(64)),
+    Column("lease_expires_at", Timestamp),
+    Column("wake_at", Timestamp),
+    Column("created_at", Timestamp, nullable=False),
+    Column("updated_at", Timestamp, nullable=False),
+    Column("version", Integer, nullable=False),
+    Index("ix_saga_executions_listing", "created_at", "id"),
+    Index("ix_saga_executions_state", "state", "updated_at"),
+    Index("ix_saga_executions_saga_name", "saga_name", "created_at"),
+    Index("ix_saga_executions_parent", "parent_execution_id"),
+)
+
+step_records = Table(
+    "saga_steps",
+    metadata,
+    Column("id", RecordId, primary_key=True, autoincrement=True),
+    Column(
+        "execution_id",
+        String(64),
+        ForeignKey("saga_executions.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("name", String(200), nullable=False),
+    Column("node", Integer, nullable=False),
+    Column("sub", Integer, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("idempotency_key", String(400), nullable=False),
+    Column("compensatable", Boolean, nullable=False),
+    Column("result", Blob),
+    Column("error", Text),
+    Column("lease_expires_at", Timestamp),
+    Column("started_at", Timestamp, nullable=False),
+    Column("completed_at", Timestamp),
+    Column("compensation_status", String(32)),
+    Column("compensation_reason", Text),
+    Column("compensated_at", Timestamp),
+    Column("compensation_attempts", Integer, nullable=False, default=0),
+    Column("compensation_lease_expires_at", Timestamp),
+    UniqueConstraint("execution_id", "name", name="uq_saga_steps_execution_name"),
+)
+
+decisions = Table(
+    "saga_decisions",
+    metadata,
+    Column(
+        "execution_id",
+        String(64),
+        ForeignKey("saga_executions.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("key", String(200), nullable=False),
+    Column("value", Blob),
+    Column("created_at", Timestamp, nullable=False),
+    PrimaryKeyConstraint("execution_id", "key", name="pk_saga_decisions"),
+)

@@ -1,0 +1,186 @@
+"""``SagaEngine``: attaches sagas to an existing Celery app and is the Python API."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+from celery import Celery
+from sqlalchemy.exc import IntegrityError
+
+from celery_saga.definition.builder import Saga, SagaDefinition
+from celery_saga.errors import (
+    DefinitionError,
+    ExecutionNotFoundError,
+    SagaError,
+    UnknownSagaError,
+)
+from celery_saga.records import Execution, ExecutionState, RollbackStatus
+from celery_saga.runtime.executor import Executor
+from celery_saga.runtime.ports import Settings
+from celery_saga.store import queries
+from celery_saga.store.database import Database
+from celery_saga.worker.events import EventHub, Listener
+from celery_saga.worker.publisher import CeleryPublisher
+from celery_saga.worker.tasks import register_tasks
+
+DEFAULT_STORE_URL = "sqlite:///celery_saga.sqlite3"
+_PARKED_OR_DONE = (ExecutionState.COMPLETED, ExecutionState.FAILED,
+                   ExecutionState.COMPENSATION_STUCK)
+
+
+def _settings_from(app: Celery) -> Settings:
+    conf, defaults = app.conf, Settings()
+    return Settings(
+        lease_seconds=float(conf.get("saga_lease_seconds") or defaults.lease_seconds),
+        compensation_timeout=float(conf.get("saga_compensation_timeout")
+                                   or defaults.compensation_timeout),
+        max_payload_bytes=int(conf.get("saga_max_payload_bytes") or defaults.max_payload_bytes),
+    )
+
+
+def _enum_values(kind: type[Any], values: Any, what: str) -> list[Any]:
+    if values is None:
+        return []
+    items = [values] if isinstance(values, (str, kind)) else list(values)
+    try:
+        return [kind(v) for v in items]
+    except ValueError:
+        allowed = ", ".join(member.value for member in kind)
+        raise SagaError(f"unknown {what} in {items!r}; expected one of: {allowed}") from None
+
+
+class SagaHandle:
+    """A started execution: its id, and helpers to read it or block until it settles."""
+
+    def __init__(self, engine: SagaEngine, execution_id: str) -> None:
+        self.engine, self.id = engine, execution_id
+
+    def get(self) -> Execution:
+        return self.engine.get(self.id)
+
+    def wait(self, timeout: float = 30.0, interval: float = 0.05) -> Execution:
+        """Poll until the run is completed, failed or parked; for scripts and tests."""
+        deadline = time.monotonic() + timeout
+        while True:
+            execution = self.get()
+            if execution.state in _PARKED_OR_DONE:
+                return execution
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"execution {self.id!r} still {execution.state.value} "
+                                   f"after {timeout:g}s")
+            time.sleep(interval)
+
+    def __repr__(self) -> str:
+        return f"SagaHandle({self.id!r})"
+
+
+class SagaEngine:
+    """Attach saga support to ``app``.
+
+    The store URL comes from ``store_url``, else the app's ``saga_store_url`` setting, else a
+    SQLite file ``celery_saga.sqlite3`` in the working directory. Other settings:
+    ``saga_lease_seconds``, ``saga_compensation_timeout``, ``saga_max_payload_bytes``,
+    ``saga_queue`` (queue for plain-function steps).
+    """
+
+    def __init__(self, app: Celery, *, store_url: str | None = None) -> None:
+        self.app = app
+        self.db = Database(store_url or app.conf.get("saga_store_url") or DEFAULT_STORE_URL)
+        self.events = EventHub(app)
+        self.settings = _settings_from(app)
+        self._definitions: dict[str, SagaDefinition] = {}
+        self.executor = Executor(self.db, self._definitions.get, CeleryPublisher(app),
+                                 self.events, self.settings)
+        register_tasks(app, self)
+        app.saga_engine = self
+
+    # -- schema and definitions -------------------------------------------------------
+    def ensure_schema(self) -> None:
+        """Apply the store's migrations once per process (no-op when already current)."""
+        self.db.migrate()
+
+    def register(self, *sagas: Saga) -> list[SagaDefinition]:
+        """Seal and register definitions; re-registering an identical one is a no-op."""
+        sealed = [saga.seal() for saga in sagas]
+        for definition in sealed:
+            known = self._definitions.get(definition.name)
+            if known is not None and known.hash != definition.hash:
+                raise DefinitionError(f"a different saga named {definition.name!r} is "
+                                      "already registered")
+        for definition in sealed:
+            self._definitions[definition.name] = definition
+        return sealed
+
+    def definition(self, name: str) -> SagaDefinition:
+        try:
+            return self._definitions[name]
+        except KeyError:
+            known = ", ".join(sorted(self._definitions)) or "none"
+            raise UnknownSagaError(f"no saga named {name!r} is registered (known: {known})") from None
+
+    # -- running ----------------------------------------------------------------------
+    def start(self, saga: str, input: Any = None, *, execution_id: str | None = None) -> SagaHandle:
+        """Start a run of the registered saga ``saga`` with ``input``."""
+        definition = self.definition(saga)
+        if execution_id is not None and (not isinstance(execution_id, str)
+                                         or not 0 < len(execution_id) <= 64):
+            raise SagaError(f"execution_id must be a string of 1-64 characters, got {execution_id!r}")
+        new_id = execution_id or str(uuid.uuid4())
+        self.ensure_schema()
+        try:
+            self.executor.start(definition, {} if input is None else input, new_id)
+        except IntegrityError:
+            raise SagaError(f"an execution with id {new_id!r} already exists") from None
+        return SagaHandle(self, new_id)
+
+    def handle(self, execution_id: str) -> SagaHandle:
+        return SagaHandle(self, execution_id)
+
+    def get(self, execution_id: str) -> Execution:
+        self.ensure_schema()
+        record, steps = queries.load_snapshot(self.db, execution_id)
+        if record is None:
+            raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
+        return Execution(record, tuple(steps))
+
+    def list(self, *, saga: str | Iterable[str] | None = None,
+             state: Any = None, rollback_status: Any = None,
+             limit: int = 50, cursor: str | None = None) -> queries.Page:
+        """One page of executions, oldest first; ``page.next_cursor`` fetches the next."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
+            raise SagaError(f"limit must be an integer between 1 and 1000, got {limit!r}")
+        after = None
+        if cursor is not None:
+            try:
+                after = queries.decode_cursor(cursor)
+            except (ValueError, UnicodeDecodeError):
+                raise SagaError(f"{cursor!r} is not a cursor returned by list()") from None
+        names = [saga] if isinstance(saga, str) else list(saga or [])
+        self.ensure_schema()
+        return queries.list_executions(
+            self.db, saga_names=names,
+            states=_enum_values(ExecutionState, state, "state"),
+            rollback_statuses=_enum_values(RollbackStatus, rollback_status, "rollback status"),
+            after=after, limit=limit,
+        )
+
+    def _definition_of(self, execution_id: str) -> SagaDefinition:
+        return self.definition(self.get(execution_id).record.saga_name)
+
+    def resume_compensation(self, execution_id: str) -> None:
+        """Retry the failed reversal of a ``compensation_stuck`` run and continue the unwind."""
+        self.executor.unwinder.resume(self._definition_of(execution_id), execution_id)
+
+    def abandon_compensation(self, execution_id: str) -> int:
+        """Give up a parked unwind: outstanding steps are marked skipped and the run ends
+        ``failed`` with rollback ``stuck``. Returns how many steps were skipped."""
+        return self.executor.unwinder.abandon(self._definition_of(execution_id), execution_id)
+
+    # -- events -----------------------------------------------------------------------
+    def on(self, event: str, listener: Listener) -> Listener:
+        """Call ``listener(event, fields)`` in this process for ``event`` (or ``"*"``)."""
+        self.events.subscribe(event, listener)
+        return listener

@@ -1,0 +1,1 @@
+"""An order saga, runnable with nothing installed but the package: ``python -m example_project``."""

@@ -1,0 +1,29 @@
+"""The Celery app of the example. Broker and store come from the environment.
+
+``CELERY_BROKER_URL`` (default ``memory://localhost/``, in-process) and ``SAGA_STORE_URL``
+(default a SQLite file in the working directory). Point them at RabbitMQ and PostgreSQL and
+the same example runs on real infrastructure::
+
+    CELERY_BROKER_URL=amqp://guest:guest@localhost:5672// \\
+    SAGA_STORE_URL=postgresql+psycopg://postgres@localhost/test python -m example_project
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+from celery_saga import SagaEngine
+
+app = Celery("example_project", include=["example_project.tasks"])
+app.conf.update(
+    broker_url=os.environ.get("CELERY_BROKER_URL", "memory://localhost/"),
+    broker_transport_options={"polling_interval": 0.01},
+    saga_store_url=os.environ.get("SAGA_STORE_URL", "sqlite:///example_saga.sqlite3"),
+    worker_hijack_root_logger=False,
+)
+engine = SagaEngine(app)
+
+# Definitions are imported by every worker, exactly like tasks.
+from example_project import sagas  # noqa: E402,F401
