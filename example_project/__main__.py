@@ -22,8 +22,12 @@ def timeline(title: str, execution: Execution) -> None:
     for s in execution.steps:
         events.append((s.started_at, f"start      {s.name}"))
         if s.completed_at:
-            events.append((s.completed_at, f"{s.status.value:<10} {s.name}"
-                           + (f"  ({s.error})" if s.error else "")))
+            events.append(
+                (
+                    s.completed_at,
+                    f"{s.status.value:<10} {s.name}" + (f"  ({s.error})" if s.error else ""),
+                )
+            )
         if s.compensated_at and s.compensation_status:
             reason = f"  ({s.compensation_reason})" if s.compensation_reason else ""
             events.append((s.compensated_at, f"{s.compensation_status.value:<10} {s.name}{reason}"))
@@ -48,8 +52,11 @@ def worker(use_embedded: bool) -> Iterator[None]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--no-worker", action="store_true",
-                        help="do not start an in-process worker (use your `celery worker`s)")
+    parser.add_argument(
+        "--no-worker",
+        action="store_true",
+        help="do not start an in-process worker (use your `celery worker`s)",
+    )
     options = parser.parse_args()
     started = time.monotonic()
     items = ["book", "lamp"]

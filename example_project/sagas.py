@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery_saga import Saga, SagaContext, step
+from celery_saga import Saga, SagaContext
 from example_project.app import engine
 from example_project.tasks import charge_card, refund_card, reserve_stock, ship_order
 

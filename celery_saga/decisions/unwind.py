@@ -60,7 +60,6 @@ def outstanding_steps(records: Sequence[StepRecord], committed: bool) -> list[St
     return [r for r in eligible_steps(records, committed) if r.compensation_status is None]
 
 
-
 def compensation_admission(
     record: StepRecord | None, planned: UnwindStep, attempt: int, lease_live: bool
 ) -> Admission:

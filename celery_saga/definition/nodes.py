@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 #: Maps the saga context to the keyword arguments a step or compensation is called with.
 ArgsMapper = Callable[[Any], Mapping[str, Any]]
@@ -64,7 +64,7 @@ class PivotNode:
     """Past this point the saga is committed: nothing in it is compensated any more."""
 
 
-Node = Union[StepNode, ParallelNode, BranchNode, PivotNode]
+Node = StepNode | ParallelNode | BranchNode | PivotNode
 
 
 def node_steps(node: Node) -> tuple[StepSpec, ...]:

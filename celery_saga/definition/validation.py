@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 
@@ -18,15 +19,22 @@ from celery_saga.errors import DefinitionError
 #: ``name:<digits>`` is how loop iterations are recorded, so a step may not be named that way.
 _ITERATION_SUFFIX = re.compile(r":\d+$")
 RESERVED_STEP_NAMES = frozenset({"input", "results", "signals"})
+#: Longer waits belong to ``wait_for``; past this a thread join overflows.
+MAX_SECONDS = 366 * 24 * 3600
 
 
 def _check_positive(saga: str, step: str, field: str, value: float | None) -> None:
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not 0 < value <= MAX_SECONDS
+    ):
         raise DefinitionError(
-            f"saga {saga!r}, step {step!r}: {field} must be a positive number of seconds, "
-            f"got {value!r}"
+            f"saga {saga!r}, step {step!r}: {field} must be a positive number of seconds "
+            f"(at most {MAX_SECONDS}), got {value!r}"
         )
 
 

@@ -8,4 +8,3 @@ def describe_error(error: BaseException) -> str:
     message = str(error)
     name = type(error).__name__
     return f"{name}: {message}" if message else name
-

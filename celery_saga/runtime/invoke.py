@@ -43,15 +43,19 @@ def as_plain_mapping(value: Any) -> Mapping[str, Any]:
 
 
 def call_arguments(
-    target: Any, ctx: SagaContext, mapper: Callable[[SagaContext], Mapping[str, Any]] | None,
+    target: Any,
+    ctx: SagaContext,
+    mapper: Callable[[SagaContext], Mapping[str, Any]] | None,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments for ``target``: the mapper's, the context, or matching input keys."""
     if mapper is not None:
         mapped = mapper(ctx)
         if not isinstance(mapped, Mapping):
-            raise TypeError(f"args mapper of step {ctx.step_name!r} returned "
-                            f"{type(mapped).__name__}, not a mapping")
+            raise TypeError(
+                f"args mapper of step {ctx.step_name!r} returned "
+                f"{type(mapped).__name__}, not a mapping"
+            )
         return dict(mapped)
     parameters = _parameters(target)
     context_name = _asks_for_context(parameters)
@@ -93,12 +97,13 @@ def apply_schema(schema: Any, value: Any, what: str) -> Any:
     """Validate ``value`` and return what the validator RETURNS (coercions, defaults).
 
     Accepts a pydantic model or TypeAdapter, any object with ``model_validate``,
-    ``validate_python``, ``validate`` or ``parse``, or a plain callable. A validator that
+    ``validate_python``, ``load`` (marshmallow), ``parse`` or ``validate``, or a plain
+    callable. A validator that
     returns None only asserts, and the original value is kept.
     """
     if schema is None:
         return value
-    for method in ("model_validate", "validate_python", "validate", "parse"):
+    for method in ("model_validate", "validate_python", "load", "parse", "validate"):
         validator = getattr(schema, method, None)
         if callable(validator):
             break
@@ -107,8 +112,9 @@ def apply_schema(schema: Any, value: Any, what: str) -> Any:
     try:
         validated = validator(value)
     except Exception as error:
-        raise SchemaValidationError(f"{what} was rejected by its schema: "
-                                    f"{describe_error(error)}") from error
+        raise SchemaValidationError(
+            f"{what} was rejected by its schema: {describe_error(error)}"
+        ) from error
     return value if validated is None else validated
 
 

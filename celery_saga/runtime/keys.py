@@ -11,5 +11,7 @@ from typing import Literal
 Direction = Literal["forward", "compensate"]
 
 
-def idempotency_key(execution_id: str, step_name: str, occurrence: int, direction: Direction) -> str:
+def idempotency_key(
+    execution_id: str, step_name: str, occurrence: int, direction: Direction
+) -> str:
     return f"{execution_id}:{step_name}:{occurrence}:{direction}"

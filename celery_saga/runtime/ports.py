@@ -11,13 +11,24 @@ from celery_saga.store.codec import DEFAULT_MAX_PAYLOAD_BYTES
 
 
 class Publisher(Protocol):
-    def publish_node(self, saga_name: str, spec: StepSpec | None, message: NodeMessage,
-                     countdown: float | None = None) -> None:
+    def publish_node(
+        self,
+        saga_name: str,
+        spec: StepSpec | None,
+        message: NodeMessage,
+        countdown: float | None = None,
+    ) -> None:
         """Send the node task for ``message``, routed and named after ``spec``'s action."""
 
-    def publish_compensation(self, saga_name: str, spec: StepSpec | None, execution_id: str,
-                             step_name: str, attempt: int,
-                             countdown: float | None = None) -> None:
+    def publish_compensation(
+        self,
+        saga_name: str,
+        spec: StepSpec | None,
+        execution_id: str,
+        step_name: str,
+        attempt: int,
+        countdown: float | None = None,
+    ) -> None:
         """Send the compensate task for one reversal."""
 
 

@@ -11,7 +11,12 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from celery_saga.decisions.admission import Admission
 from celery_saga.decisions.retry import backoff_delay
-from celery_saga.decisions.unwind import UnwindKind, UnwindStep, compensation_admission, next_unwind_step
+from celery_saga.decisions.unwind import (
+    UnwindKind,
+    UnwindStep,
+    compensation_admission,
+    next_unwind_step,
+)
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import StepSpec, node_steps
 from celery_saga.errors import UnknownSagaError
@@ -33,54 +38,94 @@ def compensations_of(definition: SagaDefinition | None) -> frozenset[str]:
     """Names of the steps whose compensation the deployed definition declares."""
     if definition is None:
         return frozenset()
-    return frozenset(spec.name for node in definition.nodes for spec in node_steps(node)
-                     if spec.compensation is not None)
+    return frozenset(
+        spec.name
+        for node in definition.nodes
+        for spec in node_steps(node)
+        if spec.compensation is not None
+    )
 
 
 class Unwinder:
-    def __init__(self, db: Database, registry: Callable[[str], SagaDefinition | None],
-                 publisher: Publisher, emit: EventSink, settings: Settings) -> None:
+    def __init__(
+        self,
+        db: Database,
+        registry: Callable[[str], SagaDefinition | None],
+        publisher: Publisher,
+        emit: EventSink,
+        settings: Settings,
+    ) -> None:
         self.db, self.registry, self.publisher = db, registry, publisher
         self.emit, self.settings = emit, settings
 
-    def begin(self, definition: SagaDefinition, execution_id: str, plan: UnwindStep,
-              failure_reason: str | None) -> None:
+    def begin(
+        self,
+        definition: SagaDefinition,
+        execution_id: str,
+        plan: UnwindStep,
+        failure_reason: str | None,
+    ) -> None:
         """Carry out the first move of an unwind that the failure record just decided."""
-        self.emit("saga-failed-step", {"execution_id": execution_id, "saga": definition.name,
-                                       "reason": failure_reason})
+        self.emit(
+            "saga-forward-failed",
+            {"execution_id": execution_id, "saga": definition.name, "reason": failure_reason},
+        )
         self._follow(definition, execution_id, plan)
 
-    def _follow(self, definition: SagaDefinition, execution_id: str, plan: UnwindStep | None) -> None:
+    def _follow(
+        self, definition: SagaDefinition, execution_id: str, plan: UnwindStep | None
+    ) -> None:
         fields = {"execution_id": execution_id, "saga": definition.name}
         if plan is None:
             return
         if plan.kind is UnwindKind.COMPENSATE:
             assert plan.record is not None
-            self._publish(definition, execution_id, plan.record, plan.record.compensation_attempts + 1)
+            self._publish(
+                definition, execution_id, plan.record, plan.record.compensation_attempts + 1
+            )
         elif plan.kind is UnwindKind.DONE:
             assert plan.rollback_status is not None
             self.emit("saga-failed", {**fields, "rollback_status": plan.rollback_status.value})
         else:
             if plan.kind is UnwindKind.HALT_VANISHED:
                 # The plan was made before parking; parking is what records it.
-                plan = unwind.plan_unwind(self.db, execution_id=execution_id,
-                                          compensations=compensations_of(definition),
-                                          now=get_clock().now())
+                plan = unwind.plan_unwind(
+                    self.db,
+                    execution_id=execution_id,
+                    compensations=compensations_of(definition),
+                    now=get_clock().now(),
+                )
             assert plan is None or plan.record is not None
-            self.emit("saga-compensation-stuck",
-                      {**fields, "step": plan.record.name if plan and plan.record else None})
+            self.emit(
+                "saga-compensation-stuck",
+                {**fields, "step": plan.record.name if plan and plan.record else None},
+            )
 
-    def _publish(self, definition: SagaDefinition, execution_id: str, record: StepRecord,
-                 attempt: int, countdown: float | None = None) -> None:
-        self.publisher.publish_compensation(definition.name, definition.find_step(record.name),
-                                            execution_id, record.name, attempt, countdown)
+    def _publish(
+        self,
+        definition: SagaDefinition,
+        execution_id: str,
+        record: StepRecord,
+        attempt: int,
+        countdown: float | None = None,
+    ) -> None:
+        self.publisher.publish_compensation(
+            definition.name,
+            definition.find_step(record.name),
+            execution_id,
+            record.name,
+            attempt,
+            countdown,
+        )
 
     def run(self, execution_id: str, step_name: str, attempt: int) -> None:
         """Handle one compensate message."""
         now = get_clock().now()
         execution, steps = queries.load_snapshot(self.db, execution_id)
         if execution is None or execution.state is not ExecutionState.COMPENSATING:
-            logger.info("compensate %s/%s refused: run is not compensating", execution_id, step_name)
+            logger.info(
+                "compensate %s/%s refused: run is not compensating", execution_id, step_name
+            )
             return
         definition = self.registry(execution.saga_name)
         if definition is None:
@@ -88,16 +133,27 @@ class Unwinder:
         compensations = compensations_of(definition)
         planned = next_unwind_step(steps, execution.committed_at is not None, compensations)
         if planned.kind is not UnwindKind.COMPENSATE:
-            self._follow(definition, execution_id,
-                         unwind.plan_unwind(self.db, execution_id=execution_id,
-                                            compensations=compensations, now=now))
+            self._follow(
+                definition,
+                execution_id,
+                unwind.plan_unwind(
+                    self.db, execution_id=execution_id, compensations=compensations, now=now
+                ),
+            )
             return
         record = next((s for s in steps if s.name == step_name), None)
         lease = record.compensation_lease_expires_at if record else None
-        verdict = compensation_admission(record, planned, attempt, lease is not None and lease > now)
+        verdict = compensation_admission(
+            record, planned, attempt, lease is not None and lease > now
+        )
         if verdict is Admission.REJECT_IN_FLIGHT and record and lease:
-            self._publish(definition, execution_id, record, attempt,
-                          countdown=(lease - now).total_seconds() + 1)
+            self._publish(
+                definition,
+                execution_id,
+                record,
+                attempt,
+                countdown=(lease - now).total_seconds() + 1,
+            )
             return
         if verdict is not Admission.RUN or record is None:
             logger.info("compensate %s/%s refused: %s", execution_id, step_name, verdict.value)
@@ -106,89 +162,160 @@ class Unwinder:
         assert spec is not None and spec.compensation is not None
         self._reverse(definition, execution.input, steps, spec, record)
 
-    def _reverse(self, definition: SagaDefinition, saga_input: object, steps: list[StepRecord],
-                 spec: StepSpec, record: StepRecord) -> None:
+    def _reverse(
+        self,
+        definition: SagaDefinition,
+        saga_input: object,
+        steps: list[StepRecord],
+        spec: StepSpec,
+        record: StepRecord,
+    ) -> None:
         now = get_clock().now()
         timeout = spec.compensation_timeout or self.settings.compensation_timeout
         execution_id = record.execution_id
         if not unwind.claim_compensation(
-            self.db, execution_id=execution_id, name=spec.name,
+            self.db,
+            execution_id=execution_id,
+            name=spec.name,
             attempts_before=record.compensation_attempts,
-            lease_expires_at=now + timedelta(seconds=timeout + _LEASE_MARGIN), now=now,
+            lease_expires_at=now + timedelta(seconds=timeout + _LEASE_MARGIN),
+            now=now,
         ):
             logger.info("compensate %s/%s refused: claimed elsewhere", execution_id, spec.name)
             return
         attempt = record.compensation_attempts + 1
         key = idempotency_key(execution_id, spec.name, 0, "compensate")
-        fields = {"execution_id": execution_id, "saga": definition.name, "step": spec.name,
-                  "attempt": attempt, "idempotency_key": key,
-                  "forward_key": record.idempotency_key}
+        fields = {
+            "execution_id": execution_id,
+            "saga": definition.name,
+            "step": spec.name,
+            "attempt": attempt,
+            "idempotency_key": key,
+            "forward_key": record.idempotency_key,
+        }
         self.emit("saga-compensation-started", fields)
         results = {s.name: s.result for s in steps if s.status is StepStatus.COMPLETED}
-        ctx = SagaContext(execution_id, definition.name, spec.name, saga_input, results, key,
-                          attempt, forward_key=record.idempotency_key, forward_result=record.result)
+        ctx = SagaContext(
+            execution_id,
+            definition.name,
+            spec.name,
+            saga_input,
+            results,
+            key,
+            attempt,
+            forward_key=record.idempotency_key,
+            forward_result=record.result,
+        )
         try:
-            kwargs = call_arguments(spec.compensation, ctx, spec.compensation_args,
-                                    extra={"result": record.result})
-            run_with_timeout(lambda: spec.compensation(**kwargs), timeout,
-                             f"compensation of step {spec.name!r} of saga {definition.name!r}")
+            kwargs = call_arguments(
+                spec.compensation, ctx, spec.compensation_args, extra={"result": record.result}
+            )
+            run_with_timeout(
+                lambda: spec.compensation(**kwargs),
+                timeout,
+                f"compensation of step {spec.name!r} of saga {definition.name!r}",
+            )
         except Exception as error:
             self._reversal_failed(definition, spec, record, attempt, describe_error(error), fields)
             return
-        plan = self._record(definition, execution_id, spec.name, attempt,
-                            CompensationOutcome.COMPENSATED, None)
+        plan = self._record(
+            definition, execution_id, spec.name, attempt, CompensationOutcome.COMPENSATED, None
+        )
         self.emit("saga-step-compensated", fields)
         self._follow(definition, execution_id, plan)
 
-    def _reversal_failed(self, definition: SagaDefinition, spec: StepSpec, record: StepRecord,
-                         attempt: int, reason: str, fields: dict[str, object]) -> None:
+    def _reversal_failed(
+        self,
+        definition: SagaDefinition,
+        spec: StepSpec,
+        record: StepRecord,
+        attempt: int,
+        reason: str,
+        fields: dict[str, object],
+    ) -> None:
         execution_id = record.execution_id
         if attempt < spec.compensation_retry:
-            if unwind.release_compensation(self.db, execution_id=execution_id, name=spec.name,
-                                           attempt=attempt, reason=reason):
+            if unwind.release_compensation(
+                self.db, execution_id=execution_id, name=spec.name, attempt=attempt, reason=reason
+            ):
                 delay = backoff_delay(attempt, spec.backoff, spec.backoff_max, get_clock().random())
-                self.emit("saga-compensation-retry", {**fields, "error": reason, "countdown": delay})
+                self.emit(
+                    "saga-compensation-retry", {**fields, "error": reason, "countdown": delay}
+                )
                 self._publish(definition, execution_id, record, attempt + 1, countdown=delay)
             return
-        plan = self._record(definition, execution_id, spec.name, attempt,
-                            CompensationOutcome.FAILED, reason)
+        plan = self._record(
+            definition, execution_id, spec.name, attempt, CompensationOutcome.FAILED, reason
+        )
         self.emit("saga-compensation-failed", {**fields, "error": reason})
         self._follow(definition, execution_id, plan)
 
-    def _record(self, definition: SagaDefinition, execution_id: str, name: str, attempt: int,
-                outcome: CompensationOutcome, reason: str | None) -> UnwindStep | None:
+    def _record(
+        self,
+        definition: SagaDefinition,
+        execution_id: str,
+        name: str,
+        attempt: int,
+        outcome: CompensationOutcome,
+        reason: str | None,
+    ) -> UnwindStep | None:
         """Persist a reversal's outcome; if the store refuses, park the run (guarantee 20):
         an unrecorded reversal is one that would run again."""
         try:
             return unwind.record_compensation(
-                self.db, execution_id=execution_id, name=name, attempt=attempt, outcome=outcome,
-                reason=reason, compensations=compensations_of(definition), now=get_clock().now(),
+                self.db,
+                execution_id=execution_id,
+                name=name,
+                attempt=attempt,
+                outcome=outcome,
+                reason=reason,
+                compensations=compensations_of(definition),
+                now=get_clock().now(),
             )
         except SQLAlchemyError as store_error:
-            why = (f"the outcome ({outcome.value}) of the reversal of step {name!r} could not be "
-                   f"recorded: {describe_error(store_error)}")
+            why = (
+                f"the outcome ({outcome.value}) of the reversal of step {name!r} could not be "
+                f"recorded: {describe_error(store_error)}"
+            )
             logger.error("parking execution %s: %s", execution_id, why)
             try:
-                unwind.park_unwind(self.db, execution_id=execution_id, reason=why,
-                                   now=get_clock().now())
+                unwind.park_unwind(
+                    self.db, execution_id=execution_id, reason=why, now=get_clock().now()
+                )
             except SQLAlchemyError:
                 logger.exception("could not park execution %s either", execution_id)
-            self.emit("saga-compensation-stuck", {"execution_id": execution_id,
-                                                  "saga": definition.name, "step": name})
+            self.emit(
+                "saga-compensation-stuck",
+                {"execution_id": execution_id, "saga": definition.name, "step": name},
+            )
             return None
 
     # -- operator exits ---------------------------------------------------------------
     def resume(self, definition: SagaDefinition, execution_id: str) -> None:
         unwind.resume_compensation(self.db, execution_id, get_clock().now())
-        self.emit("saga-compensation-resumed", {"execution_id": execution_id,
-                                                "saga": definition.name})
-        self._follow(definition, execution_id,
-                     unwind.plan_unwind(self.db, execution_id=execution_id,
-                                        compensations=compensations_of(definition),
-                                        now=get_clock().now()))
+        self.emit(
+            "saga-compensation-resumed", {"execution_id": execution_id, "saga": definition.name}
+        )
+        self._follow(
+            definition,
+            execution_id,
+            unwind.plan_unwind(
+                self.db,
+                execution_id=execution_id,
+                compensations=compensations_of(definition),
+                now=get_clock().now(),
+            ),
+        )
 
     def abandon(self, definition: SagaDefinition, execution_id: str) -> int:
         skipped = unwind.abandon_compensation(self.db, execution_id, get_clock().now())
-        self.emit("saga-failed", {"execution_id": execution_id, "saga": definition.name,
-                                  "rollback_status": "stuck", "abandoned": True})
+        self.emit(
+            "saga-failed",
+            {
+                "execution_id": execution_id,
+                "saga": definition.name,
+                "rollback_status": "stuck",
+                "abandoned": True,
+            },
+        )
         return skipped

@@ -35,6 +35,8 @@ def _encode_ext(value: Any) -> msgpack.ExtType:
         return msgpack.ExtType(_DECIMAL, str(value).encode())
     if isinstance(value, uuid.UUID):
         return msgpack.ExtType(_UUID, value.bytes)
+    if isinstance(value, int):
+        raise PayloadError(f"integer {value} is outside the 64-bit range that can be stored")
     raise PayloadError(
         f"cannot store a value of type {type(value).__name__!r} ({value!r:.80}); supported: "
         "None, bool, int, float, str, bytes, list, tuple, dict, datetime, date, time, "
@@ -59,10 +61,28 @@ def _decode_ext(code: int, data: bytes) -> Any:
     return msgpack.ExtType(code, data)
 
 
+def _check_keys(value: Any) -> None:
+    """msgpack would store a tuple key as an array that can never be read back as a key."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(key, tuple):
+                raise PayloadError(
+                    f"dictionary key {key!r} is a tuple, which cannot be "
+                    "read back as a key; use a str or int key"
+                )
+            _check_keys(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _check_keys(item)
+
+
 def pack(value: Any, *, what: str = "value", limit: int = DEFAULT_MAX_PAYLOAD_BYTES) -> bytes:
     """Encode ``value``; ``what`` names it in the error (e.g. "input of saga 'order'")."""
     try:
-        packed: bytes = msgpack.packb(value, default=_encode_ext, use_bin_type=True, strict_types=False)
+        _check_keys(value)
+        packed: bytes = msgpack.packb(
+            value, default=_encode_ext, use_bin_type=True, strict_types=False
+        )
     except PayloadError as error:
         raise PayloadError(f"{what}: {error}") from None
     except (TypeError, ValueError, OverflowError) as error:

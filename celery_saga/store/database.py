@@ -35,8 +35,12 @@ def _configure_sqlite(engine: Engine) -> None:
         # Let SQLAlchemy's "begin" event issue BEGIN IMMEDIATE instead of pysqlite's BEGIN.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        for pragma in ("journal_mode=WAL", "busy_timeout=30000", "foreign_keys=ON",
-                       "synchronous=NORMAL"):
+        for pragma in (
+            "journal_mode=WAL",
+            "busy_timeout=30000",
+            "foreign_keys=ON",
+            "synchronous=NORMAL",
+        ):
             cursor.execute(f"PRAGMA {pragma}")
         cursor.close()
 

@@ -55,19 +55,26 @@ def claim_step(
     with db.transaction() as connection:
         if existing is None:
             values = {
-                "execution_id": execution_id, "name": name, "node": node, "sub": sub,
-                "status": StepStatus.RUNNING.value, "attempts": 1,
-                "idempotency_key": idempotency_key, "compensatable": compensatable,
-                "lease_expires_at": lease, "started_at": stamp, "compensation_attempts": 0,
+                "execution_id": execution_id,
+                "name": name,
+                "node": node,
+                "sub": sub,
+                "status": StepStatus.RUNNING.value,
+                "attempts": 1,
+                "idempotency_key": idempotency_key,
+                "compensatable": compensatable,
+                "lease_expires_at": lease,
+                "started_at": stamp,
+                "compensation_attempts": 0,
             }
-            source = select(*(literal(v, step_records.c[k].type).label(k) for k, v in values.items()))
+            source = select(
+                *(literal(v, step_records.c[k].type).label(k) for k, v in values.items())
+            )
+            statement = insert(step_records).from_select(list(values), source.where(live_here))
             try:
-                result = connection.execute(
-                    insert(step_records).from_select(list(values), source.where(live_here))
-                )
+                return 1 if _inserted_one(connection, statement) else None
             except IntegrityError:
                 return None
-            return 1 if result.rowcount == 1 else None
         guard = (
             (step_records.c.execution_id == execution_id)
             & (step_records.c.name == name)
@@ -88,8 +95,17 @@ def claim_step(
         return existing.attempts + 1 if result.rowcount == 1 else None
 
 
-def _lock_execution(connection: Connection, execution_id: str, node: int, sub: int,
-                    now: datetime, **changes: Any) -> None:
+def _inserted_one(connection: Connection, statement: Any) -> bool:
+    # PostgreSQL reports no rowcount for INSERT ... SELECT once SQLAlchemy adds its implicit
+    # RETURNING; count the returned rows wherever the dialect can return them.
+    if connection.dialect.insert_returning:
+        return len(connection.execute(statement.returning(step_records.c.id)).all()) == 1
+    return bool(connection.execute(statement).rowcount == 1)
+
+
+def _lock_execution(
+    connection: Connection, execution_id: str, node: int, sub: int, now: datetime, **changes: Any
+) -> None:
     """Bump the version of the run at this position (taking its row lock) or conflict."""
     result = connection.execute(
         update(executions)
@@ -100,8 +116,9 @@ def _lock_execution(connection: Connection, execution_id: str, node: int, sub: i
         raise Conflict(execution_id)
 
 
-def _settle_step(connection: Connection, execution_id: str, name: str, attempt: int,
-                 **changes: Any) -> None:
+def _settle_step(
+    connection: Connection, execution_id: str, name: str, attempt: int, **changes: Any
+) -> None:
     result = connection.execute(
         update(step_records)
         .where(
@@ -127,28 +144,111 @@ def _advance_values(advance: Advance, now: datetime) -> dict[str, Any]:
 
 
 def record_step_completed(
-    db: Database, *, execution_id: str, name: str, attempt: int, node: int, sub: int,
-    result_blob: bytes, advance: Advance, now: datetime,
+    db: Database,
+    *,
+    execution_id: str,
+    name: str,
+    attempt: int,
+    node: int,
+    sub: int,
+    result_blob: bytes,
+    advance: Advance,
+    now: datetime,
 ) -> bool:
-    """Outcome and cursor move in one transaction; False if someone else owns the step now."""
+    """Outcome and cursor move in one transaction; False if someone else owns the step now.
+
+    On PostgreSQL and MySQL/MariaDB both rows change in ONE statement (a data-modifying CTE,
+    a multi-table UPDATE), which keeps a sequential node at three round trips; SQLite runs
+    in-process and takes two statements.
+    """
+    stamp = to_db_time(now)
+    run_changes = {
+        "version": executions.c.version + 1,
+        "updated_at": stamp,
+        **_advance_values(advance, now),
+    }
+    step_changes = {
+        "status": StepStatus.COMPLETED.value,
+        "result": result_blob,
+        "completed_at": stamp,
+        "lease_expires_at": None,
+    }
+    step_is_ours = (
+        (step_records.c.execution_id == execution_id)
+        & (step_records.c.name == name)
+        & (step_records.c.status == StepStatus.RUNNING.value)
+        & (step_records.c.attempts == attempt)
+    )
     try:
         with db.transaction() as connection:
-            _lock_execution(connection, execution_id, node, sub, now, **_advance_values(advance, now))
-            _settle_step(connection, execution_id, name, attempt,
-                         status=StepStatus.COMPLETED.value, result=result_blob,
-                         completed_at=to_db_time(now))
+            if db.dialect == "postgresql":
+                settled = (
+                    update(step_records)
+                    .where(step_is_ours)
+                    .values(**step_changes)
+                    .returning(step_records.c.execution_id)
+                    .cte("settled")
+                )
+                statement = (
+                    update(executions)
+                    .where(
+                        _at_cursor(execution_id, node, sub),
+                        executions.c.id == select(settled.c.execution_id).scalar_subquery(),
+                    )
+                    .values(**run_changes)
+                )
+                expected = 1
+            elif db.dialect in ("mysql", "mariadb"):
+                statement = (
+                    update(executions)
+                    .where(
+                        _at_cursor(execution_id, node, sub),
+                        step_records.c.execution_id == executions.c.id,
+                        step_is_ours,
+                    )
+                    .values(
+                        {
+                            **{executions.c[k]: v for k, v in run_changes.items()},
+                            **{step_records.c[k]: v for k, v in step_changes.items()},
+                        }
+                    )
+                )
+                expected = 2
+            else:
+                _lock_execution(
+                    connection, execution_id, node, sub, now, **_advance_values(advance, now)
+                )
+                _settle_step(
+                    connection,
+                    execution_id,
+                    name,
+                    attempt,
+                    status=StepStatus.COMPLETED.value,
+                    result=result_blob,
+                    completed_at=stamp,
+                )
+                return True
+            if connection.execute(statement).rowcount != expected:
+                raise Conflict(execution_id)
         return True
     except Conflict:
         return False
 
 
-def record_step_retry(db: Database, *, execution_id: str, name: str, attempt: int,
-                      error: str) -> bool:
+def record_step_retry(
+    db: Database, *, execution_id: str, name: str, attempt: int, error: str
+) -> bool:
     """Release the claim; the next attempt's message will claim it again."""
     try:
         with db.transaction() as connection:
-            _settle_step(connection, execution_id, name, attempt,
-                         status=StepStatus.PENDING.value, error=error)
+            _settle_step(
+                connection,
+                execution_id,
+                name,
+                attempt,
+                status=StepStatus.PENDING.value,
+                error=error,
+            )
         return True
     except Conflict:
         return False
@@ -163,8 +263,14 @@ class GroupResult:
     unwind: UnwindStep | None = None
 
 
-def _fail_run(connection: Connection, execution_id: str, reason: str, committed: bool,
-              compensations: Collection[str], now: datetime) -> UnwindStep:
+def _fail_run(
+    connection: Connection,
+    execution_id: str,
+    reason: str,
+    committed: bool,
+    compensations: Collection[str],
+    now: datetime,
+) -> UnwindStep:
     plan = next_unwind_step(load_steps(connection, execution_id), committed, compensations)
     values: dict[str, Any] = {"failure_reason": reason, "updated_at": to_db_time(now)}
     if plan.kind is UnwindKind.DONE:
@@ -177,9 +283,20 @@ def _fail_run(connection: Connection, execution_id: str, reason: str, committed:
 
 
 def record_step_settled(
-    db: Database, *, execution_id: str, name: str, attempt: int, node: int, sub: int,
-    members: Sequence[str], committed: bool, compensations: Collection[str], now: datetime,
-    advance: Advance, result_blob: bytes | None = None, error: str | None = None,
+    db: Database,
+    *,
+    execution_id: str,
+    name: str,
+    attempt: int,
+    node: int,
+    sub: int,
+    members: Sequence[str],
+    committed: bool,
+    compensations: Collection[str],
+    now: datetime,
+    advance: Advance,
+    result_blob: bytes | None = None,
+    error: str | None = None,
 ) -> GroupResult | None:
     """Settle a step of a parallel group, or a failed step; the last settler decides.
 
@@ -201,7 +318,8 @@ def record_step_settled(
                 return GroupResult(settled=False)
             if not outcome.failures:
                 connection.execute(
-                    update(executions).where(executions.c.id == execution_id)
+                    update(executions)
+                    .where(executions.c.id == execution_id)
                     .values(**_advance_values(advance, now))
                 )
                 return GroupResult(settled=True)
@@ -212,14 +330,22 @@ def record_step_settled(
         return None
 
 
-def fail_execution(db: Database, *, execution_id: str, reason: str, committed: bool,
-                   compensations: Collection[str], now: datetime) -> UnwindStep | None:
+def fail_execution(
+    db: Database,
+    *,
+    execution_id: str,
+    reason: str,
+    committed: bool,
+    compensations: Collection[str],
+    now: datetime,
+) -> UnwindStep | None:
     """Fail a live run for a reason outside any step (e.g. its definition changed)."""
     with db.transaction() as connection:
         result = connection.execute(
             update(executions)
-            .where(executions.c.id == execution_id,
-                   executions.c.state == ExecutionState.RUNNING.value)
+            .where(
+                executions.c.id == execution_id, executions.c.state == ExecutionState.RUNNING.value
+            )
             .values(version=executions.c.version + 1)
         )
         if result.rowcount != 1:

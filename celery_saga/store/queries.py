@@ -86,9 +86,11 @@ def load_steps(connection: Connection, execution_id: str) -> list[StepRecord]:
 
 
 def load_execution_row(connection: Connection, execution_id: str) -> ExecutionRecord | None:
-    row = connection.execute(
-        select(executions).where(executions.c.id == execution_id)
-    ).mappings().first()
+    row = (
+        connection.execute(select(executions).where(executions.c.id == execution_id))
+        .mappings()
+        .first()
+    )
     return None if row is None else execution_from_row(row)
 
 
@@ -172,5 +174,3 @@ def list_executions(
     items = tuple(execution_from_row(r) for r in rows[:limit])
     more = len(rows) > limit
     return Page(items, _encode_cursor(items[-1]) if more and items else None)
-
-

@@ -17,7 +17,7 @@ from celery_saga.store.codec import unpack
 from celery_saga.store.database import from_db_time
 
 
-def execution_from_row(row: Mapping[str, Any]) -> ExecutionRecord:
+def execution_from_row(row: Mapping[Any, Any]) -> ExecutionRecord:
     created_at = from_db_time(row["created_at"])
     updated_at = from_db_time(row["updated_at"])
     assert created_at is not None and updated_at is not None
@@ -41,7 +41,7 @@ def execution_from_row(row: Mapping[str, Any]) -> ExecutionRecord:
     )
 
 
-def step_from_row(row: Mapping[str, Any], prefix: str = "") -> StepRecord:
+def step_from_row(row: Mapping[Any, Any], prefix: str = "") -> StepRecord:
     def get(name: str) -> Any:
         return row[prefix + name]
 

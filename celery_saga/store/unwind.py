@@ -37,8 +37,15 @@ def _compensating(execution_id: str) -> Any:
     )
 
 
-def claim_compensation(db: Database, *, execution_id: str, name: str, attempts_before: int,
-                       lease_expires_at: datetime, now: datetime) -> bool:
+def claim_compensation(
+    db: Database,
+    *,
+    execution_id: str,
+    name: str,
+    attempts_before: int,
+    lease_expires_at: datetime,
+    now: datetime,
+) -> bool:
     """Claim one reversal while the run is compensating and the step has no outcome."""
     stamp = to_db_time(now)
     lease_free = (step_records.c.compensation_lease_expires_at.is_(None)) | (
@@ -62,8 +69,9 @@ def claim_compensation(db: Database, *, execution_id: str, name: str, attempts_b
         return result.rowcount == 1
 
 
-def _settle_compensation(connection: Connection, execution_id: str, name: str, attempt: int,
-                         **changes: Any) -> None:
+def _settle_compensation(
+    connection: Connection, execution_id: str, name: str, attempt: int, **changes: Any
+) -> None:
     result = connection.execute(
         update(step_records)
         .where(
@@ -77,8 +85,9 @@ def _settle_compensation(connection: Connection, execution_id: str, name: str, a
         raise Conflict(execution_id)
 
 
-def _lock_compensating(connection: Connection, execution_id: str, now: datetime,
-                       **changes: Any) -> ExecutionRecord:
+def _lock_compensating(
+    connection: Connection, execution_id: str, now: datetime, **changes: Any
+) -> ExecutionRecord:
     result = connection.execute(
         update(executions)
         .where(_compensating(execution_id))
@@ -90,15 +99,19 @@ def _lock_compensating(connection: Connection, execution_id: str, now: datetime,
     return record
 
 
-def _plan_and_finish(connection: Connection, record: ExecutionRecord,
-                     compensations: Collection[str], now: datetime) -> UnwindStep:
+def _plan_and_finish(
+    connection: Connection, record: ExecutionRecord, compensations: Collection[str], now: datetime
+) -> UnwindStep:
     steps = load_steps(connection, record.id)
     plan = next_unwind_step(steps, record.committed_at is not None, compensations)
     if plan.kind is UnwindKind.DONE:
         assert plan.rollback_status is not None
         connection.execute(
-            update(executions).where(executions.c.id == record.id).values(
-                state=ExecutionState.FAILED.value, rollback_status=plan.rollback_status.value,
+            update(executions)
+            .where(executions.c.id == record.id)
+            .values(
+                state=ExecutionState.FAILED.value,
+                rollback_status=plan.rollback_status.value,
                 updated_at=to_db_time(now),
             )
         )
@@ -112,17 +125,24 @@ def _park(connection: Connection, execution_id: str, plan: UnwindStep, now: date
     assert plan.record is not None
     reason = plan.record.compensation_reason
     if plan.kind is UnwindKind.HALT_VANISHED:
-        reason = (f"step {plan.record.name!r} owed a reversal but its compensation is no "
-                  "longer in the deployed definition")
+        reason = (
+            f"step {plan.record.name!r} owed a reversal but its compensation is no "
+            "longer in the deployed definition"
+        )
         connection.execute(
-            update(step_records).where(_step(execution_id, plan.record.name)).values(
+            update(step_records)
+            .where(_step(execution_id, plan.record.name))
+            .values(
                 compensation_status=CompensationOutcome.FAILED.value,
-                compensation_reason=reason, compensated_at=to_db_time(now),
+                compensation_reason=reason,
+                compensated_at=to_db_time(now),
                 compensation_lease_expires_at=None,
             )
         )
     connection.execute(
-        update(executions).where(executions.c.id == execution_id).values(
+        update(executions)
+        .where(executions.c.id == execution_id)
+        .values(
             state=ExecutionState.COMPENSATION_STUCK.value,
             rollback_status=RollbackStatus.STUCK.value,
             rollback_reason=f"reversal of step {plan.record.name!r} failed: {reason}",
@@ -131,9 +151,17 @@ def _park(connection: Connection, execution_id: str, plan: UnwindStep, now: date
     )
 
 
-def record_compensation(db: Database, *, execution_id: str, name: str, attempt: int,
-                        outcome: CompensationOutcome, reason: str | None,
-                        compensations: Collection[str], now: datetime) -> UnwindStep | None:
+def record_compensation(
+    db: Database,
+    *,
+    execution_id: str,
+    name: str,
+    attempt: int,
+    outcome: CompensationOutcome,
+    reason: str | None,
+    compensations: Collection[str],
+    now: datetime,
+) -> UnwindStep | None:
     """Record a reversal's definitive outcome and decide the next move in one transaction.
 
     A failure parks the run (HALT_FAILED); a success returns the next step to reverse, or
@@ -142,28 +170,37 @@ def record_compensation(db: Database, *, execution_id: str, name: str, attempt: 
     try:
         with db.transaction() as connection:
             record = _lock_compensating(connection, execution_id, now)
-            _settle_compensation(connection, execution_id, name, attempt,
-                                 compensation_status=outcome.value, compensation_reason=reason,
-                                 compensated_at=to_db_time(now))
+            _settle_compensation(
+                connection,
+                execution_id,
+                name,
+                attempt,
+                compensation_status=outcome.value,
+                compensation_reason=reason,
+                compensated_at=to_db_time(now),
+            )
             return _plan_and_finish(connection, record, compensations, now)
     except Conflict:
         return None
 
 
-def release_compensation(db: Database, *, execution_id: str, name: str, attempt: int,
-                         reason: str) -> bool:
+def release_compensation(
+    db: Database, *, execution_id: str, name: str, attempt: int, reason: str
+) -> bool:
     """A reversal attempt failed but more are allowed: free the claim for the next one."""
     try:
         with db.transaction() as connection:
-            _settle_compensation(connection, execution_id, name, attempt,
-                                 compensation_reason=reason)
+            _settle_compensation(
+                connection, execution_id, name, attempt, compensation_reason=reason
+            )
         return True
     except Conflict:
         return False
 
 
-def plan_unwind(db: Database, *, execution_id: str, compensations: Collection[str],
-                now: datetime) -> UnwindStep | None:
+def plan_unwind(
+    db: Database, *, execution_id: str, compensations: Collection[str], now: datetime
+) -> UnwindStep | None:
     """Decide (and apply, if it finishes or parks) the next move of a compensating run."""
     try:
         with db.transaction() as connection:
@@ -177,10 +214,14 @@ def park_unwind(db: Database, *, execution_id: str, reason: str, now: datetime) 
     """Park a compensating run whose progress cannot be recorded (guarantee 20)."""
     with db.transaction() as connection:
         result = connection.execute(
-            update(executions).where(_compensating(execution_id)).values(
+            update(executions)
+            .where(_compensating(execution_id))
+            .values(
                 state=ExecutionState.COMPENSATION_STUCK.value,
-                rollback_status=RollbackStatus.STUCK.value, rollback_reason=reason,
-                version=executions.c.version + 1, updated_at=to_db_time(now),
+                rollback_status=RollbackStatus.STUCK.value,
+                rollback_reason=reason,
+                version=executions.c.version + 1,
+                updated_at=to_db_time(now),
             )
         )
         return result.rowcount == 1
@@ -198,8 +239,9 @@ def _require_stuck(connection: Connection, execution_id: str, command: str) -> E
     return record
 
 
-def _cas_state(connection: Connection, record: ExecutionRecord, now: datetime,
-               **changes: Any) -> None:
+def _cas_state(
+    connection: Connection, record: ExecutionRecord, now: datetime, **changes: Any
+) -> None:
     result = connection.execute(
         update(executions)
         .where(executions.c.id == record.id, executions.c.version == record.version)
@@ -213,19 +255,29 @@ def resume_compensation(db: Database, execution_id: str, now: datetime) -> None:
     """Reopen a parked unwind: the failed reversal gets a fresh set of attempts."""
     with db.transaction() as connection:
         record = _require_stuck(connection, execution_id, "resume_compensation")
-        _cas_state(connection, record, now, state=ExecutionState.COMPENSATING.value,
-                   rollback_status=None, rollback_reason=None)
+        _cas_state(
+            connection,
+            record,
+            now,
+            state=ExecutionState.COMPENSATING.value,
+            rollback_status=None,
+            rollback_reason=None,
+        )
         connection.execute(
             update(step_records)
-            .where(step_records.c.execution_id == execution_id,
-                   step_records.c.compensation_status == CompensationOutcome.FAILED.value)
+            .where(
+                step_records.c.execution_id == execution_id,
+                step_records.c.compensation_status == CompensationOutcome.FAILED.value,
+            )
             .values(compensation_status=None, compensated_at=None, compensation_attempts=0)
         )
         # A reversal whose outcome could not be recorded still holds its claim; free it.
         connection.execute(
             update(step_records)
-            .where(step_records.c.execution_id == execution_id,
-                   step_records.c.compensation_status.is_(None))
+            .where(
+                step_records.c.execution_id == execution_id,
+                step_records.c.compensation_status.is_(None),
+            )
             .values(compensation_lease_expires_at=None)
         )
 
@@ -234,16 +286,25 @@ def abandon_compensation(db: Database, execution_id: str, now: datetime) -> int:
     """Close a parked unwind for good: outstanding steps become compensation_skipped."""
     with db.transaction() as connection:
         record = _require_stuck(connection, execution_id, "abandon_compensation")
-        _cas_state(connection, record, now, state=ExecutionState.FAILED.value,
-                   rollback_status=RollbackStatus.STUCK.value)
-        outstanding = outstanding_steps(load_steps(connection, execution_id),
-                                        record.committed_at is not None)
+        _cas_state(
+            connection,
+            record,
+            now,
+            state=ExecutionState.FAILED.value,
+            rollback_status=RollbackStatus.STUCK.value,
+        )
+        outstanding = outstanding_steps(
+            load_steps(connection, execution_id), record.committed_at is not None
+        )
         for step in outstanding:
             connection.execute(
-                update(step_records).where(step_records.c.id == step.id).values(
+                update(step_records)
+                .where(step_records.c.id == step.id)
+                .values(
                     compensation_status=CompensationOutcome.SKIPPED.value,
                     compensation_reason="abandoned by operator",
-                    compensated_at=to_db_time(now), compensation_lease_expires_at=None,
+                    compensated_at=to_db_time(now),
+                    compensation_lease_expires_at=None,
                 )
             )
         return len(outstanding)

@@ -27,16 +27,20 @@ from celery_saga.worker.publisher import CeleryPublisher
 from celery_saga.worker.tasks import register_tasks
 
 DEFAULT_STORE_URL = "sqlite:///celery_saga.sqlite3"
-_PARKED_OR_DONE = (ExecutionState.COMPLETED, ExecutionState.FAILED,
-                   ExecutionState.COMPENSATION_STUCK)
+_PARKED_OR_DONE = (
+    ExecutionState.COMPLETED,
+    ExecutionState.FAILED,
+    ExecutionState.COMPENSATION_STUCK,
+)
 
 
 def _settings_from(app: Celery) -> Settings:
     conf, defaults = app.conf, Settings()
     return Settings(
         lease_seconds=float(conf.get("saga_lease_seconds") or defaults.lease_seconds),
-        compensation_timeout=float(conf.get("saga_compensation_timeout")
-                                   or defaults.compensation_timeout),
+        compensation_timeout=float(
+            conf.get("saga_compensation_timeout") or defaults.compensation_timeout
+        ),
         max_payload_bytes=int(conf.get("saga_max_payload_bytes") or defaults.max_payload_bytes),
     )
 
@@ -69,8 +73,9 @@ class SagaHandle:
             if execution.state in _PARKED_OR_DONE:
                 return execution
             if time.monotonic() >= deadline:
-                raise TimeoutError(f"execution {self.id!r} still {execution.state.value} "
-                                   f"after {timeout:g}s")
+                raise TimeoutError(
+                    f"execution {self.id!r} still {execution.state.value} after {timeout:g}s"
+                )
             time.sleep(interval)
 
     def __repr__(self) -> str:
@@ -92,8 +97,9 @@ class SagaEngine:
         self.events = EventHub(app)
         self.settings = _settings_from(app)
         self._definitions: dict[str, SagaDefinition] = {}
-        self.executor = Executor(self.db, self._definitions.get, CeleryPublisher(app),
-                                 self.events, self.settings)
+        self.executor = Executor(
+            self.db, self._definitions.get, CeleryPublisher(app), self.events, self.settings
+        )
         register_tasks(app, self)
         app.saga_engine = self
 
@@ -108,8 +114,9 @@ class SagaEngine:
         for definition in sealed:
             known = self._definitions.get(definition.name)
             if known is not None and known.hash != definition.hash:
-                raise DefinitionError(f"a different saga named {definition.name!r} is "
-                                      "already registered")
+                raise DefinitionError(
+                    f"a different saga named {definition.name!r} is already registered"
+                )
         for definition in sealed:
             self._definitions[definition.name] = definition
         return sealed
@@ -119,15 +126,24 @@ class SagaEngine:
             return self._definitions[name]
         except KeyError:
             known = ", ".join(sorted(self._definitions)) or "none"
-            raise UnknownSagaError(f"no saga named {name!r} is registered (known: {known})") from None
+            raise UnknownSagaError(
+                f"no saga named {name!r} is registered (known: {known})"
+            ) from None
 
     # -- running ----------------------------------------------------------------------
     def start(self, saga: str, input: Any = None, *, execution_id: str | None = None) -> SagaHandle:
         """Start a run of the registered saga ``saga`` with ``input``."""
         definition = self.definition(saga)
-        if execution_id is not None and (not isinstance(execution_id, str)
-                                         or not 0 < len(execution_id) <= 64):
-            raise SagaError(f"execution_id must be a string of 1-64 characters, got {execution_id!r}")
+        if execution_id is not None and (
+            not isinstance(execution_id, str)
+            or ":" in execution_id
+            or not 0 < len(execution_id) <= 64
+        ):
+            # No colon: it leads every idempotency key, which must parse unambiguously.
+            raise SagaError(
+                "execution_id must be a string of 1-64 characters without ':', "
+                f"got {execution_id!r}"
+            )
         new_id = execution_id or str(uuid.uuid4())
         self.ensure_schema()
         try:
@@ -146,9 +162,15 @@ class SagaEngine:
             raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
         return Execution(record, tuple(steps))
 
-    def list(self, *, saga: str | Iterable[str] | None = None,
-             state: Any = None, rollback_status: Any = None,
-             limit: int = 50, cursor: str | None = None) -> queries.Page:
+    def list(
+        self,
+        *,
+        saga: str | Iterable[str] | None = None,
+        state: Any = None,
+        rollback_status: Any = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> queries.Page:
         """One page of executions, oldest first; ``page.next_cursor`` fetches the next."""
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
             raise SagaError(f"limit must be an integer between 1 and 1000, got {limit!r}")
@@ -161,10 +183,12 @@ class SagaEngine:
         names = [saga] if isinstance(saga, str) else list(saga or [])
         self.ensure_schema()
         return queries.list_executions(
-            self.db, saga_names=names,
+            self.db,
+            saga_names=names,
             states=_enum_values(ExecutionState, state, "state"),
             rollback_statuses=_enum_values(RollbackStatus, rollback_status, "rollback status"),
-            after=after, limit=limit,
+            after=after,
+            limit=limit,
         )
 
     def _definition_of(self, execution_id: str) -> SagaDefinition:

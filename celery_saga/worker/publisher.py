@@ -42,21 +42,31 @@ class CeleryPublisher:
                 options[limit] = value
         return options
 
-    def publish_node(self, saga_name: str, spec: StepSpec | None, message: NodeMessage,
-                     countdown: float | None = None) -> None:
+    def publish_node(
+        self,
+        saga_name: str,
+        spec: StepSpec | None,
+        message: NodeMessage,
+        countdown: float | None = None,
+    ) -> None:
         target = spec.action if spec else None
         name = f"{saga_name}.{spec.name}" if spec else saga_name
         self.app.send_task(
             NODE_TASK,
-            args=[message.execution_id, message.node, message.sub, message.member,
-                  message.attempt],
+            args=[message.execution_id, message.node, message.sub, message.member, message.attempt],
             countdown=countdown,
             **self._options(target, name),
         )
 
-    def publish_compensation(self, saga_name: str, spec: StepSpec | None, execution_id: str,
-                             step_name: str, attempt: int,
-                             countdown: float | None = None) -> None:
+    def publish_compensation(
+        self,
+        saga_name: str,
+        spec: StepSpec | None,
+        execution_id: str,
+        step_name: str,
+        attempt: int,
+        countdown: float | None = None,
+    ) -> None:
         target = spec.compensation if spec else None
         self.app.send_task(
             COMPENSATE_TASK,

@@ -15,15 +15,19 @@ if TYPE_CHECKING:
 #: Late ack + reject on worker loss: a SIGKILLed worker's message is redelivered, and
 #: admission turns the redelivery into a resume instead of a second run.
 _TASK_OPTIONS: dict[str, Any] = {
-    "bind": True, "acks_late": True, "reject_on_worker_lost": True, "ignore_result": True,
+    "bind": True,
+    "acks_late": True,
+    "reject_on_worker_lost": True,
+    "ignore_result": True,
     "shared": False,
 }
 
 
 def register_tasks(app: Celery, engine: SagaEngine) -> None:
     @app.task(name=NODE_TASK, **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
-    def saga_node(_task: Any, execution_id: str, node: int, sub: int, member: int,
-                  attempt: int) -> None:
+    def saga_node(
+        _task: Any, execution_id: str, node: int, sub: int, member: int, attempt: int
+    ) -> None:
         engine.ensure_schema()
         engine.executor.run_node(NodeMessage(execution_id, node, sub, member, attempt))
 
