@@ -1,0 +1,202 @@
+"""Backends for the behaviour suite.
+
+``sqlite``: SQLite file + ``memory://`` broker + an in-process worker (threads pool).
+``postgres-rabbitmq`` / ``postgres-redis``: PostgreSQL store and two real ``celery worker``
+subprocesses (prefork, concurrency 2) that publish every message twice, so every behaviour
+test on these backends also runs under duplicate delivery to racing workers.
+
+Without the services these backends are skipped, unless SAGA_REQUIRE_SERVICES=1 (CI), in
+which case they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from celery_saga.worker.embedded import embedded_worker
+from tests.sagaapp import TestApp
+
+ROOT = Path(__file__).resolve().parent.parent
+PG_ADMIN = os.environ.get(
+    "SAGA_TEST_PG_ADMIN", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
+PG_DATABASE = "celery_saga_tests"
+BROKERS = {
+    "postgres-rabbitmq": os.environ.get("SAGA_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672//"),
+    "postgres-redis": os.environ.get("SAGA_TEST_REDIS", "redis://127.0.0.1:6379/0"),
+}
+PORTS = {"postgres": 5432, "postgres-rabbitmq": 5672, "postgres-redis": 6379}
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def require_services(*ports: int) -> None:
+    missing = [p for p in ports if not _listening(p)]
+    if not missing:
+        return
+    message = f"services not listening on 127.0.0.1 ports {missing}"
+    if os.environ.get("SAGA_REQUIRE_SERVICES") == "1":
+        pytest.fail(message + " and SAGA_REQUIRE_SERVICES=1")
+    pytest.skip(message)
+
+
+def _test_database_url() -> str:
+    admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        exists = connection.execute(
+            text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": PG_DATABASE}
+        ).first()
+        if not exists:
+            connection.execute(text(f"CREATE DATABASE {PG_DATABASE}"))
+    admin.dispose()
+    return PG_ADMIN.rsplit("/", 1)[0] + "/" + PG_DATABASE
+
+
+@dataclass
+class Harness:
+    name: str
+    test_app: TestApp
+    in_process: bool
+    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    logs: list[Path] = field(default_factory=list)
+
+    @property
+    def engine(self) -> Any:
+        return self.test_app.engine
+
+    def start(self, saga: str, data: dict[str, Any] | None = None) -> Any:
+        return self.engine.start(saga, data or {})
+
+    def worker_logs(self) -> str:
+        return "\n".join(p.read_text(errors="replace")[-4000:] for p in self.logs)
+
+
+def _spawn_workers(
+    env: dict[str, str], queue: str, logdir: Path, count: int
+) -> tuple[list[subprocess.Popen[bytes]], list[Path]]:
+    workers, logs = [], []
+    for index in range(count):
+        log = logdir / f"worker{index}.log"
+        command = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.sagaapp:app",
+            "worker",
+            "-P",
+            "prefork",
+            "-c",
+            "2",
+            "--prefetch-multiplier",
+            "1",
+            "-Q",
+            queue,
+            "-n",
+            f"w{index}-{queue}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "-l",
+            "INFO",
+            "-E",
+        ]
+        handle = open(log, "wb")  # noqa: SIM115 - closed with the process
+        workers.append(
+            subprocess.Popen(
+                command,
+                cwd=ROOT,
+                env=env,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
+        logs.append(log)
+    return workers, logs
+
+
+def _wait_ready(test_app: TestApp, count: int, workers: list[subprocess.Popen[bytes]]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if any(w.poll() is not None for w in workers):
+            raise RuntimeError("a test worker exited during start-up")
+        replies = test_app.app.control.ping(timeout=1.0) or []
+        if len(replies) >= count:
+            return
+    raise RuntimeError("test workers did not answer ping within 60 s")
+
+
+def stop_workers(workers: list[subprocess.Popen[bytes]]) -> None:
+    for worker in workers:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGTERM)
+    for worker in workers:
+        try:
+            worker.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(timeout=5)
+
+
+@pytest.fixture(scope="session", params=["sqlite", "postgres-rabbitmq", "postgres-redis"])
+def harness(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Harness]:
+    name: str = request.param
+    tmp = tmp_path_factory.mktemp(name)
+    queue = f"saga-test-{uuid.uuid4().hex[:10]}"
+    if name == "sqlite":
+        test_app = TestApp("memory://localhost/", f"sqlite:///{tmp}/store.sqlite3", queue)
+        test_app.engine.ensure_schema()
+        with embedded_worker(test_app.app, concurrency=4):
+            yield Harness(name, test_app, in_process=True)
+        return
+    require_services(PORTS["postgres"], PORTS[name])
+    store = _test_database_url()
+    test_app = TestApp(BROKERS[name], store, queue, reset=True)
+    test_app.engine.ensure_schema()
+    with test_app.engine.db.transaction() as connection:
+        connection.execute(text("TRUNCATE saga_decisions, saga_steps, saga_executions"))
+    env = {
+        **os.environ,
+        "SAGA_TEST_BROKER": BROKERS[name],
+        "SAGA_TEST_STORE": store,
+        "SAGA_TEST_QUEUE": queue,
+        "SAGA_TEST_DUPLICATE": "1",
+        "PYTHONPATH": str(ROOT),
+    }
+    workers, logs = _spawn_workers(env, queue, tmp, count=2)
+    try:
+        _wait_ready(test_app, 2, workers)
+        yield Harness(name, test_app, in_process=False, workers=workers, logs=logs)
+    finally:
+        stop_workers(workers)
+        with test_app.app.connection_for_write() as connection:
+            connection.default_channel.queue_purge(queue)
+
+
+@pytest.fixture
+def sqlite_harness(harness: Harness) -> Harness:
+    """For tests that patch the engine in-process: only the in-process backend."""
+    if not harness.in_process:
+        pytest.skip("needs the in-process worker to patch the engine")
+    return harness

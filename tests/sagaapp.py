@@ -1,0 +1,216 @@
+"""The Celery app the behaviour tests run, in-process or in `celery worker` subprocesses.
+
+Steps and compensations write to a ledger table keyed by idempotency key, so a test can see
+from any process what ran and how often. Switch rows let a test steer a worker process
+(make a reversal fail, then succeed after resume).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from celery import Celery
+from sqlalchemy import Column, Integer, MetaData, String, Table, Text, create_engine, insert, select
+
+from celery_saga import Saga, SagaContext, SagaEngine, compensated_by, path, step
+from celery_saga.decisions.admission import NodeMessage
+from celery_saga.definition.nodes import StepSpec
+from celery_saga.worker.publisher import CeleryPublisher
+
+test_metadata = MetaData()
+ledger = Table(
+    "test_ledger",
+    test_metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("execution_id", String(64)),
+    Column("step", String(200)),
+    Column("direction", String(32)),
+    Column("key", String(400)),
+    Column("forward_key", String(400)),
+    Column("detail", Text),
+)
+switches = Table(
+    "test_switches",
+    test_metadata,
+    Column("name", String(200), primary_key=True),
+)
+
+
+class DuplicatingPublisher(CeleryPublisher):
+    """Sends every message twice: at-least-once delivery at its worst, to racing workers."""
+
+    def publish_node(
+        self,
+        saga_name: str,
+        spec: StepSpec | None,
+        message: NodeMessage,
+        countdown: float | None = None,
+    ) -> None:
+        for _ in range(2):
+            super().publish_node(saga_name, spec, message, countdown)
+
+    def publish_compensation(
+        self,
+        saga_name: str,
+        spec: StepSpec | None,
+        execution_id: str,
+        step_name: str,
+        attempt: int,
+        countdown: float | None = None,
+    ) -> None:
+        for _ in range(2):
+            super().publish_compensation(
+                saga_name, spec, execution_id, step_name, attempt, countdown
+            )
+
+
+class TestApp:
+    """One app + engine + ledger, built for a given broker, store and queue."""
+
+    def __init__(
+        self, broker: str, store: str, queue: str, duplicate: bool = False, reset: bool = False
+    ) -> None:
+        self.app = Celery("sagaapp", set_as_current=False)
+        self.app.conf.update(
+            broker_url=broker,
+            task_default_queue=queue,
+            saga_store_url=store,
+            broker_transport_options={"polling_interval": 0.01},
+            worker_hijack_root_logger=False,
+            worker_prefetch_multiplier=1,
+            saga_lease_seconds=20,
+            saga_compensation_timeout=2,
+        )
+        self.engine = SagaEngine(self.app)
+        if duplicate:
+            self.engine.executor.publisher = DuplicatingPublisher(self.app)
+            self.engine.executor.unwinder.publisher = self.engine.executor.publisher
+        self.sql = (
+            create_engine(store, isolation_level="AUTOCOMMIT")
+            if "sqlite" not in store
+            else create_engine(store, connect_args={"timeout": 30})
+        )
+        if reset:
+            test_metadata.drop_all(self.sql)
+        test_metadata.create_all(self.sql)
+        self._define()
+
+    # -- ledger and switches ------------------------------------------------------------
+    def write(self, ctx: SagaContext, direction: str, detail: str = "") -> None:
+        with self.sql.begin() as connection:
+            connection.execute(
+                insert(ledger).values(
+                    execution_id=ctx.execution_id,
+                    step=ctx.step_name,
+                    direction=direction,
+                    key=ctx.idempotency_key,
+                    forward_key=ctx.forward_key,
+                    detail=detail,
+                )
+            )
+
+    def entries(self, execution_id: str) -> list[Any]:
+        with self.sql.begin() as connection:
+            return list(
+                connection.execute(
+                    select(ledger)
+                    .where(ledger.c.execution_id == execution_id)
+                    .order_by(ledger.c.id)
+                )
+            )
+
+    def switch_on(self, name: str) -> bool:
+        with self.sql.begin() as connection:
+            return (
+                connection.execute(select(switches.c.name).where(switches.c.name == name)).first()
+                is not None
+            )
+
+    def set_switch(self, name: str, on: bool) -> None:
+        with self.sql.begin() as connection:
+            connection.execute(switches.delete().where(switches.c.name == name))
+            if on:
+                connection.execute(insert(switches).values(name=name))
+
+    # -- behaviour driven by the saga input ----------------------------------------------
+    def forward(self, ctx: SagaContext) -> Any:
+        plan = ctx.input.get("plan", {}).get(ctx.step_name, {})
+        time.sleep(plan.get("sleep", 0))
+        self.write(ctx, "forward", f"attempt={ctx.attempt}")
+        if plan.get("fail_attempts", 0) >= ctx.attempt or plan.get("fail"):
+            raise ValueError(f"{ctx.step_name} refused order {ctx.input.get('order')}")
+        return {"step": ctx.step_name, "attempt": ctx.attempt}
+
+    def reverse(self, ctx: SagaContext) -> None:
+        plan = ctx.input.get("plan", {}).get(ctx.step_name, {})
+        time.sleep(plan.get("undo_sleep", 0))
+        switch = plan.get("undo_switch")
+        if switch and self.switch_on(switch):
+            self.write(ctx, "compensate_failed")
+            raise ConnectionError(f"cannot undo {ctx.step_name}")
+        self.write(ctx, "compensate", repr(ctx.forward_result))
+
+    def _define(self) -> None:
+        app, this = self.app, self
+
+        @app.task(name="sagaapp.undo_s1", shared=False)
+        def undo_s1(ctx: SagaContext) -> None:
+            this.reverse(ctx)
+
+        @compensated_by(undo_s1)
+        @app.task(name="sagaapp.s1", shared=False)
+        def s1(ctx: SagaContext) -> Any:
+            return this.forward(ctx)
+
+        @app.task(name="sagaapp.s2", shared=False)
+        def s2(ctx: SagaContext) -> Any:
+            return this.forward(ctx)
+
+        self.tasks = {"s1": s1, "s2": s2, "undo_s1": undo_s1}
+        fwd, rev = self.forward, self.reverse
+        self.engine.register(
+            Saga("five")
+            .step(s1)
+            .step(s2, compensate=rev)
+            .step("s3", fwd, compensate=rev, retry=2, backoff=0.05)
+            .step("s4", fwd)
+            .step("s5", fwd, compensate=rev),
+            Saga("failed_eligible").step("a", fwd, compensate=rev).step("b", fwd, compensate=rev),
+            Saga("fanout")
+            .step("first", fwd, compensate=rev)
+            .parallel(
+                "group",
+                step("p1", fwd, compensate=rev),
+                step("p2", fwd, compensate=rev),
+                step("p3", fwd, compensate=rev),
+            )
+            .step("last", fwd, compensate=rev),
+            Saga("pivoted").step("a", fwd, compensate=rev).pivot().step("b", fwd, compensate=rev),
+            Saga("slow_retry").step("a", fwd, retry=2, backoff=3.0),
+            Saga("routed")
+            .map("total", lambda ctx: sum(ctx.input["amounts"]))
+            .branch(
+                "size",
+                lambda ctx: "big" if ctx.results["total"] > 100 else "small",
+                path("big", step("review", fwd, compensate=rev), step("approve", fwd)),
+                path("small", step("auto", fwd)),
+            )
+            .step("done", fwd),
+            Saga("misrouted").branch("size", lambda ctx: "huge", path("small", step("x", fwd))),
+            Saga("hanging").step("a", fwd, compensate=rev, compensation_retry=1).step("b", fwd),
+        )
+
+
+def from_environment() -> TestApp:
+    return TestApp(
+        broker=os.environ["SAGA_TEST_BROKER"],
+        store=os.environ["SAGA_TEST_STORE"],
+        queue=os.environ["SAGA_TEST_QUEUE"],
+        duplicate=os.environ.get("SAGA_TEST_DUPLICATE") == "1",
+    )
+
+
+if "SAGA_TEST_BROKER" in os.environ:
+    app = from_environment().app

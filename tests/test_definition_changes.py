@@ -1,0 +1,53 @@
+"""Guarantees 8 and 22: a redeploy is detected; a vanished reversal halts the unwind."""
+
+from __future__ import annotations
+
+import threading
+
+from celery_saga import ExecutionState, RollbackStatus, Saga
+from tests.conftest import Harness
+
+
+def _redeploy_during(harness: Harness, step: str, replacement: Saga) -> threading.Event:
+    """Swap the deployed definition while ``step`` of the next run is executing."""
+    swapped = threading.Event()
+
+    def on_start(_event: str, fields: dict[str, object]) -> None:
+        if fields.get("step") == step and not swapped.is_set():
+            harness.engine._definitions[replacement.name] = replacement.seal()
+            swapped.set()
+
+    harness.engine.on("saga-step-started", on_start)
+    return swapped
+
+
+def test_run_is_never_driven_by_a_changed_graph(sqlite_harness: Harness) -> None:
+    app = sqlite_harness.test_app
+    fwd, rev = app.forward, app.reverse
+    sqlite_harness.engine.register(Saga("evolving").step("a", fwd, compensate=rev).step("b", fwd))
+    changed = Saga("evolving").step("a", fwd, compensate=rev).step("new", fwd).step("b", fwd)
+    swapped = _redeploy_during(sqlite_harness, "a", changed)
+    run = sqlite_harness.start("evolving", {"plan": {"a": {"sleep": 0.3}}})
+    execution = run.wait(30)
+    assert swapped.is_set()
+    assert execution.state is ExecutionState.FAILED
+    assert (execution.failure_reason or "").startswith("DefinitionChangedError: saga 'evolving'")
+    assert [r.name for r in execution.steps] == ["a"], "nothing ran against the new graph"
+    assert execution.rollback_status is RollbackStatus.COMPLETED
+
+
+def test_a_reversal_whose_definition_vanished_halts_the_unwind(sqlite_harness: Harness) -> None:
+    app = sqlite_harness.test_app
+    fwd, rev = app.forward, app.reverse
+    sqlite_harness.engine.register(
+        Saga("renaming").step("a", fwd, compensate=rev).step("b", fwd, compensate=rev)
+    )
+    renamed = Saga("renaming").step("a_renamed", fwd, compensate=rev).step("b", fwd, compensate=rev)
+    _redeploy_during(sqlite_harness, "b", renamed)
+    run = sqlite_harness.start("renaming", {"plan": {"b": {"sleep": 0.3, "fail": True}}})
+    execution = run.wait(30)
+    assert execution.state is ExecutionState.COMPENSATION_STUCK
+    assert execution.rollback_status is RollbackStatus.STUCK
+    assert "'a' owed a reversal" in (execution.record.rollback_reason or "")
+    undone = [e.step for e in app.entries(run.id) if e.direction == "compensate"]
+    assert undone == ["b"], "the vanished step is neither reversed nor silently dropped"

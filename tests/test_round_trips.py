@@ -1,0 +1,79 @@
+"""Happy-path cost: statements per node, counted (not timed).
+
+PostgreSQL (and MySQL) take three per sequential node: read the run, claim the step (START
+record), record the outcome and move the cursor in one statement. SQLite is in-process (no
+network round trip) and records the outcome in two statements.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from celery import Celery
+from sqlalchemy import create_engine, select
+
+from celery_saga import Saga, SagaEngine
+from celery_saga.store.tables import executions
+from celery_saga.worker.embedded import embedded_worker
+from tests.conftest import PORTS, _test_database_url, require_services
+
+STEPS = 5
+
+
+def _noop() -> None:
+    return None
+
+
+def _count_statements(store_url: str) -> int:
+    app = Celery(
+        f"count-{uuid.uuid4().hex[:6]}", broker="memory://localhost/", set_as_current=False
+    )
+    app.conf.broker_transport_options = {"polling_interval": 0.01}
+    engine = SagaEngine(app, store_url=store_url)
+    saga = Saga(f"noop{uuid.uuid4().hex[:6]}")
+    for index in range(STEPS):
+        saga.step(f"s{index}", _noop)
+    engine.register(saga)
+    engine.ensure_schema()
+    observer = create_engine(store_url)
+    with embedded_worker(app, concurrency=1):
+        before = engine.db.statement_count
+        run = engine.start(saga.name, {})
+        deadline = time.monotonic() + 30
+        while True:
+            with observer.connect() as connection:
+                state = connection.execute(
+                    select(executions.c.state).where(executions.c.id == run.id)
+                ).scalar_one()
+            if state == "completed":
+                break
+            assert time.monotonic() < deadline, "run did not complete"
+            time.sleep(0.02)
+        used = engine.db.statement_count - before
+    observer.dispose()
+    return used - 1  # the INSERT that created the run
+
+
+def test_postgres_happy_path_takes_at_most_three_statements_per_node() -> None:
+    require_services(PORTS["postgres"])
+    assert _count_statements(_test_database_url()) <= 3 * STEPS
+
+
+def test_mariadb_happy_path_takes_at_most_three_statements_per_node() -> None:
+    require_services(3306)
+    url = os.environ.get("SAGA_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306/test")
+    assert _count_statements(url) <= 3 * STEPS
+
+
+def test_sqlite_happy_path_takes_at_most_four_statements_per_node(tmp_path: Path) -> None:
+    assert _count_statements(f"sqlite:///{tmp_path}/count.sqlite3") <= 4 * STEPS
+
+
+@pytest.mark.parametrize("per_node", [2])
+def test_the_count_is_sensitive(tmp_path: Path, per_node: int) -> None:
+    # Guards the counter itself: a run cannot take fewer than read + claim per node.
+    assert _count_statements(f"sqlite:///{tmp_path}/count.sqlite3") > per_node * STEPS
