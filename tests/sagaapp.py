@@ -81,7 +81,7 @@ class TestApp:
             worker_hijack_root_logger=False,
             worker_prefetch_multiplier=1,
             saga_lease_seconds=20,
-            saga_compensation_timeout=2,
+            saga_compensation_timeout=4,
         )
         self.engine = SagaEngine(self.app)
         if duplicate:

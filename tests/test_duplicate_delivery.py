@@ -55,7 +55,7 @@ def test_stale_messages_after_the_run_ended_change_nothing(harness: Harness) -> 
     }
 
 
-def test_many_runs_under_duplicate_delivery_apply_each_effect_once(harness: Harness) -> None:
+def test_two_workers_racing_on_duplicated_messages_apply_each_effect_once(harness: Harness) -> None:
     runs = []
     for order in range(12):
         plan = {"s4": {"fail": True}} if order % 3 == 0 else {}
@@ -66,7 +66,13 @@ def test_many_runs_under_duplicate_delivery_apply_each_effect_once(harness: Harn
         entries = harness.test_app.entries(run.id)
         forward = Counter((e.key, e.detail) for e in entries if e.direction == "forward")
         backward = Counter(e.key for e in entries if e.direction == "compensate")
-        assert set(forward.values()) == {1}, forward
+        diagnosis = (
+            execution.state,
+            execution.failure_reason,
+            [(r.name, r.status.value) for r in execution.steps],
+            entries,
+        )
+        assert set(forward.values()) == {1}, diagnosis
         assert not backward or set(backward.values()) == {1}, backward
 
 

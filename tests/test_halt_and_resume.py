@@ -82,8 +82,8 @@ def test_operator_commands_on_a_run_in_the_wrong_state_are_refused(harness: Harn
 
 
 def test_a_hung_reversal_times_out_by_default_and_parks_the_run(harness: Harness) -> None:
-    # The "hanging" saga declares no compensation timeout: the engine default (2 s here) applies.
-    run = harness.start("hanging", {"plan": {"b": {"fail": True}, "a": {"undo_sleep": 6}}})
+    # The "hanging" saga declares no compensation timeout: the engine default (4 s here) applies.
+    run = harness.start("hanging", {"plan": {"b": {"fail": True}, "a": {"undo_sleep": 12}}})
     execution = run.wait(30)
     assert execution.state is ExecutionState.COMPENSATION_STUCK, harness.worker_logs()
     reason = execution.step("a").compensation_reason or ""

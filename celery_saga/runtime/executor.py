@@ -28,7 +28,7 @@ from celery_saga.runtime.context import SagaContext
 from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.invoke import apply_schema, call_arguments, run_with_timeout, storable
 from celery_saga.runtime.keys import idempotency_key
-from celery_saga.runtime.ports import EventSink, Publisher, Settings
+from celery_saga.runtime.ports import EventSink, Publisher, RuntimeParts, Settings
 from celery_saga.runtime.unwinder import Unwinder, compensations_of
 from celery_saga.store import forward, queries
 from celery_saga.store.codec import pack
@@ -43,7 +43,7 @@ def _results(steps: list[StepRecord]) -> dict[str, Any]:
     return {s.name: s.result for s in steps if s.status is StepStatus.COMPLETED}
 
 
-class Executor:
+class Executor(RuntimeParts):
     """Carries out forward decisions; every rule it follows lives in ``decisions/``."""
 
     def __init__(
@@ -54,8 +54,7 @@ class Executor:
         emit: EventSink,
         settings: Settings,
     ) -> None:
-        self.db, self.registry, self.publisher = db, registry, publisher
-        self.emit, self.settings = emit, settings
+        super().__init__(db, registry, publisher, emit, settings)
         self.unwinder = Unwinder(db, registry, publisher, emit, settings)
 
     # -- starting ---------------------------------------------------------------------
@@ -147,7 +146,10 @@ class Executor:
         return str(queries.journal_decision(self.db, execution_id, key, choice, get_clock().now()))
 
     # -- running a node ---------------------------------------------------------------
-    def run_node(self, message: NodeMessage) -> None:
+    def run_node(self, message: NodeMessage, redelivered: bool = False) -> None:
+        """Handle one node message. A duplicate of a node still held by a live lease is
+        dropped; a *redelivered* one is deferred until the lease expires, since its holder
+        may be the worker that died."""
         now = get_clock().now()
         execution, steps = queries.load_snapshot(self.db, message.execution_id)
         definition = self.registry(execution.saga_name) if execution else None
@@ -174,7 +176,12 @@ class Executor:
             return
         record = next((s for s in steps if s.name == spec.name), None)
         verdict = decide_admission(execution, record, message, deployed, now)
-        if verdict is Admission.REJECT_IN_FLIGHT and record and record.lease_expires_at:
+        if (
+            verdict is Admission.REJECT_IN_FLIGHT
+            and redelivered
+            and record
+            and record.lease_expires_at
+        ):
             wait = (record.lease_expires_at - now).total_seconds() + 1
             self.publisher.publish_node(definition.name, spec, message, countdown=wait)
             return

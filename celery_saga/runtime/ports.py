@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from celery_saga.decisions.admission import NodeMessage
+from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import StepSpec
 from celery_saga.store.codec import DEFAULT_MAX_PAYLOAD_BYTES
+from celery_saga.store.database import Database
 
 
 class Publisher(Protocol):
@@ -51,3 +54,19 @@ class Settings:
     compensation_timeout: float = 30.0
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     store_retry_delays: tuple[float, ...] = (0.05, 0.2, 0.5, 1.0, 2.0)
+
+
+class RuntimeParts:
+    """What the forward executor and the unwinder share: the store, the deployed
+    definitions, the way out to the broker, the event sink and the settings."""
+
+    def __init__(
+        self,
+        db: Database,
+        registry: Callable[[str], SagaDefinition | None],
+        publisher: Publisher,
+        emit: EventSink,
+        settings: Settings,
+    ) -> None:
+        self.db, self.registry, self.publisher = db, registry, publisher
+        self.emit, self.settings = emit, settings

@@ -4,7 +4,6 @@ the first definitive failure (guarantees 1-9, 20)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from datetime import timedelta
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -26,9 +25,8 @@ from celery_saga.runtime.context import SagaContext
 from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.invoke import call_arguments, run_with_timeout
 from celery_saga.runtime.keys import idempotency_key
-from celery_saga.runtime.ports import EventSink, Publisher, Settings
+from celery_saga.runtime.ports import RuntimeParts
 from celery_saga.store import queries, unwind
-from celery_saga.store.database import Database
 
 logger = logging.getLogger("celery_saga")
 _LEASE_MARGIN = 30.0
@@ -46,17 +44,8 @@ def compensations_of(definition: SagaDefinition | None) -> frozenset[str]:
     )
 
 
-class Unwinder:
-    def __init__(
-        self,
-        db: Database,
-        registry: Callable[[str], SagaDefinition | None],
-        publisher: Publisher,
-        emit: EventSink,
-        settings: Settings,
-    ) -> None:
-        self.db, self.registry, self.publisher = db, registry, publisher
-        self.emit, self.settings = emit, settings
+class Unwinder(RuntimeParts):
+    """Runs one reversal per compensate message and decides the next move."""
 
     def begin(
         self,
@@ -118,8 +107,10 @@ class Unwinder:
             countdown,
         )
 
-    def run(self, execution_id: str, step_name: str, attempt: int) -> None:
-        """Handle one compensate message."""
+    def run(
+        self, execution_id: str, step_name: str, attempt: int, redelivered: bool = False
+    ) -> None:
+        """Handle one compensate message; in-flight duplicates as in ``Executor.run_node``."""
         now = get_clock().now()
         execution, steps = queries.load_snapshot(self.db, execution_id)
         if execution is None or execution.state is not ExecutionState.COMPENSATING:
@@ -146,7 +137,7 @@ class Unwinder:
         verdict = compensation_admission(
             record, planned, attempt, lease is not None and lease > now
         )
-        if verdict is Admission.REJECT_IN_FLIGHT and record and lease:
+        if verdict is Admission.REJECT_IN_FLIGHT and redelivered and record and lease:
             self._publish(
                 definition,
                 execution_id,

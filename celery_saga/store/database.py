@@ -5,14 +5,15 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy import Connection, Engine, RowMapping, create_engine, event, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import StaticPool
 
 VERSION_TABLE = "celery_saga_alembic_version"
@@ -74,13 +75,22 @@ class Database:
         else:
             # Every conditional write re-reads committed rows; REPEATABLE READ (MySQL's
             # default) would show a join an old snapshot of its sibling steps.
-            options.update(isolation_level="READ COMMITTED", pool_pre_ping=True)
+            options.update(isolation_level="READ COMMITTED", pool_recycle=1800)
         self.engine = create_engine(url, **options)
+        # A single statement is atomic on its own: against a server, running it outside
+        # BEGIN/COMMIT saves two round trips. SQLite keeps its serialised transactions.
+        self.autocommit_engine: Engine | None = None
         if self.dialect == "sqlite":
             _configure_sqlite(self.engine)
-        event.listen(self.engine, "before_cursor_execute", self._count)
-        reference = weakref.ref(self.engine)
-        os.register_at_fork(after_in_child=lambda: _after_fork(reference))
+        else:
+            self.autocommit_engine = create_engine(
+                url, **{**options, "isolation_level": "AUTOCOMMIT"}
+            )
+        for engine in (self.engine, self.autocommit_engine):
+            if engine is not None:
+                event.listen(engine, "before_cursor_execute", self._count)
+                reference = weakref.ref(engine)
+                os.register_at_fork(after_in_child=lambda ref=reference: _after_fork(ref))
         self._migrated = False
         self._migrate_lock = threading.Lock()
 
@@ -93,6 +103,27 @@ class Database:
     def transaction(self) -> Iterator[Connection]:
         with self.engine.begin() as connection:
             yield connection
+
+    @contextmanager
+    def single_statement(self) -> Iterator[Connection]:
+        """A connection for exactly one statement: autocommit where that saves round trips."""
+        if self.autocommit_engine is None:
+            with self.transaction() as connection:
+                yield connection
+        else:
+            with self.autocommit_engine.connect() as connection:
+                yield connection
+
+    def read(self, query: Any) -> Sequence[RowMapping]:
+        """Run one read; retried once on a connection the server dropped (no pre-ping)."""
+        for attempt in (1, 2):
+            try:
+                with self.single_statement() as connection:
+                    return connection.execute(query).mappings().all()
+            except DBAPIError as error:
+                if attempt == 2 or not error.connection_invalidated:
+                    raise
+        raise AssertionError("unreachable")
 
     def migrate(self) -> None:
         """Bring the schema to the newest revision; safe to call from many processes."""
@@ -121,3 +152,5 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+        if self.autocommit_engine is not None:
+            self.autocommit_engine.dispose()

@@ -52,7 +52,7 @@ def claim_step(
     """
     lease, stamp = to_db_time(lease_expires_at), to_db_time(now)
     live_here = exists().where(_at_cursor(execution_id, node, sub))
-    with db.transaction() as connection:
+    with db.single_statement() as connection:
         if existing is None:
             values = {
                 "execution_id": execution_id,
@@ -121,16 +121,21 @@ def _settle_step(
 ) -> None:
     result = connection.execute(
         update(step_records)
-        .where(
-            step_records.c.execution_id == execution_id,
-            step_records.c.name == name,
-            step_records.c.status == StepStatus.RUNNING.value,
-            step_records.c.attempts == attempt,
-        )
+        .where(_held_by(execution_id, name, attempt))
         .values(lease_expires_at=None, **changes)
     )
     if result.rowcount != 1:
         raise Conflict(execution_id)
+
+
+def _held_by(execution_id: str, name: str, attempt: int) -> Any:
+    """The step is still running under this attempt's claim (no one re-claimed it)."""
+    return (
+        (step_records.c.execution_id == execution_id)
+        & (step_records.c.name == name)
+        & (step_records.c.status == StepStatus.RUNNING.value)
+        & (step_records.c.attempts == attempt)
+    )
 
 
 def _advance_values(advance: Advance, now: datetime) -> dict[str, Any]:
@@ -141,6 +146,35 @@ def _advance_values(advance: Advance, now: datetime) -> dict[str, Any]:
     if advance.passes_pivot:
         values["committed_at"] = to_db_time(now)
     return values
+
+
+def _settle_and_move(
+    dialect: str,
+    run_guard: Any,
+    run_changes: dict[str, Any],
+    step_guard: Any,
+    step_changes: dict[str, Any],
+) -> tuple[Any, int] | None:
+    """One statement changing both rows, with the rowcount that means both changed; None
+    where the dialect has no such statement (SQLite)."""
+    if dialect == "postgresql":
+        settled = (
+            update(step_records)
+            .where(step_guard)
+            .values(**step_changes)
+            .returning(step_records.c.execution_id)
+            .cte("settled")
+        )
+        owner = executions.c.id == select(settled.c.execution_id).scalar_subquery()
+        return update(executions).where(run_guard, owner).values(**run_changes), 1
+    if dialect in ("mysql", "mariadb"):
+        joined = step_records.c.execution_id == executions.c.id
+        values = {
+            **{executions.c[k]: v for k, v in run_changes.items()},
+            **{step_records.c[k]: v for k, v in step_changes.items()},
+        }
+        return update(executions).where(run_guard, joined, step_guard).values(values), 2
+    return None
 
 
 def record_step_completed(
@@ -171,64 +205,22 @@ def record_step_completed(
         "status": StepStatus.COMPLETED.value,
         "result": result_blob,
         "completed_at": stamp,
-        "lease_expires_at": None,
     }
-    step_is_ours = (
-        (step_records.c.execution_id == execution_id)
-        & (step_records.c.name == name)
-        & (step_records.c.status == StepStatus.RUNNING.value)
-        & (step_records.c.attempts == attempt)
+    combined = _settle_and_move(
+        db.dialect,
+        _at_cursor(execution_id, node, sub),
+        run_changes,
+        _held_by(execution_id, name, attempt),
+        {**step_changes, "lease_expires_at": None},
     )
     try:
-        with db.transaction() as connection:
-            if db.dialect == "postgresql":
-                settled = (
-                    update(step_records)
-                    .where(step_is_ours)
-                    .values(**step_changes)
-                    .returning(step_records.c.execution_id)
-                    .cte("settled")
-                )
-                statement = (
-                    update(executions)
-                    .where(
-                        _at_cursor(execution_id, node, sub),
-                        executions.c.id == select(settled.c.execution_id).scalar_subquery(),
-                    )
-                    .values(**run_changes)
-                )
-                expected = 1
-            elif db.dialect in ("mysql", "mariadb"):
-                statement = (
-                    update(executions)
-                    .where(
-                        _at_cursor(execution_id, node, sub),
-                        step_records.c.execution_id == executions.c.id,
-                        step_is_ours,
-                    )
-                    .values(
-                        {
-                            **{executions.c[k]: v for k, v in run_changes.items()},
-                            **{step_records.c[k]: v for k, v in step_changes.items()},
-                        }
-                    )
-                )
-                expected = 2
-            else:
+        with db.transaction() if combined is None else db.single_statement() as connection:
+            if combined is None:
                 _lock_execution(
                     connection, execution_id, node, sub, now, **_advance_values(advance, now)
                 )
-                _settle_step(
-                    connection,
-                    execution_id,
-                    name,
-                    attempt,
-                    status=StepStatus.COMPLETED.value,
-                    result=result_blob,
-                    completed_at=stamp,
-                )
-                return True
-            if connection.execute(statement).rowcount != expected:
+                _settle_step(connection, execution_id, name, attempt, **step_changes)
+            elif connection.execute(combined[0]).rowcount != combined[1]:
                 raise Conflict(execution_id)
         return True
     except Conflict:
@@ -240,7 +232,7 @@ def record_step_retry(
 ) -> bool:
     """Release the claim; the next attempt's message will claim it again."""
     try:
-        with db.transaction() as connection:
+        with db.single_statement() as connection:
             _settle_step(
                 connection,
                 execution_id,

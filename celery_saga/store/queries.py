@@ -36,7 +36,7 @@ def create_execution(
 ) -> None:
     """A plain INSERT: a duplicate id fails loudly instead of overwriting a live run."""
     stamp = to_db_time(now)
-    with db.transaction() as connection:
+    with db.single_statement() as connection:
         connection.execute(
             insert(executions).values(
                 id=execution_id,
@@ -68,8 +68,7 @@ def load_snapshot(
         .where(executions.c.id == execution_id)
         .order_by(step_records.c.id)
     )
-    with db.transaction() as connection:
-        rows = connection.execute(query).mappings().all()
+    rows = db.read(query)
     if not rows:
         return None, []
     steps = [step_from_row(r, _STEP_PREFIX) for r in rows if r[_STEP_PREFIX + "id"] is not None]
@@ -97,7 +96,7 @@ def load_execution_row(connection: Connection, execution_id: str) -> ExecutionRe
 def journal_decision(db: Database, execution_id: str, key: str, value: Any, now: datetime) -> Any:
     """First writer wins: the value already journaled under ``key`` is returned if any."""
     try:
-        with db.transaction() as connection:
+        with db.single_statement() as connection:
             connection.execute(
                 insert(decisions).values(
                     execution_id=execution_id,
@@ -115,13 +114,12 @@ def journal_decision(db: Database, execution_id: str, key: str, value: Any, now:
 
 
 def load_decision(db: Database, execution_id: str, key: str) -> tuple[Any] | None:
-    with db.transaction() as connection:
-        row = connection.execute(
-            select(decisions.c.value).where(
-                decisions.c.execution_id == execution_id, decisions.c.key == key
-            )
-        ).first()
-    return None if row is None else (unpack(row[0]),)
+    rows = db.read(
+        select(decisions.c.value).where(
+            decisions.c.execution_id == execution_id, decisions.c.key == key
+        )
+    )
+    return (unpack(rows[0]["value"]),) if rows else None
 
 
 @dataclass(frozen=True)
@@ -169,8 +167,7 @@ def list_executions(
                 and_(executions.c.created_at == stamp, executions.c.id > last_id),
             )
         )
-    with db.transaction() as connection:
-        rows = connection.execute(query).mappings().all()
+    rows = db.read(query)
     items = tuple(execution_from_row(r) for r in rows[:limit])
     more = len(rows) > limit
     return Page(items, _encode_cursor(items[-1]) if more and items else None)

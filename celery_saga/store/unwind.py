@@ -51,7 +51,7 @@ def claim_compensation(
     lease_free = (step_records.c.compensation_lease_expires_at.is_(None)) | (
         step_records.c.compensation_lease_expires_at < stamp
     )
-    with db.transaction() as connection:
+    with db.single_statement() as connection:
         result = connection.execute(
             update(step_records)
             .where(
@@ -189,7 +189,7 @@ def release_compensation(
 ) -> bool:
     """A reversal attempt failed but more are allowed: free the claim for the next one."""
     try:
-        with db.transaction() as connection:
+        with db.single_statement() as connection:
             _settle_compensation(
                 connection, execution_id, name, attempt, compensation_reason=reason
             )

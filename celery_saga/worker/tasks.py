@@ -26,12 +26,18 @@ _TASK_OPTIONS: dict[str, Any] = {
 def register_tasks(app: Celery, engine: SagaEngine) -> None:
     @app.task(name=NODE_TASK, **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
     def saga_node(
-        _task: Any, execution_id: str, node: int, sub: int, member: int, attempt: int
+        task: Any, execution_id: str, node: int, sub: int, member: int, attempt: int
     ) -> None:
         engine.ensure_schema()
-        engine.executor.run_node(NodeMessage(execution_id, node, sub, member, attempt))
+        message = NodeMessage(execution_id, node, sub, member, attempt)
+        engine.executor.run_node(message, redelivered=_redelivered(task))
 
     @app.task(name=COMPENSATE_TASK, **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
-    def saga_compensate(_task: Any, execution_id: str, step_name: str, attempt: int) -> None:
+    def saga_compensate(task: Any, execution_id: str, step_name: str, attempt: int) -> None:
         engine.ensure_schema()
-        engine.executor.unwinder.run(execution_id, step_name, attempt)
+        engine.executor.unwinder.run(execution_id, step_name, attempt, _redelivered(task))
+
+
+def _redelivered(task: Any) -> bool:
+    """The broker is handing this message out again (its consumer died before acking)."""
+    return bool((task.request.delivery_info or {}).get("redelivered"))
