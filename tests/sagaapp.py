@@ -13,6 +13,7 @@ from typing import Any
 
 from celery import Celery
 from sqlalchemy import Column, Integer, MetaData, String, Table, Text, create_engine, insert, select
+from sqlalchemy.pool import NullPool
 
 from celery_saga import Saga, SagaContext, SagaEngine, compensated_by, path, step
 from celery_saga.decisions.admission import NodeMessage
@@ -87,10 +88,12 @@ class TestApp:
         if duplicate:
             self.engine.executor.publisher = DuplicatingPublisher(self.app)
             self.engine.executor.unwinder.publisher = self.engine.executor.publisher
+        # NullPool: worker processes fork after import, and a pooled connection inherited
+        # by two pool children would interleave their statements on one socket.
         self.sql = (
-            create_engine(store, isolation_level="AUTOCOMMIT")
+            create_engine(store, isolation_level="AUTOCOMMIT", poolclass=NullPool)
             if "sqlite" not in store
-            else create_engine(store, connect_args={"timeout": 30})
+            else create_engine(store, connect_args={"timeout": 30}, poolclass=NullPool)
         )
         if reset:
             test_metadata.drop_all(self.sql)

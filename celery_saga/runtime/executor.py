@@ -26,7 +26,13 @@ from celery_saga.records import ExecutionRecord, ExecutionState, StepRecord, Ste
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.context import SagaContext
 from celery_saga.runtime.describe import describe_error
-from celery_saga.runtime.invoke import apply_schema, call_arguments, run_with_timeout, storable
+from celery_saga.runtime.invoke import (
+    apply_schema,
+    call_arguments,
+    needs_context,
+    run_with_timeout,
+    storable,
+)
 from celery_saga.runtime.keys import idempotency_key
 from celery_saga.runtime.ports import EventSink, Publisher, RuntimeParts, Settings
 from celery_saga.runtime.unwinder import Unwinder, compensations_of
@@ -146,12 +152,36 @@ class Executor(RuntimeParts):
         return str(queries.journal_decision(self.db, execution_id, key, choice, get_clock().now()))
 
     # -- running a node ---------------------------------------------------------------
-    def run_node(self, message: NodeMessage, redelivered: bool = False) -> None:
-        """Handle one node message. A duplicate of a node still held by a live lease is
-        dropped; a *redelivered* one is deferred until the lease expires, since its holder
-        may be the worker that died."""
+    def run_node(
+        self, message: NodeMessage, saga_name: str | None = None, redelivered: bool = False
+    ) -> None:
+        """Handle one node message.
+
+        Fast path (first delivery of a first attempt): claim straight away; the claim's
+        WHERE clause is the admission predicate (live run, this position, deployed graph,
+        no START record yet). Anything else, or a refused claim, takes the checked path: read
+        the run and let ``decide_admission`` say what to do.
+        """
+        definition = self.registry(saga_name) if saga_name else None
+        if definition is not None and message.attempt == 1 and not redelivered:
+            target = definition.nodes[message.node]
+            if not isinstance(target, BranchNode):
+                spec, _ = self._resolve(
+                    definition, message.execution_id, message.node, 0, message.member
+                )
+                attempt = self._claim(definition, spec, message, None)
+                if attempt is not None:
+                    self._run_claimed(definition, spec, message, attempt, 1, None)
+                    return
+        self._run_checked(message, redelivered)
+
+    def _run_checked(self, message: NodeMessage, redelivered: bool) -> None:
+        """Admission decided on a fresh snapshot. A duplicate of a node held by a live lease
+        is dropped; a *redelivered* one waits for the lease to expire, since its holder may
+        be the worker that died."""
         now = get_clock().now()
-        execution, steps = queries.load_snapshot(self.db, message.execution_id)
+        snapshot = queries.load_snapshot(self.db, message.execution_id)
+        execution, steps = snapshot
         definition = self.registry(execution.saga_name) if execution else None
         deployed = definition.hash if definition else None
         verdict = decide_admission(execution, None, message, deployed, now)
@@ -176,58 +206,70 @@ class Executor(RuntimeParts):
             return
         record = next((s for s in steps if s.name == spec.name), None)
         verdict = decide_admission(execution, record, message, deployed, now)
-        if (
-            verdict is Admission.REJECT_IN_FLIGHT
-            and redelivered
-            and record
-            and record.lease_expires_at
-        ):
+        if verdict is Admission.REJECT_IN_FLIGHT and redelivered and record:
+            assert record.lease_expires_at is not None
             wait = (record.lease_expires_at - now).total_seconds() + 1
             self.publisher.publish_node(definition.name, spec, message, countdown=wait)
             return
         if verdict is not Admission.RUN:
             self._refused(message, verdict)
             return
-        self._claim_and_run(definition, execution, steps, spec, message, record, path_length)
+        attempt = self._claim(definition, spec, message, record)
+        if attempt is None:
+            self._refused(message, Admission.REJECT_IN_FLIGHT)
+            return
+        self._run_claimed(definition, spec, message, attempt, path_length, snapshot)
 
-    def _claim_and_run(
+    def _claim(
         self,
         definition: SagaDefinition,
-        execution: ExecutionRecord,
-        steps: list[StepRecord],
         spec: StepSpec,
         message: NodeMessage,
         record: StepRecord | None,
-        path_length: int,
-    ) -> None:
+    ) -> int | None:
         now = get_clock().now()
-        key = idempotency_key(execution.id, spec.name, 0, "forward")
         lease = spec.timeout + _LEASE_MARGIN if spec.timeout else self.settings.lease_seconds
-        attempt = forward.claim_step(
+        return forward.claim_step(
             self.db,
-            execution_id=execution.id,
+            execution_id=message.execution_id,
             name=spec.name,
             node=message.node,
             sub=message.sub,
-            idempotency_key=key,
+            definition_hash=definition.hash,
+            idempotency_key=idempotency_key(message.execution_id, spec.name, 0, "forward"),
             compensatable=spec.compensatable,
             lease_expires_at=now + timedelta(seconds=lease),
             now=now,
             existing=record,
         )
-        if attempt is None:
-            self._refused(message, Admission.REJECT_IN_FLIGHT)
-            return
+
+    def _run_claimed(
+        self,
+        definition: SagaDefinition,
+        spec: StepSpec,
+        message: NodeMessage,
+        attempt: int,
+        path_length: int,
+        snapshot: tuple[ExecutionRecord | None, list[StepRecord]] | None,
+    ) -> None:
+        execution_id = message.execution_id
+        key = idempotency_key(execution_id, spec.name, 0, "forward")
         fields = {
-            "execution_id": execution.id,
+            "execution_id": execution_id,
             "saga": definition.name,
             "step": spec.name,
             "attempt": attempt,
             "idempotency_key": key,
         }
         self.emit("saga-step-started", fields)
+        saga_input: Any = None
+        results: dict[str, Any] = {}
+        if needs_context(spec):
+            execution, steps = snapshot or queries.load_snapshot(self.db, execution_id)
+            saga_input = execution.input if execution else None
+            results = _results(steps)
         ctx = SagaContext(
-            execution.id, definition.name, spec.name, execution.input, _results(steps), key, attempt
+            execution_id, definition.name, spec.name, saga_input, results, key, attempt
         )
         try:
             blob = pack(
@@ -236,12 +278,10 @@ class Executor(RuntimeParts):
                 limit=self.settings.max_payload_bytes,
             )
         except Exception as error:
-            self._step_failed(definition, execution, spec, message, attempt, error)
+            self._step_failed(definition, spec, message, attempt, error)
             return
         step_advance = advance(definition.nodes, message.node, message.sub, path_length)
-        self._step_completed(
-            definition, execution, spec, message, attempt, blob, step_advance, fields
-        )
+        self._step_completed(definition, spec, message, attempt, blob, step_advance, fields)
 
     def _invoke(self, definition: SagaDefinition, spec: StepSpec, ctx: SagaContext) -> Any:
         what = f"step {spec.name!r} of saga {definition.name!r}"
@@ -256,7 +296,6 @@ class Executor(RuntimeParts):
     def _step_completed(
         self,
         definition: SagaDefinition,
-        execution: ExecutionRecord,
         spec: StepSpec,
         message: NodeMessage,
         attempt: int,
@@ -268,7 +307,7 @@ class Executor(RuntimeParts):
         if not isinstance(target, ParallelNode):
             if forward.record_step_completed(
                 self.db,
-                execution_id=execution.id,
+                execution_id=message.execution_id,
                 name=spec.name,
                 attempt=attempt,
                 node=message.node,
@@ -278,17 +317,16 @@ class Executor(RuntimeParts):
                 now=get_clock().now(),
             ):
                 self.emit("saga-step-completed", fields)
-                self._advanced(definition, execution.id, step_advance)
+                self._advanced(definition, message.execution_id, step_advance)
             return
         group = forward.record_step_settled(
             self.db,
-            execution_id=execution.id,
+            execution_id=message.execution_id,
             name=spec.name,
             attempt=attempt,
             node=message.node,
             sub=message.sub,
             members=[s.name for s in target.steps],
-            committed=execution.committed_at is not None,
             compensations=compensations_of(definition),
             now=get_clock().now(),
             advance=step_advance,
@@ -300,9 +338,11 @@ class Executor(RuntimeParts):
         if not group.settled:
             return
         if group.unwind is not None:
-            self.unwinder.begin(definition, execution.id, group.unwind, group.failure_reason)
+            self.unwinder.begin(
+                definition, message.execution_id, group.unwind, group.failure_reason
+            )
         else:
-            self._advanced(definition, execution.id, step_advance)
+            self._advanced(definition, message.execution_id, step_advance)
 
     def _advanced(
         self, definition: SagaDefinition, execution_id: str, step_advance: Advance
@@ -316,7 +356,6 @@ class Executor(RuntimeParts):
     def _step_failed(
         self,
         definition: SagaDefinition,
-        execution: ExecutionRecord,
         spec: StepSpec,
         message: NodeMessage,
         attempt: int,
@@ -324,7 +363,7 @@ class Executor(RuntimeParts):
     ) -> None:
         reason = describe_error(error)
         fields = {
-            "execution_id": execution.id,
+            "execution_id": message.execution_id,
             "saga": definition.name,
             "step": spec.name,
             "attempt": attempt,
@@ -334,7 +373,11 @@ class Executor(RuntimeParts):
         deterministic = isinstance(error, (PayloadError, SchemaValidationError))
         if attempt < spec.retry and not deterministic:
             if forward.record_step_retry(
-                self.db, execution_id=execution.id, name=spec.name, attempt=attempt, error=reason
+                self.db,
+                execution_id=message.execution_id,
+                name=spec.name,
+                attempt=attempt,
+                error=reason,
             ):
                 delay = backoff_delay(attempt, spec.backoff, spec.backoff_max, get_clock().random())
                 self.emit("saga-step-retry", {**fields, "countdown": delay})
@@ -350,13 +393,12 @@ class Executor(RuntimeParts):
             error,
             lambda: forward.record_step_settled(
                 self.db,
-                execution_id=execution.id,
+                execution_id=message.execution_id,
                 name=spec.name,
                 attempt=attempt,
                 node=message.node,
                 sub=message.sub,
                 members=members,
-                committed=execution.committed_at is not None,
                 compensations=compensations_of(definition),
                 now=get_clock().now(),
                 advance=Advance(message.node, message.sub, False, False),
@@ -365,7 +407,9 @@ class Executor(RuntimeParts):
         )
         self.emit("saga-step-failed", fields)
         if group is not None and group.settled and group.unwind is not None:
-            self.unwinder.begin(definition, execution.id, group.unwind, group.failure_reason)
+            self.unwinder.begin(
+                definition, message.execution_id, group.unwind, group.failure_reason
+            )
 
     def _keep_cause(self, cause: Exception, write: Callable[[], T]) -> T:
         """Retry a store write that records ``cause``; if the store keeps refusing, raise

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from celery_saga.definition.nodes import StepSpec
 from celery_saga.errors import SchemaValidationError, StepTimeoutError
 from celery_saga.runtime.context import SagaContext
 from celery_saga.runtime.describe import describe_error
@@ -32,6 +34,15 @@ def _asks_for_context(parameters: Mapping[str, inspect.Parameter]) -> str | None
         if name in _CONTEXT_NAMES or parameter.annotation in (SagaContext, "SagaContext"):
             return name
     return None
+
+
+@functools.lru_cache(maxsize=1024)
+def needs_context(spec: StepSpec) -> bool:
+    """Whether calling ``spec`` needs the saga input or earlier results (a stored read):
+    a mapper, a transform, an input schema, or an action that takes any parameter."""
+    if spec.args is not None or spec.is_transform or spec.input_schema is not None:
+        return True
+    return bool(_parameters(spec.action))
 
 
 def as_plain_mapping(value: Any) -> Mapping[str, Any]:

@@ -7,14 +7,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, exists, insert, literal, select, update
+from sqlalchemy import Connection, exists, update
 from sqlalchemy.exc import IntegrityError
 
 from celery_saga.decisions.cursor import Advance, group_outcome
 from celery_saga.decisions.unwind import UnwindKind, UnwindStep, next_unwind_step
 from celery_saga.records import ExecutionState, StepRecord, StepStatus
+from celery_saga.store import prepared
 from celery_saga.store.database import Database, to_db_time
-from celery_saga.store.queries import load_steps
+from celery_saga.store.queries import load_execution_row, load_steps
 from celery_saga.store.tables import executions, step_records
 
 
@@ -38,6 +39,7 @@ def claim_step(
     name: str,
     node: int,
     sub: int,
+    definition_hash: str,
     idempotency_key: str,
     compensatable: bool,
     lease_expires_at: datetime,
@@ -51,10 +53,10 @@ def claim_step(
     A retry or a re-claim after an expired lease is a compare-and-set on what we read.
     """
     lease, stamp = to_db_time(lease_expires_at), to_db_time(now)
-    live_here = exists().where(_at_cursor(execution_id, node, sub))
+    at = {"run_id": execution_id, "run_node": node, "run_sub": sub, "run_hash": definition_hash}
     with db.single_statement() as connection:
         if existing is None:
-            values = {
+            new = {
                 "execution_id": execution_id,
                 "name": name,
                 "node": node,
@@ -67,14 +69,14 @@ def claim_step(
                 "started_at": stamp,
                 "compensation_attempts": 0,
             }
-            source = select(
-                *(literal(v, step_records.c[k].type).label(k) for k, v in values.items())
-            )
-            statement = insert(step_records).from_select(list(values), source.where(live_here))
+            params = {**at, **{f"new_{k}": v for k, v in new.items()}}
             try:
-                return 1 if _inserted_one(connection, statement) else None
+                return 1 if _inserted_one(connection, params) else None
             except IntegrityError:
                 return None
+        live_here = exists().where(
+            _at_cursor(execution_id, node, sub), executions.c.definition_hash == definition_hash
+        )
         guard = (
             (step_records.c.execution_id == execution_id)
             & (step_records.c.name == name)
@@ -95,12 +97,13 @@ def claim_step(
         return existing.attempts + 1 if result.rowcount == 1 else None
 
 
-def _inserted_one(connection: Connection, statement: Any) -> bool:
+def _inserted_one(connection: Connection, params: dict[str, Any]) -> bool:
     # PostgreSQL reports no rowcount for INSERT ... SELECT once SQLAlchemy adds its implicit
     # RETURNING; count the returned rows wherever the dialect can return them.
     if connection.dialect.insert_returning:
-        return len(connection.execute(statement.returning(step_records.c.id)).all()) == 1
-    return bool(connection.execute(statement).rowcount == 1)
+        statement = prepared.first_claim(returning=True)
+        return len(connection.execute(statement, params).all()) == 1
+    return bool(connection.execute(prepared.first_claim(returning=False), params).rowcount == 1)
 
 
 def _lock_execution(
@@ -148,35 +151,6 @@ def _advance_values(advance: Advance, now: datetime) -> dict[str, Any]:
     return values
 
 
-def _settle_and_move(
-    dialect: str,
-    run_guard: Any,
-    run_changes: dict[str, Any],
-    step_guard: Any,
-    step_changes: dict[str, Any],
-) -> tuple[Any, int] | None:
-    """One statement changing both rows, with the rowcount that means both changed; None
-    where the dialect has no such statement (SQLite)."""
-    if dialect == "postgresql":
-        settled = (
-            update(step_records)
-            .where(step_guard)
-            .values(**step_changes)
-            .returning(step_records.c.execution_id)
-            .cte("settled")
-        )
-        owner = executions.c.id == select(settled.c.execution_id).scalar_subquery()
-        return update(executions).where(run_guard, owner).values(**run_changes), 1
-    if dialect in ("mysql", "mariadb"):
-        joined = step_records.c.execution_id == executions.c.id
-        values = {
-            **{executions.c[k]: v for k, v in run_changes.items()},
-            **{step_records.c[k]: v for k, v in step_changes.items()},
-        }
-        return update(executions).where(run_guard, joined, step_guard).values(values), 2
-    return None
-
-
 def record_step_completed(
     db: Database,
     *,
@@ -192,37 +166,43 @@ def record_step_completed(
     """Outcome and cursor move in one transaction; False if someone else owns the step now.
 
     On PostgreSQL and MySQL/MariaDB both rows change in ONE statement (a data-modifying CTE,
-    a multi-table UPDATE), which keeps a sequential node at three round trips; SQLite runs
-    in-process and takes two statements.
+    a multi-table UPDATE); SQLite runs in-process and takes two.
     """
     stamp = to_db_time(now)
-    run_changes = {
-        "version": executions.c.version + 1,
-        "updated_at": stamp,
-        **_advance_values(advance, now),
-    }
-    step_changes = {
-        "status": StepStatus.COMPLETED.value,
-        "result": result_blob,
-        "completed_at": stamp,
-    }
-    combined = _settle_and_move(
-        db.dialect,
-        _at_cursor(execution_id, node, sub),
-        run_changes,
-        _held_by(execution_id, name, attempt),
-        {**step_changes, "lease_expires_at": None},
-    )
+    combined = prepared.complete_in_one(db.dialect, advance.finished, advance.passes_pivot)
     try:
-        with db.transaction() if combined is None else db.single_statement() as connection:
-            if combined is None:
+        if combined is None:
+            with db.transaction() as connection:
                 _lock_execution(
                     connection, execution_id, node, sub, now, **_advance_values(advance, now)
                 )
-                _settle_step(connection, execution_id, name, attempt, **step_changes)
-            elif connection.execute(combined[0]).rowcount != combined[1]:
-                raise Conflict(execution_id)
-        return True
+                _settle_step(
+                    connection,
+                    execution_id,
+                    name,
+                    attempt,
+                    status=StepStatus.COMPLETED.value,
+                    result=result_blob,
+                    completed_at=stamp,
+                )
+            return True
+        params = {
+            "run_id": execution_id,
+            "run_node": node,
+            "run_sub": sub,
+            "run_updated_at": stamp,
+            "run_next_node": advance.node,
+            "run_next_sub": advance.sub,
+            "run_committed_at": stamp,
+            "step_run": execution_id,
+            "step_name": name,
+            "step_attempt": attempt,
+            "step_result": result_blob,
+            "step_completed_at": stamp,
+        }
+        statement, expected = combined
+        with db.single_statement() as connection:
+            return bool(connection.execute(statement, params).rowcount == expected)
     except Conflict:
         return False
 
@@ -283,7 +263,6 @@ def record_step_settled(
     node: int,
     sub: int,
     members: Sequence[str],
-    committed: bool,
     compensations: Collection[str],
     now: datetime,
     advance: Advance,
@@ -316,6 +295,8 @@ def record_step_settled(
                 )
                 return GroupResult(settled=True)
             reason = outcome.reason if len(members) > 1 else (error or "")
+            run = load_execution_row(connection, execution_id)
+            committed = run is not None and run.committed_at is not None
             plan = _fail_run(connection, execution_id, reason, committed, compensations, now)
             return GroupResult(settled=True, failure_reason=reason, unwind=plan)
     except Conflict:

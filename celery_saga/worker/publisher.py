@@ -53,7 +53,14 @@ class CeleryPublisher:
         name = f"{saga_name}.{spec.name}" if spec else saga_name
         self.app.send_task(
             NODE_TASK,
-            args=[message.execution_id, message.node, message.sub, message.member, message.attempt],
+            args=[
+                message.execution_id,
+                saga_name,
+                message.node,
+                message.sub,
+                message.member,
+                message.attempt,
+            ],
             countdown=countdown,
             **self._options(target, name),
         )

@@ -26,11 +26,17 @@ _TASK_OPTIONS: dict[str, Any] = {
 def register_tasks(app: Celery, engine: SagaEngine) -> None:
     @app.task(name=NODE_TASK, **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
     def saga_node(
-        task: Any, execution_id: str, node: int, sub: int, member: int, attempt: int
+        task: Any,
+        execution_id: str,
+        saga_name: str,
+        node: int,
+        sub: int,
+        member: int,
+        attempt: int,
     ) -> None:
         engine.ensure_schema()
         message = NodeMessage(execution_id, node, sub, member, attempt)
-        engine.executor.run_node(message, redelivered=_redelivered(task))
+        engine.executor.run_node(message, saga_name, redelivered=_redelivered(task))
 
     @app.task(name=COMPENSATE_TASK, **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
     def saga_compensate(task: Any, execution_id: str, step_name: str, attempt: int) -> None:

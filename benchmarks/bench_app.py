@@ -1,0 +1,147 @@
+"""Celery app imported by BOTH the benchmark driver and its `celery worker` subprocess.
+
+It defines the two workloads compared by ``chain_vs_saga.py``:
+
+(A) ``bench.write``: a plain Celery task that does exactly one PostgreSQL write (an INSERT
+    into ``bench_writes`` through its own SQLAlchemy engine). Five of them run as a
+    ``celery.chain`` of immutable signatures. The row written by the fifth task
+    (``seq = 4``) is the chain's completion marker; no result backend is used.
+(B) ``bench_five``: a saga of five no-op plain-function steps on a ``SagaEngine`` whose
+    store is PostgreSQL.
+
+Everything a run must isolate comes from the environment, which the driver sets before
+importing this module and passes on to the worker:
+
+``BENCH_BROKER_URL``  broker (default ``amqp://guest:guest@127.0.0.1:5672//``)
+``BENCH_STORE_URL``   PostgreSQL URL (default ``postgresql+psycopg://postgres@127.0.0.1:5432/test``)
+``BENCH_SCHEMA``      PostgreSQL schema that holds every table of this run (saga store and
+                      ``bench_writes``), selected through ``search_path``
+``BENCH_QUEUE``       the one queue used by chain tasks and saga nodes
+``BENCH_PROFILE``     ``1`` installs the per-task instrumentation of ``bench_profile``
+``BENCH_CHAIN_ACKS_LATE``  ``1`` gives the chain task the saga node task's delivery options
+                      (``acks_late`` + ``reject_on_worker_lost``); default ``0`` (plain Celery)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from typing import Any
+
+from celery import Celery
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import make_url
+
+from celery_saga import Saga, SagaEngine
+
+DEFAULT_BROKER_URL = "amqp://guest:guest@127.0.0.1:5672//"
+DEFAULT_STORE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+
+BROKER_URL = os.environ.get("BENCH_BROKER_URL") or DEFAULT_BROKER_URL
+BASE_STORE_URL = os.environ.get("BENCH_STORE_URL") or DEFAULT_STORE_URL
+SCHEMA = os.environ.get("BENCH_SCHEMA") or "celery_saga_bench"
+QUEUE = os.environ.get("BENCH_QUEUE") or "celery_saga_bench"
+CHAIN_ACKS_LATE = os.environ.get("BENCH_CHAIN_ACKS_LATE", "0") == "1"
+PROFILE = os.environ.get("BENCH_PROFILE", "0") == "1"
+
+SAGA_NAME = "bench_five"
+STEPS_PER_RUN = 5
+WRITES_TABLE = "bench_writes"
+
+
+def scoped_url(url: str = BASE_STORE_URL, schema: str = SCHEMA) -> str:
+    """``url`` with ``search_path`` set to ``schema``: every unqualified table lives there."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "postgresql":
+        raise SystemExit(f"BENCH_STORE_URL must be a PostgreSQL URL, got {url!r}")
+    query = dict(parsed.query)
+    query["options"] = f"-csearch_path={schema}"
+    return parsed.update_query_dict(query).render_as_string(hide_password=False)
+
+
+STORE_URL = scoped_url()
+
+app = Celery("bench_app")
+app.conf.update(
+    broker_url=BROKER_URL,
+    result_backend=None,
+    task_ignore_result=True,
+    task_default_queue=QUEUE,
+    task_default_exchange=QUEUE,
+    task_default_routing_key=QUEUE,
+    saga_queue=QUEUE,
+    saga_store_url=STORE_URL,
+    worker_send_task_events=False,
+    task_send_sent_event=False,
+    worker_hijack_root_logger=False,
+    broker_connection_retry_on_startup=True,
+    broker_connection_max_retries=3,
+)
+
+engine = SagaEngine(app, store_url=STORE_URL)
+
+
+# --- (A) the plain task and its own lazily created, fork-safe SQLAlchemy engine ----------
+_db_lock = threading.Lock()
+_db: dict[str, Any] = {"engine": None, "pid": None}
+
+
+def _forget_engine_after_fork() -> None:
+    stale = _db["engine"]
+    if stale is not None:
+        stale.dispose(close=False)  # never reuse the parent's sockets
+    _db["engine"], _db["pid"] = None, None
+
+
+os.register_at_fork(after_in_child=_forget_engine_after_fork)
+
+
+def bench_db() -> Engine:
+    """This process's engine for the benchmark table (created on first use)."""
+    with _db_lock:
+        if _db["engine"] is None or _db["pid"] != os.getpid():
+            _db["engine"] = create_engine(STORE_URL, pool_size=2, max_overflow=2)
+            _db["pid"] = os.getpid()
+        return _db["engine"]  # type: ignore[no-any-return]
+
+
+_CHAIN_TASK_OPTIONS: dict[str, Any] = {"ignore_result": True}
+if CHAIN_ACKS_LATE:
+    _CHAIN_TASK_OPTIONS.update(acks_late=True, reject_on_worker_lost=True)
+
+
+def insert_row(run_id: str, batch: str, seq: int) -> None:
+    with bench_db().begin() as connection:
+        connection.execute(
+            text(f"INSERT INTO {WRITES_TABLE} (run_id, batch, seq) VALUES (:r, :b, :s)"),
+            {"r": run_id, "b": batch, "s": seq},
+        )
+
+
+@app.task(name="bench.write", **_CHAIN_TASK_OPTIONS)
+def bench_write(run_id: str, batch: str, seq: int) -> None:
+    """One INSERT; the row with ``seq = STEPS_PER_RUN - 1`` marks the chain as finished."""
+    insert_row(run_id, batch, seq)
+
+
+def chain_signature(run_id: str, batch: str) -> Any:
+    from celery import chain
+
+    return chain(*(bench_write.si(run_id, batch, seq) for seq in range(STEPS_PER_RUN)))
+
+
+# --- (B) the saga: five no-op plain-function steps -----------------------------------------
+def noop() -> None:
+    return None
+
+
+bench_saga = Saga(SAGA_NAME)
+for _index in range(1, STEPS_PER_RUN + 1):
+    bench_saga.step(f"s{_index}", noop)
+engine.register(bench_saga)
+
+if PROFILE:
+    import bench_profile
+
+    bench_profile.install(sys.modules[__name__])

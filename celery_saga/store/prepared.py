@@ -1,0 +1,116 @@
+"""The hot path's statements, built once with bind parameters.
+
+Building a Core statement per call (and hashing it for SQLAlchemy's compiled cache) cost
+more CPU than the database spent running it; these are built on first use per shape and
+reused with fresh parameters.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from sqlalchemy import bindparam, exists, insert, select, update
+
+from celery_saga.records import ExecutionState, StepStatus
+from celery_saga.store.tables import executions, step_records
+
+FIRST_CLAIM_COLUMNS = (
+    "execution_id",
+    "name",
+    "node",
+    "sub",
+    "status",
+    "attempts",
+    "idempotency_key",
+    "compensatable",
+    "lease_expires_at",
+    "started_at",
+    "compensation_attempts",
+)
+
+
+def _param(name: str, column: Any) -> Any:
+    return bindparam(name, type_=column.type)
+
+
+def run_at_cursor() -> Any:
+    """Params ``run_id``, ``run_node``, ``run_sub``: the run is live at that position."""
+    return (
+        (executions.c.id == _param("run_id", executions.c.id))
+        & (executions.c.state == ExecutionState.RUNNING.value)
+        & (executions.c.cursor == _param("run_node", executions.c.cursor))
+        & (executions.c.cursor_sub == _param("run_sub", executions.c.cursor_sub))
+    )
+
+
+def step_held() -> Any:
+    """Params ``step_run``, ``step_name``, ``step_attempt``: still running under our claim."""
+    return (
+        (step_records.c.execution_id == _param("step_run", step_records.c.execution_id))
+        & (step_records.c.name == _param("step_name", step_records.c.name))
+        & (step_records.c.status == StepStatus.RUNNING.value)
+        & (step_records.c.attempts == _param("step_attempt", step_records.c.attempts))
+    )
+
+
+@functools.cache
+def first_claim(returning: bool) -> Any:
+    """INSERT the START record only while the run is live here on the deployed graph.
+
+    Params: ``new_<column>`` for each of FIRST_CLAIM_COLUMNS, the ``run_at_cursor`` ones and
+    ``run_hash``.
+    """
+    values = select(*(_param(f"new_{c}", step_records.c[c]).label(c) for c in FIRST_CLAIM_COLUMNS))
+    live_here = exists().where(
+        run_at_cursor(),
+        executions.c.definition_hash == _param("run_hash", executions.c.definition_hash),
+    )
+    statement = insert(step_records).from_select(list(FIRST_CLAIM_COLUMNS), values.where(live_here))
+    return statement.returning(step_records.c.id) if returning else statement
+
+
+def _completion_values(finished: bool, pivot: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    run: dict[str, Any] = {
+        "version": executions.c.version + 1,
+        "updated_at": _param("run_updated_at", executions.c.updated_at),
+    }
+    if finished:
+        run["state"] = ExecutionState.COMPLETED.value
+    else:
+        run["cursor"] = _param("run_next_node", executions.c.cursor)
+        run["cursor_sub"] = _param("run_next_sub", executions.c.cursor_sub)
+    if pivot:
+        run["committed_at"] = _param("run_committed_at", executions.c.committed_at)
+    step = {
+        "status": StepStatus.COMPLETED.value,
+        "result": _param("step_result", step_records.c.result),
+        "completed_at": _param("step_completed_at", step_records.c.completed_at),
+        "lease_expires_at": None,
+    }
+    return run, step
+
+
+@functools.cache
+def complete_in_one(dialect: str, finished: bool, pivot: bool) -> tuple[Any, int] | None:
+    """Settle the step and move the cursor in ONE statement, with the rowcount that means
+    both rows changed; None where the dialect has no such statement (SQLite)."""
+    run, step = _completion_values(finished, pivot)
+    if dialect == "postgresql":
+        settled = (
+            update(step_records)
+            .where(step_held())
+            .values(**step)
+            .returning(step_records.c.execution_id)
+            .cte("settled")
+        )
+        owner = executions.c.id == select(settled.c.execution_id).scalar_subquery()
+        return update(executions).where(run_at_cursor(), owner).values(**run), 1
+    if dialect in ("mysql", "mariadb"):
+        joined = step_records.c.execution_id == executions.c.id
+        both = {
+            **{executions.c[k]: v for k, v in run.items()},
+            **{step_records.c[k]: v for k, v in step.items()},
+        }
+        return update(executions).where(run_at_cursor(), joined, step_held()).values(both), 2
+    return None
