@@ -9,7 +9,7 @@ import pydantic
 import pytest
 from sqlalchemy import select
 
-from celery_saga import ExecutionState, RollbackStatus, Saga
+from celery_saga import ExecutionState, RollbackStatus, Saga, path, step
 from celery_saga.store.tables import decisions
 from tests.conftest import Harness
 
@@ -56,6 +56,22 @@ def test_selector_naming_an_unknown_path_fails_the_run_clearly(harness: Harness)
         "defined paths are ['small']"
     )
     assert execution.steps == ()
+
+
+def test_selector_that_raises_fails_the_run_with_its_error(sqlite_harness: Harness) -> None:
+    def choose(ctx: Any) -> str:
+        raise LookupError("no route for region 'mars'")
+
+    fwd = sqlite_harness.test_app.forward
+    sqlite_harness.engine.register(
+        Saga("crashing_selector").step("a", fwd).branch("route", choose, path("p", step("b", fwd)))
+    )
+    execution = sqlite_harness.start("crashing_selector").wait(30)
+    assert execution.state is ExecutionState.FAILED
+    assert execution.failure_reason == (
+        "BranchPathError: saga 'crashing_selector', branch 'route': selector raised "
+        "LookupError: no route for region 'mars'"
+    )
 
 
 class Order(pydantic.BaseModel):

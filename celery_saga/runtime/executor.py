@@ -22,7 +22,7 @@ from celery_saga.errors import (
     SchemaValidationError,
     UnknownSagaError,
 )
-from celery_saga.records import ExecutionRecord, ExecutionState, StepRecord, StepStatus
+from celery_saga.records import ExecutionRecord, ExecutionState, StepRecord
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.context import SagaContext
 from celery_saga.runtime.describe import describe_error
@@ -34,6 +34,7 @@ from celery_saga.runtime.invoke import (
     storable,
 )
 from celery_saga.runtime.keys import idempotency_key
+from celery_saga.runtime.navigation import completed_results, node_at, resolve
 from celery_saga.runtime.ports import EventSink, Publisher, RuntimeParts, Settings
 from celery_saga.runtime.unwinder import Unwinder, compensations_of
 from celery_saga.store import forward, queries
@@ -43,10 +44,6 @@ from celery_saga.store.database import Database
 logger = logging.getLogger("celery_saga")
 T = TypeVar("T")
 _LEASE_MARGIN = 30.0
-
-
-def _results(steps: list[StepRecord]) -> dict[str, Any]:
-    return {s.name: s.result for s in steps if s.status is StepStatus.COMPLETED}
 
 
 class Executor(RuntimeParts):
@@ -104,52 +101,13 @@ class Executor(RuntimeParts):
                 self.publisher.publish_node(definition.name, spec, message)
             return
         try:
-            spec, _ = self._resolve(definition, execution_id, node, sub, 0)
+            spec, _ = resolve(self.db, definition, execution_id, node, sub, 0)
         except BranchPathError as error:
             self._fail_outside_step(definition, execution_id, describe_error(error))
             return
         self.publisher.publish_node(
             definition.name, spec, NodeMessage(execution_id, node, sub, 0, 1)
         )
-
-    def _resolve(
-        self, definition: SagaDefinition, execution_id: str, node: int, sub: int, member: int
-    ) -> tuple[StepSpec, int]:
-        """The step at a position and the length of the path it is on."""
-        target = definition.nodes[node]
-        if isinstance(target, ParallelNode):
-            return target.steps[member], 1
-        if isinstance(target, BranchNode):
-            path = target.paths[self._choose_path(definition, target, execution_id, node)]
-            return path[sub], len(path)
-        return target.step, 1  # type: ignore[union-attr]
-
-    def _choose_path(
-        self, definition: SagaDefinition, branch: BranchNode, execution_id: str, node: int
-    ) -> str:
-        """Journal the branch choice before anything it selects runs (guarantee 12)."""
-        key = f"branch:{node}"
-        journaled = queries.load_decision(self.db, execution_id, key)
-        if journaled is not None:
-            return str(journaled[0])
-        execution, steps = queries.load_snapshot(self.db, execution_id)
-        assert execution is not None
-        ctx = SagaContext(
-            execution_id,
-            definition.name,
-            branch.name,
-            execution.input,
-            _results(steps),
-            idempotency_key(execution_id, branch.name, 0, "forward"),
-            1,
-        )
-        choice = branch.selector(ctx)
-        if choice not in branch.paths:
-            raise BranchPathError(
-                f"saga {definition.name!r}, branch {branch.name!r}: selector returned "
-                f"{choice!r}; defined paths are {sorted(branch.paths)}"
-            )
-        return str(queries.journal_decision(self.db, execution_id, key, choice, get_clock().now()))
 
     # -- running a node ---------------------------------------------------------------
     def run_node(
@@ -164,10 +122,10 @@ class Executor(RuntimeParts):
         """
         definition = self.registry(saga_name) if saga_name else None
         if definition is not None and message.attempt == 1 and not redelivered:
-            target = definition.nodes[message.node]
-            if not isinstance(target, BranchNode):
-                spec, _ = self._resolve(
-                    definition, message.execution_id, message.node, 0, message.member
+            target = node_at(definition, message)
+            if target is not None and not isinstance(target, BranchNode):
+                spec, _ = resolve(
+                    self.db, definition, message.execution_id, message.node, 0, message.member
                 )
                 attempt = self._claim(definition, spec, message, None)
                 if attempt is not None:
@@ -198,8 +156,8 @@ class Executor(RuntimeParts):
             self._refused(message, verdict)
             return
         try:
-            spec, path_length = self._resolve(
-                definition, execution.id, message.node, message.sub, message.member
+            spec, path_length = resolve(
+                self.db, definition, execution.id, message.node, message.sub, message.member
             )
         except BranchPathError as error:
             self._fail_outside_step(definition, execution.id, describe_error(error))
@@ -267,7 +225,7 @@ class Executor(RuntimeParts):
         if needs_context(spec):
             execution, steps = snapshot or queries.load_snapshot(self.db, execution_id)
             saga_input = execution.input if execution else None
-            results = _results(steps)
+            results = completed_results(steps)
         ctx = SagaContext(
             execution_id, definition.name, spec.name, saga_input, results, key, attempt
         )
