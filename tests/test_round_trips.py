@@ -1,7 +1,8 @@
 """Happy-path cost: statements per node, counted (not timed).
 
-PostgreSQL (and MySQL) take three per sequential node: read the run, claim the step (START
-record), record the outcome and move the cursor in one statement. SQLite is in-process (no
+PostgreSQL (and MySQL) take at most three per sequential node: claim the step (START record),
+read the run if the step needs its input or earlier results, record the outcome and move the
+cursor in one statement. These no-argument steps need no read. SQLite is in-process (no
 network round trip) and records the outcome in two statements.
 """
 

@@ -88,10 +88,10 @@ class Executor(RuntimeParts):
             parent_execution_id=parent_execution_id,
         )
         self.emit("saga-started", {"execution_id": execution_id, "saga": definition.name})
-        self._publish_position(definition, execution_id, first.node, 0)
+        self.publish_position(definition, execution_id, first.node, 0)
 
     # -- publishing -------------------------------------------------------------------
-    def _publish_position(
+    def publish_position(
         self, definition: SagaDefinition, execution_id: str, node: int, sub: int
     ) -> None:
         target = definition.nodes[node]
@@ -308,7 +308,7 @@ class Executor(RuntimeParts):
         if step_advance.finished:
             self.emit("saga-completed", {"execution_id": execution_id, "saga": definition.name})
         else:
-            self._publish_position(definition, execution_id, step_advance.node, step_advance.sub)
+            self.publish_position(definition, execution_id, step_advance.node, step_advance.sub)
 
     # -- failures ---------------------------------------------------------------------
     def _step_failed(

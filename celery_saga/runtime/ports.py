@@ -47,13 +47,16 @@ class Settings:
     ``lease_seconds``: how long a claimed step is protected from a duplicate message when it
     declares no timeout; ``compensation_timeout``: the default reversal timeout
     (guarantee 7); ``max_payload_bytes``: largest encoded input or result;
-    ``store_retry_delays``: pauses between retries of a failure record that the store refused.
+    ``store_retry_delays``: pauses between retries of a failure record that the store refused;
+    ``recover_after``: how long a live run may go without progress before the recovery sweep
+    republishes its next message (keep it above every step's ``backoff_max``).
     """
 
     lease_seconds: float = 300.0
     compensation_timeout: float = 30.0
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     store_retry_delays: tuple[float, ...] = (0.05, 0.2, 0.5, 1.0, 2.0)
+    recover_after: float = 60.0
 
 
 class RuntimeParts:

@@ -60,9 +60,9 @@ class Unwinder(RuntimeParts):
             "saga-forward-failed",
             {"execution_id": execution_id, "saga": definition.name, "reason": failure_reason},
         )
-        self._follow(definition, execution_id, plan)
+        self.follow(definition, execution_id, plan)
 
-    def _follow(
+    def follow(
         self, definition: SagaDefinition, execution_id: str, plan: UnwindStep | None
     ) -> None:
         fields = {"execution_id": execution_id, "saga": definition.name}
@@ -70,9 +70,7 @@ class Unwinder(RuntimeParts):
             return
         if plan.kind is UnwindKind.COMPENSATE:
             assert plan.record is not None
-            self._publish(
-                definition, execution_id, plan.record, plan.record.compensation_attempts + 1
-            )
+            self.publish_reversal(definition, execution_id, plan.record)
         elif plan.kind is UnwindKind.DONE:
             assert plan.rollback_status is not None
             self.emit("saga-failed", {**fields, "rollback_status": plan.rollback_status.value})
@@ -90,6 +88,12 @@ class Unwinder(RuntimeParts):
                 "saga-compensation-stuck",
                 {**fields, "step": plan.record.name if plan and plan.record else None},
             )
+
+    def publish_reversal(
+        self, definition: SagaDefinition, execution_id: str, record: StepRecord
+    ) -> None:
+        """The message for the next attempt owed to ``record``'s reversal."""
+        self._publish(definition, execution_id, record, record.compensation_attempts + 1)
 
     def _publish(
         self,
@@ -125,7 +129,7 @@ class Unwinder(RuntimeParts):
         compensations = compensations_of(definition)
         planned = next_unwind_step(steps, execution.committed_at is not None, compensations)
         if planned.kind is not UnwindKind.COMPENSATE:
-            self._follow(
+            self.follow(
                 definition,
                 execution_id,
                 unwind.plan_unwind(
@@ -214,7 +218,7 @@ class Unwinder(RuntimeParts):
             definition, execution_id, spec.name, attempt, CompensationOutcome.COMPENSATED, None
         )
         self.emit("saga-step-compensated", fields)
-        self._follow(definition, execution_id, plan)
+        self.follow(definition, execution_id, plan)
 
     def _reversal_failed(
         self,
@@ -240,7 +244,7 @@ class Unwinder(RuntimeParts):
             definition, execution_id, spec.name, attempt, CompensationOutcome.FAILED, reason
         )
         self.emit("saga-compensation-failed", {**fields, "error": reason})
-        self._follow(definition, execution_id, plan)
+        self.follow(definition, execution_id, plan)
 
     def _record(
         self,
@@ -288,7 +292,7 @@ class Unwinder(RuntimeParts):
         self.emit(
             "saga-compensation-resumed", {"execution_id": execution_id, "saga": definition.name}
         )
-        self._follow(
+        self.follow(
             definition,
             execution_id,
             unwind.plan_unwind(

@@ -5,9 +5,11 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterable
+from datetime import timedelta
 from typing import Any
 
 from celery import Celery
+from celery.signals import worker_ready
 from sqlalchemy.exc import IntegrityError
 
 from celery_saga.definition.builder import Saga, SagaDefinition
@@ -20,10 +22,11 @@ from celery_saga.errors import (
 from celery_saga.records import Execution, ExecutionState, RollbackStatus
 from celery_saga.runtime.executor import Executor
 from celery_saga.runtime.ports import Settings
+from celery_saga.runtime.recovery import Recoverer
 from celery_saga.store import queries
 from celery_saga.store.database import Database
 from celery_saga.worker.events import EventHub, Listener
-from celery_saga.worker.publisher import CeleryPublisher
+from celery_saga.worker.publisher import RECOVER_TASK, CeleryPublisher
 from celery_saga.worker.tasks import register_tasks
 
 DEFAULT_STORE_URL = "sqlite:///celery_saga.sqlite3"
@@ -42,7 +45,22 @@ def _settings_from(app: Celery) -> Settings:
             conf.get("saga_compensation_timeout") or defaults.compensation_timeout
         ),
         max_payload_bytes=int(conf.get("saga_max_payload_bytes") or defaults.max_payload_bytes),
+        recover_after=float(conf.get("saga_recover_after") or defaults.recover_after),
     )
+
+
+def _install_recovery(app: Celery) -> None:
+    """A beat entry for the sweep, and one sweep requested whenever a worker starts."""
+    interval = float(app.conf.get("saga_recover_interval") or 30.0)
+    schedule = dict(app.conf.beat_schedule or {})
+    schedule.setdefault("celery-saga-recover", {"task": RECOVER_TASK, "schedule": interval})
+    app.conf.beat_schedule = schedule
+
+    def on_worker_ready(sender: Any = None, **_: Any) -> None:
+        if id(getattr(sender, "app", None)) == id(app):
+            app.send_task(RECOVER_TASK, queue=app.conf.get("saga_queue") or None)
+
+    worker_ready.connect(on_worker_ready, weak=False)
 
 
 def _enum_values(kind: type[Any], values: Any, what: str) -> list[Any]:
@@ -100,7 +118,9 @@ class SagaEngine:
         self.executor = Executor(
             self.db, self._definitions.get, CeleryPublisher(app), self.events, self.settings
         )
+        self.recoverer = Recoverer(self.executor)
         register_tasks(app, self)
+        _install_recovery(app)
         app.saga_engine = self
 
     # -- schema and definitions -------------------------------------------------------
@@ -202,6 +222,13 @@ class SagaEngine:
         """Give up a parked unwind: outstanding steps are marked skipped and the run ends
         ``failed`` with rollback ``stuck``. Returns how many steps were skipped."""
         return self.executor.unwinder.abandon(self._definition_of(execution_id), execution_id)
+
+    def recover(self, stale_after: float | None = None) -> int:
+        """Run one recovery sweep now: republish the next message of every live run idle for
+        ``stale_after`` seconds (default ``saga_recover_after``). Beat runs it on its own."""
+        self.ensure_schema()
+        seconds = self.settings.recover_after if stale_after is None else stale_after
+        return self.recoverer.sweep(timedelta(seconds=seconds))
 
     # -- events -----------------------------------------------------------------------
     def on(self, event: str, listener: Listener) -> Listener:

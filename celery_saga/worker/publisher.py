@@ -19,6 +19,7 @@ from celery_saga.definition.nodes import StepSpec
 
 NODE_TASK = "celery_saga.node"
 COMPENSATE_TASK = "celery_saga.compensate"
+RECOVER_TASK = "celery_saga.recover"
 
 
 def is_celery_task(target: Any) -> bool:

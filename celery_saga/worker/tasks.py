@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery
 
 from celery_saga.decisions.admission import NodeMessage
-from celery_saga.worker.publisher import COMPENSATE_TASK, NODE_TASK
+from celery_saga.worker.publisher import COMPENSATE_TASK, NODE_TASK, RECOVER_TASK
 
 if TYPE_CHECKING:
     from celery_saga.worker.engine import SagaEngine
@@ -42,6 +42,11 @@ def register_tasks(app: Celery, engine: SagaEngine) -> None:
     def saga_compensate(task: Any, execution_id: str, step_name: str, attempt: int) -> None:
         engine.ensure_schema()
         engine.executor.unwinder.run(execution_id, step_name, attempt, _redelivered(task))
+
+    @app.task(name=RECOVER_TASK, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
+    def saga_recover() -> int:
+        engine.ensure_schema()
+        return engine.recover()
 
 
 def _redelivered(task: Any) -> bool:

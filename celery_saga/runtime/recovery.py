@@ -1,0 +1,73 @@
+"""The recovery sweep: republish what lost messages left undone (run by beat and at worker
+start-up; safe to run from several processes at once)."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from celery_saga.decisions.admission import NodeMessage
+from celery_saga.decisions.recovery import Recovery, RecoveryKind, decide_recovery
+from celery_saga.definition.builder import SagaDefinition
+from celery_saga.definition.nodes import ParallelNode
+from celery_saga.runtime.clock import get_clock
+from celery_saga.runtime.executor import Executor
+from celery_saga.runtime.unwinder import compensations_of
+from celery_saga.store import queries, recovery, unwind
+
+logger = logging.getLogger("celery_saga")
+
+
+class Recoverer:
+    def __init__(self, executor: Executor) -> None:
+        self.executor = executor
+
+    def sweep(self, stale_after: timedelta, limit: int = 500) -> int:
+        """Republish for every run idle for ``stale_after``; returns how many were acted on."""
+        db = self.executor.db
+        now = get_clock().now()
+        acted = 0
+        for execution_id in recovery.list_stale(db, cutoff=now - stale_after, limit=limit):
+            execution, steps = queries.load_snapshot(db, execution_id)
+            definition = self.executor.registry(execution.saga_name) if execution else None
+            if execution is None or definition is None:
+                continue
+            action = decide_recovery(
+                execution, steps, compensations_of(definition), now, stale_after
+            )
+            if action.kind is RecoveryKind.NOTHING:
+                continue
+            if not recovery.claim_stale(
+                db, execution_id=execution_id, seen_version=execution.version, now=now
+            ):
+                continue
+            logger.warning("recovering execution %s: %s", execution_id, action.kind.value)
+            self._carry_out(
+                definition, execution_id, execution.cursor, execution.cursor_sub, action
+            )
+            acted += 1
+        return acted
+
+    def _carry_out(
+        self, definition: SagaDefinition, execution_id: str, node: int, sub: int, action: Recovery
+    ) -> None:
+        executor, unwinder = self.executor, self.executor.unwinder
+        if action.kind is RecoveryKind.REPUBLISH_POSITION:
+            executor.publish_position(definition, execution_id, node, sub)
+            target = definition.nodes[node]
+            members = target.steps if isinstance(target, ParallelNode) else ()
+            for name, attempt in action.retries:
+                member = next((i for i, s in enumerate(members) if s.name == name), 0)
+                spec = definition.find_step(name)
+                message = NodeMessage(execution_id, node, sub, member, attempt)
+                executor.publisher.publish_node(definition.name, spec, message)
+        elif action.kind is RecoveryKind.REPUBLISH_COMPENSATION and action.record is not None:
+            unwinder.publish_reversal(definition, execution_id, action.record)
+        else:
+            plan = unwind.plan_unwind(
+                executor.db,
+                execution_id=execution_id,
+                compensations=compensations_of(definition),
+                now=get_clock().now(),
+            )
+            unwinder.follow(definition, execution_id, plan)

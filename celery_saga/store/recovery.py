@@ -1,0 +1,47 @@
+"""Finding runs that stopped moving, and claiming one for a single sweeper."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import select, update
+
+from celery_saga.records import ExecutionState
+from celery_saga.store.database import Database, to_db_time
+from celery_saga.store.tables import executions
+
+RECOVERABLE = (ExecutionState.RUNNING.value, ExecutionState.COMPENSATING.value)
+
+
+def list_stale(db: Database, *, cutoff: datetime, limit: int) -> list[str]:
+    """Ids of live runs not updated since ``cutoff`` (inclusive), oldest first.
+
+    Children of a parent run are left to their parent's lifecycle.
+    """
+    query = (
+        select(executions.c.id)
+        .where(
+            executions.c.state.in_(RECOVERABLE),
+            executions.c.updated_at <= to_db_time(cutoff),
+            executions.c.parent_execution_id.is_(None),
+        )
+        .order_by(executions.c.updated_at)
+        .limit(limit)
+    )
+    return [row["id"] for row in db.read(query)]
+
+
+def claim_stale(db: Database, *, execution_id: str, seen_version: int, now: datetime) -> bool:
+    """Compare-and-set on the version the sweeper decided on: with two sweepers (two beat
+    processes, or beat and a starting worker) exactly one acts on a given snapshot."""
+    with db.single_statement() as connection:
+        result = connection.execute(
+            update(executions)
+            .where(
+                executions.c.id == execution_id,
+                executions.c.version == seen_version,
+                executions.c.state.in_(RECOVERABLE),
+            )
+            .values(version=executions.c.version + 1, updated_at=to_db_time(now))
+        )
+        return bool(result.rowcount == 1)

@@ -1,0 +1,159 @@
+"""Lost messages are recovered by the sweep (beat, worker start-up, or engine.recover)."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from celery_saga import ExecutionState, RollbackStatus
+from celery_saga.decisions.recovery import RecoveryKind, decide_recovery
+from celery_saga.records import ExecutionRecord, StepRecord, StepStatus
+from tests.conftest import Harness
+
+NOW = datetime(2030, 1, 1, tzinfo=timezone.utc)
+
+
+def _drop_once(
+    monkeypatch: pytest.MonkeyPatch, harness: Harness, method: str, matches: Any
+) -> list[Any]:
+    publisher = harness.engine.executor.publisher
+    real = getattr(publisher, method)
+    dropped: list[Any] = []
+
+    def lossy(*args: Any, **kwargs: Any) -> None:
+        if not dropped and matches(*args):
+            dropped.append(args)
+            return
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(publisher, method, lossy)
+    return dropped
+
+
+def _idle_until(harness: Harness, execution_id: str, state: ExecutionState) -> None:
+    deadline = time.monotonic() + 10
+    while harness.engine.get(execution_id).state is not state:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.3)
+
+
+def test_a_lost_node_message_is_republished_and_each_step_runs_once(
+    sqlite_harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dropped = _drop_once(
+        monkeypatch,
+        sqlite_harness,
+        "publish_node",
+        lambda saga, spec, message, *rest: message.node == 2,
+    )
+    run = sqlite_harness.start("five", {"order": 40})
+    _idle_until(sqlite_harness, run.id, ExecutionState.RUNNING)
+    assert dropped and run.get().record.cursor == 2
+    assert sqlite_harness.engine.recover(stale_after=0.2) == 1
+    assert run.wait(30).state is ExecutionState.COMPLETED
+    forward = [e.step for e in sqlite_harness.test_app.entries(run.id) if e.direction == "forward"]
+    assert forward == ["s1", "s2", "s3", "s4", "s5"]
+
+
+def test_a_lost_reversal_message_is_republished_and_reversed_once(
+    sqlite_harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dropped = _drop_once(
+        monkeypatch,
+        sqlite_harness,
+        "publish_compensation",
+        lambda saga, spec, execution_id, step, *rest: step == "s2",
+    )
+    run = sqlite_harness.start("five", {"order": 41, "plan": {"s4": {"fail": True}}})
+    _idle_until(sqlite_harness, run.id, ExecutionState.COMPENSATING)
+    assert dropped
+    assert sqlite_harness.engine.recover(stale_after=0.2) == 1
+    execution = run.wait(30)
+    assert execution.rollback_status is RollbackStatus.COMPLETED
+    undone = [
+        e.step for e in sqlite_harness.test_app.entries(run.id) if e.direction == "compensate"
+    ]
+    assert undone == ["s3", "s2", "s1"]
+
+
+def test_a_run_whose_step_is_still_in_flight_is_left_alone(sqlite_harness: Harness) -> None:
+    run = sqlite_harness.start("five", {"order": 42, "plan": {"s1": {"sleep": 1.5}}})
+    time.sleep(0.5)
+    assert sqlite_harness.engine.recover(stale_after=0.2) == 0
+    assert run.wait(30).state is ExecutionState.COMPLETED
+    assert len([e for e in sqlite_harness.test_app.entries(run.id) if e.step == "s1"]) == 1
+
+
+def _run(state: ExecutionState, idle: float, cursor: int = 1) -> ExecutionRecord:
+    stamp = NOW - timedelta(seconds=idle)
+    return ExecutionRecord(
+        "r", "five", "h", state, cursor, 0, {}, None, None, None, None, None, 3, stamp, stamp
+    )
+
+
+def _step(
+    name: str,
+    status: StepStatus,
+    lease: float | None = None,
+    node: int = 1,
+    attempts: int = 1,
+    record_id: int = 1,
+) -> StepRecord:
+    expiry = None if lease is None else NOW + timedelta(seconds=lease)
+    return StepRecord(
+        record_id,
+        "r",
+        name,
+        node,
+        0,
+        status,
+        attempts,
+        f"r:{name}:0:forward",
+        True,
+        lease_expires_at=expiry,
+    )
+
+
+@pytest.mark.parametrize(
+    ("run", "steps", "kind"),
+    [
+        (_run(ExecutionState.RUNNING, idle=5), [], RecoveryKind.NOTHING),
+        (_run(ExecutionState.RUNNING, idle=120), [], RecoveryKind.REPUBLISH_POSITION),
+        (
+            _run(ExecutionState.RUNNING, idle=120),
+            [_step("a", StepStatus.RUNNING, lease=30)],
+            RecoveryKind.NOTHING,
+        ),
+        (
+            _run(ExecutionState.RUNNING, idle=120),
+            [_step("a", StepStatus.RUNNING, lease=-1)],
+            RecoveryKind.REPUBLISH_POSITION,
+        ),
+        (_run(ExecutionState.COMPLETED, idle=999), [], RecoveryKind.NOTHING),
+        (
+            _run(ExecutionState.COMPENSATING, idle=120),
+            [_step("a", StepStatus.COMPLETED)],
+            RecoveryKind.REPUBLISH_COMPENSATION,
+        ),
+        (_run(ExecutionState.COMPENSATING, idle=120), [], RecoveryKind.REPLAN_UNWIND),
+    ],
+)
+def test_recovery_decision(
+    run: ExecutionRecord, steps: list[StepRecord], kind: RecoveryKind
+) -> None:
+    assert decide_recovery(run, steps, {"a"}, NOW, timedelta(seconds=60)).kind is kind
+
+
+def test_a_pending_retry_is_republished_for_exactly_its_next_attempt() -> None:
+    decision = decide_recovery(
+        _run(ExecutionState.RUNNING, idle=120),
+        [_step("a", StepStatus.PENDING, attempts=2)],
+        {"a"},
+        NOW,
+        timedelta(seconds=60),
+    )
+    assert decision.retries == (("a", 3),)
