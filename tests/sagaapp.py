@@ -70,6 +70,8 @@ class DuplicatingPublisher(CeleryPublisher):
 class TestApp:
     """One app + engine + ledger, built for a given broker, store and queue."""
 
+    __test__ = False  # not a test class, despite the name
+
     def __init__(
         self, broker: str, store: str, queue: str, duplicate: bool = False, reset: bool = False
     ) -> None:
@@ -81,7 +83,9 @@ class TestApp:
             broker_transport_options={"polling_interval": 0.01},
             worker_hijack_root_logger=False,
             worker_prefetch_multiplier=1,
-            saga_lease_seconds=20,
+            # Crash tests shorten leases so a killed worker's claim expires quickly.
+            saga_lease_seconds=float(os.environ.get("SAGA_TEST_LEASE", "20")),
+            saga_lease_margin=float(os.environ.get("SAGA_TEST_LEASE", "20")),
             saga_compensation_timeout=4,
         )
         self.engine = SagaEngine(self.app)
@@ -140,7 +144,7 @@ class TestApp:
     # -- behaviour driven by the saga input ----------------------------------------------
     def forward(self, ctx: SagaContext) -> Any:
         plan = ctx.input.get("plan", {}).get(ctx.step_name, {})
-        time.sleep(plan.get("sleep", 0))
+        time.sleep(plan.get("sleep", 0) + (plan.get("first_sleep", 0) if ctx.attempt == 1 else 0))
         self.write(ctx, "forward", f"attempt={ctx.attempt}")
         if plan.get("fail_attempts", 0) >= ctx.attempt or plan.get("fail"):
             raise ValueError(f"{ctx.step_name} refused order {ctx.input.get('order')}")
@@ -148,7 +152,8 @@ class TestApp:
 
     def reverse(self, ctx: SagaContext) -> None:
         plan = ctx.input.get("plan", {}).get(ctx.step_name, {})
-        time.sleep(plan.get("undo_sleep", 0))
+        first = plan.get("undo_first_sleep", 0) if ctx.attempt == 1 else 0
+        time.sleep(plan.get("undo_sleep", 0) + first)
         switch = plan.get("undo_switch")
         if switch and self.switch_on(switch):
             self.write(ctx, "compensate_failed")

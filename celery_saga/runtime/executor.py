@@ -43,7 +43,6 @@ from celery_saga.store.database import Database
 
 logger = logging.getLogger("celery_saga")
 T = TypeVar("T")
-_LEASE_MARGIN = 30.0
 
 
 class Executor(RuntimeParts):
@@ -186,7 +185,11 @@ class Executor(RuntimeParts):
         record: StepRecord | None,
     ) -> int | None:
         now = get_clock().now()
-        lease = spec.timeout + _LEASE_MARGIN if spec.timeout else self.settings.lease_seconds
+        lease = (
+            spec.timeout + self.settings.lease_margin
+            if spec.timeout
+            else self.settings.lease_seconds
+        )
         return forward.claim_step(
             self.db,
             execution_id=message.execution_id,

@@ -48,6 +48,7 @@ class Settings:
     declares no timeout; ``compensation_timeout``: the default reversal timeout
     (guarantee 7); ``max_payload_bytes``: largest encoded input or result;
     ``store_retry_delays``: pauses between retries of a failure record that the store refused;
+    ``lease_margin``: added to a step's or reversal's timeout to form its lease;
     ``recover_after``: how long a live run may go without progress before the recovery sweep
     republishes its next message (keep it above every step's ``backoff_max``).
     """
@@ -56,6 +57,7 @@ class Settings:
     compensation_timeout: float = 30.0
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     store_retry_delays: tuple[float, ...] = (0.05, 0.2, 0.5, 1.0, 2.0)
+    lease_margin: float = 30.0
     recover_after: float = 60.0
 
 

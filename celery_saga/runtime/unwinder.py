@@ -30,7 +30,6 @@ from celery_saga.runtime.ports import RuntimeParts
 from celery_saga.store import queries, unwind
 
 logger = logging.getLogger("celery_saga")
-_LEASE_MARGIN = 30.0
 
 
 def compensations_of(definition: SagaDefinition | None) -> frozenset[str]:
@@ -174,7 +173,7 @@ class Unwinder(RuntimeParts):
             execution_id=execution_id,
             name=spec.name,
             attempts_before=record.compensation_attempts,
-            lease_expires_at=now + timedelta(seconds=timeout + _LEASE_MARGIN),
+            lease_expires_at=now + timedelta(seconds=timeout + self.settings.lease_margin),
             now=now,
         ):
             logger.info("compensate %s/%s refused: claimed elsewhere", execution_id, spec.name)

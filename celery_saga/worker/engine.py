@@ -45,6 +45,7 @@ def _settings_from(app: Celery) -> Settings:
             conf.get("saga_compensation_timeout") or defaults.compensation_timeout
         ),
         max_payload_bytes=int(conf.get("saga_max_payload_bytes") or defaults.max_payload_bytes),
+        lease_margin=float(conf.get("saga_lease_margin") or defaults.lease_margin),
         recover_after=float(conf.get("saga_recover_after") or defaults.recover_after),
     )
 
@@ -105,7 +106,8 @@ class SagaEngine:
 
     The store URL comes from ``store_url``, else the app's ``saga_store_url`` setting, else a
     SQLite file ``celery_saga.sqlite3`` in the working directory. Other settings:
-    ``saga_lease_seconds``, ``saga_compensation_timeout``, ``saga_max_payload_bytes``,
+    ``saga_lease_seconds``, ``saga_lease_margin``, ``saga_compensation_timeout``,
+    ``saga_max_payload_bytes``, ``saga_recover_after``, ``saga_recover_interval``,
     ``saga_queue`` (queue for plain-function steps).
     """
 

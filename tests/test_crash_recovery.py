@@ -1,0 +1,147 @@
+"""Real worker processes killed with SIGKILL mid-step and mid-unwind (guarantees 2, 9, 10).
+
+The killed worker's process group dies at once, as on a lost host. A fresh worker then
+picks the run up: RabbitMQ redelivers the unacknowledged message (deferred until the dead
+worker's lease expires); on Redis the recovery sweep republishes it. The ledger shows every
+effect under one stable key, and no step or reversal applied twice.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from celery_saga import ExecutionState, RollbackStatus
+from tests.conftest import (
+    BROKERS,
+    PORTS,
+    _spawn_workers,
+    _test_database_url,
+    _wait_ready,
+    require_services,
+    stop_workers,
+)
+from tests.sagaapp import TestApp
+
+LEASE = 3.0
+
+
+class CrashRig:
+    def __init__(self, broker: str, tmp: Path) -> None:
+        self.queue = f"saga-crash-{uuid.uuid4().hex[:10]}"
+        self.tmp = tmp
+        store = _test_database_url()
+        self.env = {
+            **os.environ,
+            "SAGA_TEST_BROKER": broker,
+            "SAGA_TEST_STORE": store,
+            "SAGA_TEST_QUEUE": self.queue,
+            "SAGA_TEST_DUPLICATE": "0",
+            "SAGA_TEST_LEASE": str(LEASE),
+            "PYTHONPATH": str(Path.cwd()),
+        }
+        os.environ["SAGA_TEST_LEASE"] = str(LEASE)
+        try:
+            self.client = TestApp(broker, store, self.queue)
+        finally:
+            del os.environ["SAGA_TEST_LEASE"]
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.generation = 0
+
+    def start_worker(self) -> subprocess.Popen[bytes]:
+        self.generation += 1
+        logdir = self.tmp / f"gen{self.generation}"
+        logdir.mkdir()
+        workers, _ = _spawn_workers(self.env, self.queue, logdir, count=1)
+        self.workers.extend(workers)
+        _wait_ready(self.client, 1, workers)
+        return workers[0]
+
+    def kill(self, worker: subprocess.Popen[bytes]) -> None:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=10)
+
+    def drive_to_end(self, execution_id: str, timeout: float = 90) -> Any:
+        """Wait for the run, sweeping as beat would."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            execution = self.client.engine.get(execution_id)
+            if execution.state in (ExecutionState.COMPLETED, ExecutionState.FAILED):
+                return execution
+            self.client.engine.recover(stale_after=LEASE)
+            time.sleep(1.0)
+        raise AssertionError(f"run {execution_id} did not finish: {execution}")
+
+    def close(self) -> None:
+        stop_workers(self.workers)
+        with self.client.app.connection_for_write() as connection:
+            connection.default_channel.queue_purge(self.queue)
+
+
+@pytest.fixture(params=["postgres-rabbitmq", "postgres-redis"])
+def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CrashRig]:
+    require_services(PORTS["postgres"], PORTS[request.param])
+    crash_rig = CrashRig(BROKERS[request.param], tmp_path)
+    try:
+        yield crash_rig
+    finally:
+        crash_rig.close()
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+def test_worker_killed_mid_step_resumes_without_repeating_effects(rig: CrashRig) -> None:
+    first = rig.start_worker()
+    run = rig.client.engine.start("five", {"order": 50, "plan": {"s3": {"first_sleep": 6}}})
+
+    def s3_running() -> bool:
+        steps = {s.name: s for s in run.get().steps}
+        return "s3" in steps and steps["s3"].status.value == "running"
+
+    _wait_for(s3_running)
+    time.sleep(0.5)
+    rig.kill(first)
+    rig.start_worker()
+    execution = rig.drive_to_end(run.id)
+    assert execution.state is ExecutionState.COMPLETED
+    entries = rig.client.entries(run.id)
+    forward = Counter(e.key for e in entries if e.direction == "forward")
+    assert forward == {f"{run.id}:s{n}:0:forward": 1 for n in range(1, 6)}
+    # The killed attempt never reached its effect; the one that took its claim over did.
+    assert execution.step("s3").attempts == 2
+    assert [e.detail for e in entries if e.step == "s3"] == ["attempt=2"]
+
+
+def test_worker_killed_mid_reversal_finishes_the_unwind_once_per_step(rig: CrashRig) -> None:
+    first = rig.start_worker()
+    plan = {"s4": {"fail": True}, "s2": {"undo_first_sleep": 6}}
+    run = rig.client.engine.start("five", {"order": 51, "plan": plan})
+
+    def s2_reversal_claimed() -> bool:
+        steps = {s.name: s for s in run.get().steps}
+        return "s2" in steps and steps["s2"].compensation_attempts >= 1
+
+    _wait_for(s2_reversal_claimed)
+    time.sleep(0.5)
+    rig.kill(first)
+    rig.start_worker()
+    execution = rig.drive_to_end(run.id)
+    assert execution.state is ExecutionState.FAILED
+    assert execution.rollback_status is RollbackStatus.COMPLETED
+    undone = [e for e in rig.client.entries(run.id) if e.direction == "compensate"]
+    assert [e.step for e in undone] == ["s3", "s2", "s1"]
+    assert len({e.key for e in undone}) == 3
