@@ -43,7 +43,7 @@ def _default_name(action: Any) -> str:
     if isinstance(task_name, str) and task_name:
         return task_name.rsplit(".", 1)[-1]
     function_name = getattr(action, "__name__", None)
-    if isinstance(function_name, str):
+    if isinstance(function_name, str) and function_name != "<lambda>":
         return function_name
     raise DefinitionError(f"cannot derive a step name from {action!r}; pass one explicitly")
 

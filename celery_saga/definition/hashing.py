@@ -16,12 +16,13 @@ from celery_saga.definition.nodes import BranchNode, Node, ParallelNode, StepNod
 
 
 def callable_identity(action: Any) -> str:
-    """A Celery task's registered name, or a function's ``module.qualname``."""
+    """A Celery task's registered name, or a callable's qualified name."""
     task_name = getattr(action, "name", None)
     if isinstance(task_name, str) and hasattr(action, "apply_async"):
         return task_name
-    module = getattr(action, "__module__", "?")
-    return f"{module}.{getattr(action, '__qualname__', type(action).__qualname__)}"
+    # The qualified name without the module: a module run as a script is ``__main__`` in the
+    # producer but ``shop`` in the worker, and must not look like a different graph.
+    return str(getattr(action, "__qualname__", type(action).__qualname__))
 
 
 def _step_shape(spec: StepSpec) -> list[Any]:

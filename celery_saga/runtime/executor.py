@@ -223,26 +223,39 @@ class Executor(RuntimeParts):
             "idempotency_key": key,
         }
         self.emit("saga-step-started", fields)
-        saga_input: Any = None
-        results: dict[str, Any] = {}
-        if needs_context(spec):
-            execution, steps = snapshot or queries.load_snapshot(self.db, execution_id)
-            saga_input = execution.input if execution else None
-            results = completed_results(steps)
-        ctx = SagaContext(
-            execution_id, definition.name, spec.name, saga_input, results, key, attempt
-        )
         try:
+            ctx = self._context(definition, spec, execution_id, key, attempt, snapshot)
             blob = pack(
                 self._invoke(definition, spec, ctx),
                 what=f"result of step {spec.name!r} of saga {definition.name!r}",
                 limit=self.settings.max_payload_bytes,
             )
         except Exception as error:
+            # Everything after the claim counts as the step's attempt: an error here must
+            # settle it, or the run would wait for its lease to expire.
             self._step_failed(definition, spec, message, attempt, error)
             return
         step_advance = advance(definition.nodes, message.node, message.sub, path_length)
         self._step_completed(definition, spec, message, attempt, blob, step_advance, fields)
+
+    def _context(
+        self,
+        definition: SagaDefinition,
+        spec: StepSpec,
+        execution_id: str,
+        key: str,
+        attempt: int,
+        snapshot: tuple[ExecutionRecord | None, list[StepRecord]] | None,
+    ) -> SagaContext:
+        saga_input: Any = None
+        results: dict[str, Any] = {}
+        if needs_context(spec):
+            execution, steps = snapshot or queries.load_snapshot(self.db, execution_id)
+            saga_input = execution.input if execution else None
+            results = completed_results(steps)
+        return SagaContext(
+            execution_id, definition.name, spec.name, saga_input, results, key, attempt
+        )
 
     def _invoke(self, definition: SagaDefinition, spec: StepSpec, ctx: SagaContext) -> Any:
         what = f"step {spec.name!r} of saga {definition.name!r}"
@@ -328,11 +341,23 @@ class Executor(RuntimeParts):
             "saga": definition.name,
             "step": spec.name,
             "attempt": attempt,
+            "idempotency_key": idempotency_key(message.execution_id, spec.name, 0, "forward"),
             "error": reason,
         }
         # The same value would be refused again: no point retrying.
         deterministic = isinstance(error, (PayloadError, SchemaValidationError))
-        if attempt < spec.retry and not deterministic:
+        final = attempt >= spec.retry or deterministic
+        logger.log(
+            logging.ERROR if final else logging.WARNING,
+            "saga %r execution %s: step %r attempt %d failed: %s",
+            definition.name,
+            message.execution_id,
+            spec.name,
+            attempt,
+            reason,
+            exc_info=error,
+        )
+        if not final:
             if forward.record_step_retry(
                 self.db,
                 execution_id=message.execution_id,

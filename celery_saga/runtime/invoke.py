@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import inspect
 import threading
 from collections.abc import Callable, Mapping
@@ -36,7 +35,6 @@ def _asks_for_context(parameters: Mapping[str, inspect.Parameter]) -> str | None
     return None
 
 
-@functools.lru_cache(maxsize=1024)
 def needs_context(spec: StepSpec) -> bool:
     """Whether calling ``spec`` needs the saga input or earlier results (a stored read):
     a mapper, a transform, an input schema, or an action that takes any parameter."""

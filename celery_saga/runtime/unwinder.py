@@ -211,6 +211,16 @@ class Unwinder(RuntimeParts):
                 f"compensation of step {spec.name!r} of saga {definition.name!r}",
             )
         except Exception as error:
+            logger.log(
+                logging.WARNING if attempt < spec.compensation_retry else logging.ERROR,
+                "saga %r execution %s: reversal of step %r attempt %d failed: %s",
+                definition.name,
+                record.execution_id,
+                spec.name,
+                attempt,
+                describe_error(error),
+                exc_info=error,
+            )
             self._reversal_failed(definition, spec, record, attempt, describe_error(error), fields)
             return
         plan = self._record(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import weakref
@@ -136,12 +137,18 @@ class Database:
             config = Config()
             config.set_main_option("script_location", str(_MIGRATIONS))
             config.set_main_option("version_table", VERSION_TABLE)
-            with self.engine.begin() as connection:
-                self._lock_migrations(connection)
-                config.attributes["connection"] = connection
-                command.upgrade(config, "head")
-                if self.dialect in ("mysql", "mariadb"):
-                    connection.execute(text("SELECT RELEASE_LOCK('celery_saga_migrate')"))
+            alembic_logger = logging.getLogger("alembic")
+            level = alembic_logger.level
+            alembic_logger.setLevel(max(level, logging.WARNING))  # one line per plugin otherwise
+            try:
+                with self.engine.begin() as connection:
+                    self._lock_migrations(connection)
+                    config.attributes["connection"] = connection
+                    command.upgrade(config, "head")
+                    if self.dialect in ("mysql", "mariadb"):
+                        connection.execute(text("SELECT RELEASE_LOCK('celery_saga_migrate')"))
+            finally:
+                alembic_logger.setLevel(level)
             self._migrated = True
 
     def _lock_migrations(self, connection: Connection) -> None:

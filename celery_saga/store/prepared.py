@@ -97,9 +97,12 @@ def complete_in_one(dialect: str, finished: bool, pivot: bool) -> tuple[Any, int
     both rows changed; None where the dialect has no such statement (SQLite)."""
     run, step = _completion_values(finished, pivot)
     if dialect == "postgresql":
+        # Lock the run at this position first: the step row may only change together with
+        # it (a CTE's UPDATE commits even when the outer UPDATE then matches nothing).
+        run_here = select(executions.c.id).where(run_at_cursor()).with_for_update().cte("run")
         settled = (
             update(step_records)
-            .where(step_held())
+            .where(step_held(), step_records.c.execution_id.in_(select(run_here.c.id)))
             .values(**step)
             .returning(step_records.c.execution_id)
             .cte("settled")

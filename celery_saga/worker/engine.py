@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -132,6 +132,11 @@ class SagaEngine:
 
     def register(self, *sagas: Saga) -> list[SagaDefinition]:
         """Seal and register definitions; re-registering an identical one is a no-op."""
+        for saga in sagas:
+            if not isinstance(saga, Saga):
+                raise DefinitionError(
+                    f"register() takes Saga builders, got {saga!r} ({type(saga).__name__})"
+                )
         sealed = [saga.seal() for saga in sagas]
         for definition in sealed:
             known = self._definitions.get(definition.name)
@@ -156,6 +161,11 @@ class SagaEngine:
     def start(self, saga: str, input: Any = None, *, execution_id: str | None = None) -> SagaHandle:
         """Start a run of the registered saga ``saga`` with ``input``."""
         definition = self.definition(saga)
+        if input is not None and not isinstance(input, Mapping):
+            raise SagaError(
+                f"the input of saga {saga!r} must be a mapping (dict) of named values, "
+                f"got {type(input).__name__}"
+            )
         if execution_id is not None and (
             not isinstance(execution_id, str)
             or ":" in execution_id

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery
+from sqlalchemy.exc import DBAPIError
 
 from celery_saga.decisions.admission import NodeMessage
 from celery_saga.worker.publisher import COMPENSATE_TASK, NODE_TASK, RECOVER_TASK
@@ -34,19 +37,33 @@ def register_tasks(app: Celery, engine: SagaEngine) -> None:
         member: int,
         attempt: int,
     ) -> None:
-        engine.ensure_schema()
         message = NodeMessage(execution_id, node, sub, member, attempt)
-        engine.executor.run_node(message, saga_name, redelivered=_redelivered(task))
+        with _retry_on_lost_connection(task):
+            engine.ensure_schema()
+            engine.executor.run_node(message, saga_name, redelivered=_redelivered(task))
 
     @app.task(name=COMPENSATE_TASK, **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
     def saga_compensate(task: Any, execution_id: str, step_name: str, attempt: int) -> None:
-        engine.ensure_schema()
-        engine.executor.unwinder.run(execution_id, step_name, attempt, _redelivered(task))
+        with _retry_on_lost_connection(task):
+            engine.ensure_schema()
+            engine.executor.unwinder.run(execution_id, step_name, attempt, _redelivered(task))
 
     @app.task(name=RECOVER_TASK, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
     def saga_recover() -> int:
         engine.ensure_schema()
         return engine.recover()
+
+
+@contextmanager
+def _retry_on_lost_connection(task: Any) -> Iterator[None]:
+    """A database connection dropped under us (server restart, failover): send the same
+    message again shortly instead of leaving the run to the recovery sweep."""
+    try:
+        yield
+    except DBAPIError as error:
+        if not error.connection_invalidated:
+            raise
+        raise task.retry(countdown=1, max_retries=5, exc=error) from error
 
 
 def _redelivered(task: Any) -> bool:

@@ -1,0 +1,172 @@
+"""The store's conditional writes, on every backend: a refused write changes nothing."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from celery_saga.decisions.cursor import Advance
+from celery_saga.records import ExecutionState, StepStatus
+from celery_saga.store import forward, queries
+from celery_saga.store.database import Database
+from tests.conftest import PORTS, _test_database_url, require_services
+
+NOW = datetime.now(timezone.utc)
+
+
+@pytest.fixture(params=["sqlite", "postgres", "mariadb"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path}/conditions.sqlite3"
+    elif request.param == "postgres":
+        require_services(PORTS["postgres"])
+        url = _test_database_url()
+    else:
+        require_services(3306)
+        url = os.environ.get("SAGA_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306/test")
+    database = Database(url)
+    database.migrate()
+    yield database
+    database.dispose()
+
+
+def _claimed_run(db: Database) -> str:
+    execution_id = f"cond-{uuid.uuid4().hex}"
+    queries.create_execution(
+        db,
+        execution_id=execution_id,
+        saga_name="s",
+        definition_hash="h",
+        input_blob=b"\x80",
+        node=0,
+        sub=0,
+        state=ExecutionState.RUNNING,
+        committed=False,
+        now=NOW,
+    )
+    attempt = forward.claim_step(
+        db,
+        execution_id=execution_id,
+        name="a",
+        node=0,
+        sub=0,
+        definition_hash="h",
+        idempotency_key="k",
+        compensatable=True,
+        lease_expires_at=NOW + timedelta(seconds=60),
+        now=NOW,
+        existing=None,
+    )
+    assert attempt == 1
+    return execution_id
+
+
+def test_outcome_is_not_recorded_once_the_run_left_the_position(db: Database) -> None:
+    execution_id = _claimed_run(db)
+    assert (
+        forward.fail_execution(
+            db,
+            execution_id=execution_id,
+            reason="elsewhere",
+            committed=False,
+            compensations={"a"},
+            now=NOW,
+        )
+        is not None
+    )
+    recorded = forward.record_step_completed(
+        db,
+        execution_id=execution_id,
+        name="a",
+        attempt=1,
+        node=0,
+        sub=0,
+        result_blob=b"\xc0",
+        advance=Advance(1, 0, False, False),
+        now=NOW,
+    )
+    execution, steps = queries.load_snapshot(db, execution_id)
+    assert recorded is False
+    assert steps[0].status is StepStatus.RUNNING, "the step row must not change alone"
+    assert execution is not None and execution.state is ExecutionState.COMPENSATING
+
+
+def test_outcome_of_a_claim_taken_over_is_refused(db: Database) -> None:
+    execution_id = _claimed_run(db)
+    _, steps = queries.load_snapshot(db, execution_id)
+    later = NOW + timedelta(seconds=120)  # the first claim's lease has expired
+    assert (
+        forward.claim_step(
+            db,
+            execution_id=execution_id,
+            name="a",
+            node=0,
+            sub=0,
+            definition_hash="h",
+            idempotency_key="k",
+            compensatable=True,
+            lease_expires_at=later + timedelta(seconds=60),
+            now=later,
+            existing=steps[0],
+        )
+        == 2
+    )
+    assert not forward.record_step_completed(
+        db,
+        execution_id=execution_id,
+        name="a",
+        attempt=1,
+        node=0,
+        sub=0,
+        result_blob=b"\xc0",
+        advance=Advance(1, 0, False, False),
+        now=later,
+    )
+    execution, steps = queries.load_snapshot(db, execution_id)
+    assert execution is not None and execution.cursor == 0
+    assert (steps[0].status, steps[0].attempts) == (StepStatus.RUNNING, 2)
+
+
+def test_a_second_first_claim_is_refused(db: Database) -> None:
+    execution_id = _claimed_run(db)
+    assert (
+        forward.claim_step(
+            db,
+            execution_id=execution_id,
+            name="a",
+            node=0,
+            sub=0,
+            definition_hash="h",
+            idempotency_key="k",
+            compensatable=True,
+            lease_expires_at=NOW,
+            now=NOW,
+            existing=None,
+        )
+        is None
+    )
+
+
+def test_a_claim_against_another_graph_is_refused(db: Database) -> None:
+    execution_id = _claimed_run(db)
+    assert (
+        forward.claim_step(
+            db,
+            execution_id=execution_id,
+            name="b",
+            node=0,
+            sub=0,
+            definition_hash="other",
+            idempotency_key="k2",
+            compensatable=True,
+            lease_expires_at=NOW,
+            now=NOW,
+            existing=None,
+        )
+        is None
+    )
