@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import Any
 
@@ -99,3 +100,35 @@ def test_a_result_that_cannot_be_stored_fails_the_step_clearly(harness: Harness)
     assert execution.failure_reason is not None
     assert execution.failure_reason.startswith("PayloadError: result of step 'a' of saga")
     assert execution.step("a").attempts == 1
+
+
+@pytest.mark.parametrize("data", [["order", 1], "order-1", 42])
+def test_input_that_is_not_a_mapping_is_refused(harness: Harness, data: Any) -> None:
+    before = _stored(harness)
+    with pytest.raises(SagaError, match="input of saga 'five' must be a mapping"):
+        harness.engine.start("five", data)
+    assert _stored(harness) == before
+
+
+def test_register_names_what_it_was_given_instead_of_a_saga(harness: Harness) -> None:
+    with pytest.raises(DefinitionError, match="register\\(\\) takes Saga builders, got 'five'"):
+        harness.engine.register("five")  # type: ignore[arg-type]
+
+
+def test_a_lambda_step_needs_a_name() -> None:
+    with pytest.raises(DefinitionError, match="pass one explicitly"):
+        Saga("anonymous").step(lambda: None)
+
+
+def test_an_unhashable_callable_step_runs(sqlite_harness: Harness) -> None:
+    @dataclasses.dataclass
+    class Charge:  # a callable dataclass instance is not hashable
+        amount: int
+
+        def __call__(self) -> int:
+            return self.amount
+
+    sqlite_harness.engine.register(Saga("unhashable").step("charge", Charge(5)))
+    execution = sqlite_harness.start("unhashable").wait(30)
+    assert execution.state is ExecutionState.COMPLETED
+    assert execution.results == {"charge": 5}
