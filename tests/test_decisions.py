@@ -385,15 +385,20 @@ def test_compensate_message_while_another_worker_holds_the_claim_is_in_flight() 
     assert compensation_admission(step, planned_for(step), 1, True) is Admission.REJECT_IN_FLIGHT
 
 
-@given(claimed=st.integers(0, 20), attempt=st.integers(1, 25))
-def test_compensate_message_of_an_older_attempt_is_dropped(claimed: int, attempt: int) -> None:
+@given(claimed=st.integers(0, 20), attempt=st.integers(1, 25), lapsed=st.booleans())
+def test_compensate_message_runs_only_for_the_attempt_that_is_owed(
+    claimed: int, attempt: int, lapsed: bool
+) -> None:
     step = record("charge", 2, compensation_attempts=claimed)
+    if lapsed:  # claimed once, and the claim expired: its worker died
+        step = replace(
+            step, compensation_lease_expires_at=datetime(2020, 1, 1, tzinfo=timezone.utc)
+        )
     verdict = compensation_admission(step, planned_for(step), attempt, lease_live=False)
-    if attempt < claimed:
-        assert verdict is Admission.REJECT_STALE_ATTEMPT
-    else:
-        # The current attempt redelivered after its claim lapsed (a worker died) must run.
-        assert verdict is Admission.RUN
+    owed = {claimed + 1} | ({claimed} if lapsed else set())
+    # Any other attempt is a duplicate that would skip the backoff or the retry budget.
+    expected = Admission.RUN if attempt in owed else Admission.REJECT_STALE_ATTEMPT
+    assert verdict is expected
 
 
 # -- cursor: advance / first_position --------------------------------------------------

@@ -157,3 +157,38 @@ def test_a_pending_retry_is_republished_for_exactly_its_next_attempt() -> None:
         timedelta(seconds=60),
     )
     assert decision.retries == (("a", 3),)
+
+
+def test_runs_left_alone_do_not_hide_a_lost_one_behind_them(tmp_path: Any) -> None:
+    from celery import Celery
+
+    from celery_saga import Saga, SagaEngine, set_clock
+    from celery_saga.store import forward
+    from celery_saga.testing import ControlledClock
+
+    clock = ControlledClock(NOW)
+    previous = set_clock(clock)
+    try:
+        app = Celery("starve", broker="memory://localhost/", set_as_current=False)
+        engine = SagaEngine(app, store_url=f"sqlite:///{tmp_path}/starve.sqlite3")
+        definition = engine.register(Saga("idle").step("a", lambda: None))[0]
+        runs = [engine.start("idle") for _ in range(3)]
+        for run in runs[:2]:  # two runs whose step is in flight for an hour
+            forward.claim_step(
+                engine.db,
+                execution_id=run.id,
+                name="a",
+                node=0,
+                sub=0,
+                definition_hash=definition.hash,
+                idempotency_key=f"{run.id}:a:0:forward",
+                compensatable=False,
+                lease_expires_at=NOW + timedelta(hours=1),
+                now=NOW,
+                existing=None,
+            )
+        clock.advance(120)
+        acted = engine.recoverer.sweep(timedelta(seconds=60), page=1)
+        assert acted == 1, "the lost run behind the in-flight ones is recovered"
+    finally:
+        set_clock(previous)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from celery_saga.decisions.cursor import Advance
-from celery_saga.records import ExecutionState, StepStatus
+from celery_saga.records import ExecutionState, RollbackStatus, StepStatus
 from celery_saga.store import forward, queries
 from celery_saga.store.database import Database
 from tests.conftest import PORTS, _test_database_url, require_services
@@ -73,9 +73,8 @@ def test_outcome_is_not_recorded_once_the_run_left_the_position(db: Database) ->
             db,
             execution_id=execution_id,
             reason="elsewhere",
-            committed=False,
             compensations={"a"},
-            now=NOW,
+            now=NOW + timedelta(seconds=120),  # past the claim's lease
         )
         is not None
     )
@@ -170,3 +169,42 @@ def test_a_claim_against_another_graph_is_refused(db: Database) -> None:
         )
         is None
     )
+
+
+def test_a_run_is_not_failed_from_outside_while_a_step_holds_a_live_lease(db: Database) -> None:
+    execution_id = _claimed_run(db)
+    assert (
+        forward.fail_execution(
+            db,
+            execution_id=execution_id,
+            reason="definition changed",
+            compensations={"a"},
+            now=NOW,
+        )
+        is None
+    )
+    execution, _ = queries.load_snapshot(db, execution_id)
+    assert execution is not None and execution.state is ExecutionState.RUNNING
+
+
+def test_failing_from_outside_honours_a_pivot_passed_after_any_earlier_read(db: Database) -> None:
+    execution_id = _claimed_run(db)
+    assert forward.record_step_completed(
+        db,
+        execution_id=execution_id,
+        name="a",
+        attempt=1,
+        node=0,
+        sub=0,
+        result_blob=b"\xc0",
+        advance=Advance(2, 0, False, True),
+        now=NOW,
+    )
+    plan = forward.fail_execution(
+        db,
+        execution_id=execution_id,
+        reason="definition changed",
+        compensations={"a"},
+        now=NOW,
+    )
+    assert plan is not None and plan.rollback_status is RollbackStatus.NOT_APPLICABLE

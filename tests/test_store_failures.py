@@ -78,3 +78,17 @@ def test_unrecordable_reversal_outcome_parks_the_unwind(
     # The unrecorded reversal runs again on resume, under the same key, so it can dedupe.
     assert [e.step for e in undone] == ["s3", "s3", "s2", "s1"]
     assert undone[0].key == undone[1].key
+
+
+def test_a_refused_outcome_write_is_retried_without_running_the_step_again(
+    sqlite_harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        forward, "record_step_completed", _failing_first(forward.record_step_completed, failures=1)
+    )
+    run = sqlite_harness.start("five", {"order": 11})
+    assert run.wait(30).state is ExecutionState.COMPLETED
+    forward_entries = [
+        e.step for e in sqlite_harness.test_app.entries(run.id) if e.direction == "forward"
+    ]
+    assert forward_entries == ["s1", "s2", "s3", "s4", "s5"]

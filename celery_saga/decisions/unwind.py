@@ -73,6 +73,11 @@ def compensation_admission(
         return Admission.REJECT_ALREADY_DONE
     if lease_live:
         return Admission.REJECT_IN_FLIGHT
-    if attempt < record.compensation_attempts:
+    # The next attempt is owed; the current one too if its claim expired (its worker died
+    # and the broker redelivered it). Older duplicates would skip the backoff: dropped.
+    owed = {record.compensation_attempts + 1}
+    if record.compensation_lease_expires_at is not None:
+        owed.add(record.compensation_attempts)
+    if attempt not in owed:
         return Admission.REJECT_STALE_ATTEMPT
     return Admission.RUN

@@ -225,14 +225,20 @@ class Executor(RuntimeParts):
         self.emit("saga-step-started", fields)
         try:
             ctx = self._context(definition, spec, execution_id, key, attempt, snapshot)
+        except SQLAlchemyError:
+            raise  # the store failed, not the step: the claim waits for its lease or a retry
+        except Exception as error:
+            self._step_failed(definition, spec, message, attempt, error)
+            return
+        try:
             blob = pack(
                 self._invoke(definition, spec, ctx),
                 what=f"result of step {spec.name!r} of saga {definition.name!r}",
                 limit=self.settings.max_payload_bytes,
             )
         except Exception as error:
-            # Everything after the claim counts as the step's attempt: an error here must
-            # settle it, or the run would wait for its lease to expire.
+            # Everything the step does counts as its attempt: an error here must settle it,
+            # or the run would wait for its lease to expire.
             self._step_failed(definition, spec, message, attempt, error)
             return
         step_advance = advance(definition.nodes, message.node, message.sub, path_length)
@@ -279,16 +285,21 @@ class Executor(RuntimeParts):
     ) -> None:
         target = definition.nodes[message.node]
         if not isinstance(target, ParallelNode):
-            if forward.record_step_completed(
-                self.db,
-                execution_id=message.execution_id,
-                name=spec.name,
-                attempt=attempt,
-                node=message.node,
-                sub=message.sub,
-                result_blob=blob,
-                advance=step_advance,
-                now=get_clock().now(),
+            # The result exists only in this process now: retry its record here rather than
+            # let the run wait for the lease to expire and the body to run again.
+            if self._keep_cause(
+                None,
+                lambda: forward.record_step_completed(
+                    self.db,
+                    execution_id=message.execution_id,
+                    name=spec.name,
+                    attempt=attempt,
+                    node=message.node,
+                    sub=message.sub,
+                    result_blob=blob,
+                    advance=step_advance,
+                    now=get_clock().now(),
+                ),
             ):
                 self.emit("saga-step-completed", fields)
                 self._advanced(definition, message.execution_id, step_advance)
@@ -397,19 +408,23 @@ class Executor(RuntimeParts):
                 definition, message.execution_id, group.unwind, group.failure_reason
             )
 
-    def _keep_cause(self, cause: Exception, write: Callable[[], T]) -> T:
-        """Retry a store write that records ``cause``; if the store keeps refusing, raise
-        ``cause`` itself, so the step's error is never replaced by the store's (guarantee 19)."""
+    def _keep_cause(self, cause: Exception | None, write: Callable[[], T]) -> T:
+        """Retry a store write that the store refused (a lock timeout, a dropped connection).
+
+        With ``cause`` (a step's error being recorded) a store that keeps refusing raises
+        ``cause`` itself, so the step's error is never replaced by the store's (guarantee 19);
+        without one, the last store error. The writes retried are conditional, so a retry
+        after a write that did commit changes nothing and reports the claim as lost.
+        """
         for delay in (*self.settings.store_retry_delays, None):
             try:
                 return write()
             except SQLAlchemyError as store_error:
-                logger.warning(
-                    "store refused the failure record of %s: %s",
-                    describe_error(cause),
-                    describe_error(store_error),
-                )
+                what = f"the failure record of {describe_error(cause)}" if cause else "an outcome"
+                logger.warning("store refused %s: %s", what, describe_error(store_error))
                 if delay is None:
+                    if cause is None:
+                        raise
                     raise cause from store_error
                 time.sleep(delay)
         raise AssertionError("unreachable")
@@ -417,16 +432,20 @@ class Executor(RuntimeParts):
     def _fail_outside_step(
         self, definition: SagaDefinition, execution_id: str, reason: str
     ) -> None:
-        execution, _ = queries.load_snapshot(self.db, execution_id)
         plan = forward.fail_execution(
             self.db,
             execution_id=execution_id,
             reason=reason,
-            committed=execution is not None and execution.committed_at is not None,
             compensations=compensations_of(definition),
             now=get_clock().now(),
         )
-        if plan is not None:
+        if plan is None:
+            logger.info(
+                "execution %s not failed now (%s): not live, or a step is in flight",
+                execution_id,
+                reason,
+            )
+        else:
             self.unwinder.begin(definition, execution_id, plan, reason)
 
     def _definition_changed(self, definition: SagaDefinition, execution: ExecutionRecord) -> None:

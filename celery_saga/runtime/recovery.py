@@ -4,7 +4,7 @@ start-up; safe to run from several processes at once)."""
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from celery_saga.decisions.admission import NodeMessage
 from celery_saga.decisions.recovery import Recovery, RecoveryKind, decide_recovery
@@ -22,31 +22,44 @@ class Recoverer:
     def __init__(self, executor: Executor) -> None:
         self.executor = executor
 
-    def sweep(self, stale_after: timedelta, limit: int = 500) -> int:
-        """Republish for every run idle for ``stale_after``; returns how many were acted on."""
+    def sweep(self, stale_after: timedelta, page: int = 200, most: int = 10_000) -> int:
+        """Republish for every run idle for ``stale_after``; returns how many were acted on.
+
+        Pages through every idle run (runs left alone, e.g. with a step in flight, must not
+        hide the ones behind them), at most ``most`` per sweep; one run that cannot be
+        handled is logged and skipped.
+        """
         db = self.executor.db
         now = get_clock().now()
-        acted = 0
-        for execution_id in recovery.list_stale(db, cutoff=now - stale_after, limit=limit):
-            execution, steps = queries.load_snapshot(db, execution_id)
-            definition = self.executor.registry(execution.saga_name) if execution else None
-            if execution is None or definition is None:
-                continue
-            action = decide_recovery(
-                execution, steps, compensations_of(definition), now, stale_after
-            )
-            if action.kind is RecoveryKind.NOTHING:
-                continue
-            if not recovery.claim_stale(
-                db, execution_id=execution_id, seen_version=execution.version, now=now
-            ):
-                continue
-            logger.warning("recovering execution %s: %s", execution_id, action.kind.value)
-            self._carry_out(
-                definition, execution_id, execution.cursor, execution.cursor_sub, action
-            )
-            acted += 1
+        acted = seen = 0
+        after = None
+        while seen < most:
+            rows = recovery.list_stale(db, cutoff=now - stale_after, limit=page, after=after)
+            for _, execution_id in rows:
+                try:
+                    acted += self._recover_one(execution_id, now, stale_after)
+                except Exception:
+                    logger.exception("recovery of execution %s failed", execution_id)
+            seen += len(rows)
+            if len(rows) < page:
+                break
+            after = rows[-1]
         return acted
+
+    def _recover_one(self, execution_id: str, now: datetime, stale_after: timedelta) -> int:
+        db = self.executor.db
+        execution, steps = queries.load_snapshot(db, execution_id)
+        definition = self.executor.registry(execution.saga_name) if execution else None
+        if execution is None or definition is None:
+            return 0
+        action = decide_recovery(execution, steps, compensations_of(definition), now, stale_after)
+        if action.kind is RecoveryKind.NOTHING or not recovery.claim_stale(
+            db, execution_id=execution_id, seen_version=execution.version, now=now
+        ):
+            return 0
+        logger.warning("recovering execution %s: %s", execution_id, action.kind.value)
+        self._carry_out(definition, execution_id, execution.cursor, execution.cursor_sub, action)
+        return 1
 
     def _carry_out(
         self, definition: SagaDefinition, execution_id: str, node: int, sub: int, action: Recovery

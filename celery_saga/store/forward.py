@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, exists, update
+from sqlalchemy import Connection, select, update
 from sqlalchemy.exc import IntegrityError
 
 from celery_saga.decisions.cursor import Advance, group_outcome
@@ -74,9 +74,6 @@ def claim_step(
                 return 1 if _inserted_one(connection, params) else None
             except IntegrityError:
                 return None
-        live_here = exists().where(
-            _at_cursor(execution_id, node, sub), executions.c.definition_hash == definition_hash
-        )
         guard = (
             (step_records.c.execution_id == execution_id)
             & (step_records.c.name == name)
@@ -87,12 +84,13 @@ def claim_step(
             guard &= step_records.c.lease_expires_at == to_db_time(existing.lease_expires_at)
         result = connection.execute(
             update(step_records)
-            .where(guard, live_here)
+            .where(guard, prepared.run_live_here_locked())
             .values(
                 status=StepStatus.RUNNING.value,
                 attempts=step_records.c.attempts + 1,
                 lease_expires_at=lease,
-            )
+            ),
+            at,
         )
         return existing.attempts + 1 if result.rowcount == 1 else None
 
@@ -308,19 +306,39 @@ def fail_execution(
     *,
     execution_id: str,
     reason: str,
-    committed: bool,
     compensations: Collection[str],
     now: datetime,
 ) -> UnwindStep | None:
-    """Fail a live run for a reason outside any step (e.g. its definition changed)."""
-    with db.transaction() as connection:
-        result = connection.execute(
-            update(executions)
-            .where(
-                executions.c.id == execution_id, executions.c.state == ExecutionState.RUNNING.value
+    """Fail a live run for a reason outside any step (e.g. its definition changed).
+
+    Refused (None) while a step of the run is held by a live lease: its body may still be
+    running, and reversing it now would race it. The pivot is read under the row lock, so a
+    step that passed it a moment ago is honoured.
+    """
+    try:
+        with db.transaction() as connection:
+            result = connection.execute(
+                update(executions)
+                .where(
+                    executions.c.id == execution_id,
+                    executions.c.state == ExecutionState.RUNNING.value,
+                )
+                .values(version=executions.c.version + 1)
             )
-            .values(version=executions.c.version + 1)
-        )
-        if result.rowcount != 1:
-            return None
-        return _fail_run(connection, execution_id, reason, committed, compensations, now)
+            run = load_execution_row(connection, execution_id) if result.rowcount == 1 else None
+            if run is None:
+                return None
+            stamp = to_db_time(now)
+            in_flight = connection.execute(
+                select(step_records.c.id).where(
+                    step_records.c.execution_id == execution_id,
+                    step_records.c.status == StepStatus.RUNNING.value,
+                    step_records.c.lease_expires_at > stamp,
+                )
+            ).first()
+            if in_flight is not None:
+                raise Conflict(execution_id)
+            committed = run.committed_at is not None
+            return _fail_run(connection, execution_id, reason, committed, compensations, now)
+    except Conflict:
+        return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sqlalchemy import bindparam, exists, insert, select, update
+from sqlalchemy import bindparam, insert, select, update
 
 from celery_saga.records import ExecutionState, StepStatus
 from celery_saga.store.tables import executions, step_records
@@ -44,6 +44,21 @@ def run_at_cursor() -> Any:
     )
 
 
+def run_on_graph() -> Any:
+    """Param ``run_hash``: the run was started on the deployed definition."""
+    return executions.c.definition_hash == _param("run_hash", executions.c.definition_hash)
+
+
+def run_live_here_locked() -> Any:
+    """EXISTS over the run row at this position, taking a share lock on it (see first_claim)."""
+    return (
+        select(executions.c.id)
+        .where(run_at_cursor(), run_on_graph())
+        .with_for_update(read=True)
+        .exists()
+    )
+
+
 def step_held() -> Any:
     """Params ``step_run``, ``step_name``, ``step_attempt``: still running under our claim."""
     return (
@@ -61,12 +76,16 @@ def first_claim(returning: bool) -> Any:
     Params: ``new_<column>`` for each of FIRST_CLAIM_COLUMNS, the ``run_at_cursor`` ones and
     ``run_hash``.
     """
-    values = select(*(_param(f"new_{c}", step_records.c[c]).label(c) for c in FIRST_CLAIM_COLUMNS))
-    live_here = exists().where(
-        run_at_cursor(),
-        executions.c.definition_hash == _param("run_hash", executions.c.definition_hash),
+    # One row per run row that is live here; FOR SHARE makes a claim racing a transaction
+    # that is failing the run wait for it and then see the new state (PostgreSQL otherwise
+    # reads the old row version and inserts a START record the failure never planned for).
+    values = (
+        select(*(_param(f"new_{c}", step_records.c[c]).label(c) for c in FIRST_CLAIM_COLUMNS))
+        .select_from(executions)
+        .where(run_at_cursor(), run_on_graph())
+        .with_for_update(read=True)
     )
-    statement = insert(step_records).from_select(list(FIRST_CLAIM_COLUMNS), values.where(live_here))
+    statement = insert(step_records).from_select(list(FIRST_CLAIM_COLUMNS), values)
     return statement.returning(step_records.c.id) if returning else statement
 
 

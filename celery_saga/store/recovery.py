@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import select, update
+from sqlalchemy import and_, or_, select, update
 
 from celery_saga.records import ExecutionState
 from celery_saga.store.database import Database, to_db_time
@@ -13,22 +13,30 @@ from celery_saga.store.tables import executions
 RECOVERABLE = (ExecutionState.RUNNING.value, ExecutionState.COMPENSATING.value)
 
 
-def list_stale(db: Database, *, cutoff: datetime, limit: int) -> list[str]:
-    """Ids of live runs not updated since ``cutoff`` (inclusive), oldest first.
-
-    Children of a parent run are left to their parent's lifecycle.
-    """
+def list_stale(
+    db: Database, *, cutoff: datetime, limit: int, after: tuple[datetime, str] | None = None
+) -> list[tuple[datetime, str]]:
+    """(updated_at, id) of live runs not updated since ``cutoff`` (inclusive), oldest first,
+    one page of ``limit`` after ``after``. Children are left to their parent's lifecycle."""
     query = (
-        select(executions.c.id)
+        select(executions.c.updated_at, executions.c.id)
         .where(
             executions.c.state.in_(RECOVERABLE),
             executions.c.updated_at <= to_db_time(cutoff),
             executions.c.parent_execution_id.is_(None),
         )
-        .order_by(executions.c.updated_at)
+        .order_by(executions.c.updated_at, executions.c.id)
         .limit(limit)
     )
-    return [row["id"] for row in db.read(query)]
+    if after is not None:
+        stamp, last_id = after
+        query = query.where(
+            or_(
+                executions.c.updated_at > stamp,
+                and_(executions.c.updated_at == stamp, executions.c.id > last_id),
+            )
+        )
+    return [(row["updated_at"], row["id"]) for row in db.read(query)]
 
 
 def claim_stale(db: Database, *, execution_id: str, seen_version: int, now: datetime) -> bool:

@@ -271,14 +271,15 @@ def resume_compensation(db: Database, execution_id: str, now: datetime) -> None:
             )
             .values(compensation_status=None, compensated_at=None, compensation_attempts=0)
         )
-        # A reversal whose outcome could not be recorded still holds its claim; free it.
+        # A reversal whose outcome could not be recorded still holds its claim: free it and
+        # give it a fresh set of attempts, like a reversal that failed.
         connection.execute(
             update(step_records)
             .where(
                 step_records.c.execution_id == execution_id,
                 step_records.c.compensation_status.is_(None),
             )
-            .values(compensation_lease_expires_at=None)
+            .values(compensation_lease_expires_at=None, compensation_attempts=0)
         )
 
 
