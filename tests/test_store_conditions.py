@@ -131,44 +131,28 @@ def test_outcome_of_a_claim_taken_over_is_refused(db: Database) -> None:
     assert (steps[0].status, steps[0].attempts) == (StepStatus.RUNNING, 2)
 
 
-def test_a_second_first_claim_is_refused(db: Database) -> None:
-    execution_id = _claimed_run(db)
-    assert (
-        forward.claim_step(
-            db,
-            execution_id=execution_id,
-            name="a",
-            node=0,
-            sub=0,
-            definition_hash="h",
-            idempotency_key="k",
-            compensatable=True,
-            lease_expires_at=NOW,
-            now=NOW,
-            existing=None,
-        )
-        is None
+def _claim(db: Database, execution_id: str, name: str = "a", graph: str = "h") -> int | None:
+    return forward.claim_step(
+        db,
+        execution_id=execution_id,
+        name=name,
+        node=0,
+        sub=0,
+        definition_hash=graph,
+        idempotency_key=f"{execution_id}:{name}",
+        compensatable=True,
+        lease_expires_at=NOW,
+        now=NOW,
+        existing=None,
     )
+
+
+def test_a_second_first_claim_is_refused(db: Database) -> None:
+    assert _claim(db, _claimed_run(db)) is None
 
 
 def test_a_claim_against_another_graph_is_refused(db: Database) -> None:
-    execution_id = _claimed_run(db)
-    assert (
-        forward.claim_step(
-            db,
-            execution_id=execution_id,
-            name="b",
-            node=0,
-            sub=0,
-            definition_hash="other",
-            idempotency_key="k2",
-            compensatable=True,
-            lease_expires_at=NOW,
-            now=NOW,
-            existing=None,
-        )
-        is None
-    )
+    assert _claim(db, _claimed_run(db), name="b", graph="other") is None
 
 
 def test_a_run_is_not_failed_from_outside_while_a_step_holds_a_live_lease(db: Database) -> None:

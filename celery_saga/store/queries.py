@@ -135,6 +135,12 @@ def _encode_cursor(record: ExecutionRecord) -> str:
     return base64.urlsafe_b64encode(raw.encode()).decode()
 
 
+def keyset_after(time_column: Any, after: tuple[datetime, str]) -> Any:
+    """Rows strictly after ``after`` in (time_column, id) order: keyset pagination."""
+    stamp, last_id = after
+    return or_(time_column > stamp, and_(time_column == stamp, executions.c.id > last_id))
+
+
 def decode_cursor(cursor: str) -> tuple[datetime, str]:
     """Raises ``ValueError`` for anything ``list_executions`` did not hand out."""
     stamp, _, execution_id = base64.urlsafe_b64decode(cursor.encode()).decode().partition("|")
@@ -160,13 +166,7 @@ def list_executions(
     if rollback_statuses:
         query = query.where(executions.c.rollback_status.in_([s.value for s in rollback_statuses]))
     if after is not None:
-        stamp, last_id = after
-        query = query.where(
-            or_(
-                executions.c.created_at > stamp,
-                and_(executions.c.created_at == stamp, executions.c.id > last_id),
-            )
-        )
+        query = query.where(keyset_after(executions.c.created_at, after))
     rows = db.read(query)
     items = tuple(execution_from_row(r) for r in rows[:limit])
     more = len(rows) > limit

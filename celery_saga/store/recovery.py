@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import select, update
 
 from celery_saga.records import ExecutionState
 from celery_saga.store.database import Database, to_db_time
+from celery_saga.store.queries import keyset_after
 from celery_saga.store.tables import executions
 
 RECOVERABLE = (ExecutionState.RUNNING.value, ExecutionState.COMPENSATING.value)
@@ -29,13 +30,7 @@ def list_stale(
         .limit(limit)
     )
     if after is not None:
-        stamp, last_id = after
-        query = query.where(
-            or_(
-                executions.c.updated_at > stamp,
-                and_(executions.c.updated_at == stamp, executions.c.id > last_id),
-            )
-        )
+        query = query.where(keyset_after(executions.c.updated_at, after))
     return [(row["updated_at"], row["id"]) for row in db.read(query)]
 
 
