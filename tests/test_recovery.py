@@ -53,7 +53,7 @@ def test_a_lost_node_message_is_republished_and_each_step_runs_once(
     run = sqlite_harness.start("five", {"order": 40})
     _idle_until(sqlite_harness, run.id, ExecutionState.RUNNING)
     assert dropped and run.get().record.cursor == 2
-    assert sqlite_harness.engine.recover(stale_after=0.2) == 1
+    assert sqlite_harness.engine.recover(stale_after=0.2) >= 1  # other tests' idle runs too
     assert run.wait(30).state is ExecutionState.COMPLETED
     forward = [e.step for e in sqlite_harness.test_app.entries(run.id) if e.direction == "forward"]
     assert forward == ["s1", "s2", "s3", "s4", "s5"]
@@ -71,7 +71,7 @@ def test_a_lost_reversal_message_is_republished_and_reversed_once(
     run = sqlite_harness.start("five", {"order": 41, "plan": {"s4": {"fail": True}}})
     _idle_until(sqlite_harness, run.id, ExecutionState.COMPENSATING)
     assert dropped
-    assert sqlite_harness.engine.recover(stale_after=0.2) == 1
+    assert sqlite_harness.engine.recover(stale_after=0.2) >= 1
     execution = run.wait(30)
     assert execution.rollback_status is RollbackStatus.COMPLETED
     undone = [
@@ -83,9 +83,11 @@ def test_a_lost_reversal_message_is_republished_and_reversed_once(
 def test_a_run_whose_step_is_still_in_flight_is_left_alone(sqlite_harness: Harness) -> None:
     run = sqlite_harness.start("five", {"order": 42, "plan": {"s1": {"sleep": 1.5}}})
     time.sleep(0.5)
-    assert sqlite_harness.engine.recover(stale_after=0.2) == 0
-    assert run.wait(30).state is ExecutionState.COMPLETED
+    sqlite_harness.engine.recover(stale_after=0.2)
+    execution = run.wait(30)
+    assert execution.state is ExecutionState.COMPLETED
     assert len([e for e in sqlite_harness.test_app.entries(run.id) if e.step == "s1"]) == 1
+    assert execution.step("s1").attempts == 1, "the step in flight was not claimed again"
 
 
 def _run(state: ExecutionState, idle: float, cursor: int = 1) -> ExecutionRecord:
