@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy.exc import OperationalError
 
 from celery_saga import ExecutionState, RollbackStatus
+from celery_saga.runtime.store_retry import keep_cause
 from celery_saga.store import forward, unwind
 from tests.conftest import Harness
 
@@ -50,7 +51,7 @@ def test_when_the_store_keeps_refusing_the_step_error_is_what_propagates(
         raise OperationalError("UPDATE saga_steps", {}, Exception("database is locked"))
 
     with pytest.raises(ValueError, match="warehouse rejected") as raised:
-        executor._keep_cause(step_error, refuse)
+        keep_cause(executor.settings.store_retry_delays, step_error, refuse)
     assert raised.value is step_error
     assert isinstance(raised.value.__cause__, OperationalError)
 

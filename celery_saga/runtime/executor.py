@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -24,25 +23,18 @@ from celery_saga.errors import (
 )
 from celery_saga.records import ExecutionRecord, ExecutionState, StepRecord
 from celery_saga.runtime.clock import get_clock
-from celery_saga.runtime.context import SagaContext
 from celery_saga.runtime.describe import describe_error
-from celery_saga.runtime.invoke import (
-    apply_schema,
-    call_arguments,
-    needs_context,
-    run_with_timeout,
-    storable,
-)
+from celery_saga.runtime.invoke import invoke_step, step_context
 from celery_saga.runtime.keys import idempotency_key
-from celery_saga.runtime.navigation import completed_results, node_at, resolve
+from celery_saga.runtime.navigation import node_at, resolve
 from celery_saga.runtime.ports import EventSink, Publisher, RuntimeParts, Settings
+from celery_saga.runtime.store_retry import keep_cause
 from celery_saga.runtime.unwinder import Unwinder, compensations_of
 from celery_saga.store import forward, queries
 from celery_saga.store.codec import pack
 from celery_saga.store.database import Database
 
 logger = logging.getLogger("celery_saga")
-T = TypeVar("T")
 
 
 class Executor(RuntimeParts):
@@ -224,7 +216,7 @@ class Executor(RuntimeParts):
         }
         self.emit("saga-step-started", fields)
         try:
-            ctx = self._context(definition, spec, execution_id, key, attempt, snapshot)
+            ctx = step_context(self.db, definition.name, spec, execution_id, key, attempt, snapshot)
         except SQLAlchemyError:
             raise  # the store failed, not the step: the claim waits for its lease or a retry
         except Exception as error:
@@ -232,7 +224,7 @@ class Executor(RuntimeParts):
             return
         try:
             blob = pack(
-                self._invoke(definition, spec, ctx),
+                invoke_step(definition.name, spec, ctx),
                 what=f"result of step {spec.name!r} of saga {definition.name!r}",
                 limit=self.settings.max_payload_bytes,
             )
@@ -243,35 +235,6 @@ class Executor(RuntimeParts):
             return
         step_advance = advance(definition.nodes, message.node, message.sub, path_length)
         self._step_completed(definition, spec, message, attempt, blob, step_advance, fields)
-
-    def _context(
-        self,
-        definition: SagaDefinition,
-        spec: StepSpec,
-        execution_id: str,
-        key: str,
-        attempt: int,
-        snapshot: tuple[ExecutionRecord | None, list[StepRecord]] | None,
-    ) -> SagaContext:
-        saga_input: Any = None
-        results: dict[str, Any] = {}
-        if needs_context(spec):
-            execution, steps = snapshot or queries.load_snapshot(self.db, execution_id)
-            saga_input = execution.input if execution else None
-            results = completed_results(steps)
-        return SagaContext(
-            execution_id, definition.name, spec.name, saga_input, results, key, attempt
-        )
-
-    def _invoke(self, definition: SagaDefinition, spec: StepSpec, ctx: SagaContext) -> Any:
-        what = f"step {spec.name!r} of saga {definition.name!r}"
-        ctx = replace(ctx, input=apply_schema(spec.input_schema, ctx.input, f"input of {what}"))
-        if spec.is_transform:
-            value = spec.action(ctx)
-        else:
-            kwargs = call_arguments(spec.action, ctx, spec.args)
-            value = run_with_timeout(lambda: spec.action(**kwargs), spec.timeout, what)
-        return storable(apply_schema(spec.output_schema, value, f"output of {what}"))
 
     def _step_completed(
         self,
@@ -287,7 +250,8 @@ class Executor(RuntimeParts):
         if not isinstance(target, ParallelNode):
             # The result exists only in this process now: retry its record here rather than
             # let the run wait for the lease to expire and the body to run again.
-            if self._keep_cause(
+            if keep_cause(
+                self.settings.store_retry_delays,
                 None,
                 lambda: forward.record_step_completed(
                     self.db,
@@ -369,24 +333,14 @@ class Executor(RuntimeParts):
             exc_info=error,
         )
         if not final:
-            if forward.record_step_retry(
-                self.db,
-                execution_id=message.execution_id,
-                name=spec.name,
-                attempt=attempt,
-                error=reason,
-            ):
-                delay = backoff_delay(attempt, spec.backoff, spec.backoff_max, get_clock().random())
-                self.emit("saga-step-retry", {**fields, "countdown": delay})
-                self.publisher.publish_node(
-                    definition.name, spec, replace(message, attempt=attempt + 1), countdown=delay
-                )
+            self._schedule_retry(definition, spec, message, attempt, reason, fields)
             return
         target = definition.nodes[message.node]
         members = (
             [s.name for s in target.steps] if isinstance(target, ParallelNode) else [spec.name]
         )
-        group = self._keep_cause(
+        group = keep_cause(
+            self.settings.store_retry_delays,
             error,
             lambda: forward.record_step_settled(
                 self.db,
@@ -408,26 +362,28 @@ class Executor(RuntimeParts):
                 definition, message.execution_id, group.unwind, group.failure_reason
             )
 
-    def _keep_cause(self, cause: Exception | None, write: Callable[[], T]) -> T:
-        """Retry a store write that the store refused (a lock timeout, a dropped connection).
-
-        With ``cause`` (a step's error being recorded) a store that keeps refusing raises
-        ``cause`` itself, so the step's error is never replaced by the store's (guarantee 19);
-        without one, the last store error. The writes retried are conditional, so a retry
-        after a write that did commit changes nothing and reports the claim as lost.
-        """
-        for delay in (*self.settings.store_retry_delays, None):
-            try:
-                return write()
-            except SQLAlchemyError as store_error:
-                what = f"the failure record of {describe_error(cause)}" if cause else "an outcome"
-                logger.warning("store refused %s: %s", what, describe_error(store_error))
-                if delay is None:
-                    if cause is None:
-                        raise
-                    raise cause from store_error
-                time.sleep(delay)
-        raise AssertionError("unreachable")
+    def _schedule_retry(
+        self,
+        definition: SagaDefinition,
+        spec: StepSpec,
+        message: NodeMessage,
+        attempt: int,
+        reason: str,
+        fields: dict[str, Any],
+    ) -> None:
+        """Release the claim and publish the next attempt with a countdown (no slot held)."""
+        if forward.record_step_retry(
+            self.db,
+            execution_id=message.execution_id,
+            name=spec.name,
+            attempt=attempt,
+            error=reason,
+        ):
+            delay = backoff_delay(attempt, spec.backoff, spec.backoff_max, get_clock().random())
+            self.emit("saga-step-retry", {**fields, "countdown": delay})
+            self.publisher.publish_node(
+                definition.name, spec, replace(message, attempt=attempt + 1), countdown=delay
+            )
 
     def _fail_outside_step(
         self, definition: SagaDefinition, execution_id: str, reason: str

@@ -5,12 +5,16 @@ from __future__ import annotations
 import inspect
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from celery_saga.definition.nodes import StepSpec
 from celery_saga.errors import SchemaValidationError, StepTimeoutError
+from celery_saga.records import ExecutionRecord, StepRecord, StepStatus
 from celery_saga.runtime.context import SagaContext
 from celery_saga.runtime.describe import describe_error
+from celery_saga.store import queries
+from celery_saga.store.database import Database
 
 _CONTEXT_NAMES = ("ctx", "context")
 
@@ -131,3 +135,34 @@ def storable(value: Any) -> Any:
     """A validated model is stored as its fields."""
     dump = getattr(value, "model_dump", None)
     return dump(mode="python") if callable(dump) else value
+
+
+def step_context(
+    db: Database,
+    saga_name: str,
+    spec: StepSpec,
+    execution_id: str,
+    key: str,
+    attempt: int,
+    snapshot: tuple[ExecutionRecord | None, list[StepRecord]] | None,
+) -> SagaContext:
+    """The context for one attempt; the run is read only if the step needs it."""
+    saga_input: Any = None
+    results: dict[str, Any] = {}
+    if needs_context(spec):
+        execution, steps = snapshot or queries.load_snapshot(db, execution_id)
+        saga_input = execution.input if execution else None
+        results = {s.name: s.result for s in steps if s.status is StepStatus.COMPLETED}
+    return SagaContext(execution_id, saga_name, spec.name, saga_input, results, key, attempt)
+
+
+def invoke_step(saga_name: str, spec: StepSpec, ctx: SagaContext) -> Any:
+    """Schemas, arguments, timeout: call the step and return its storable result."""
+    what = f"step {spec.name!r} of saga {saga_name!r}"
+    ctx = replace(ctx, input=apply_schema(spec.input_schema, ctx.input, f"input of {what}"))
+    if spec.is_transform:
+        value = spec.action(ctx)
+    else:
+        kwargs = call_arguments(spec.action, ctx, spec.args)
+        value = run_with_timeout(lambda: spec.action(**kwargs), spec.timeout, what)
+    return storable(apply_schema(spec.output_schema, value, f"output of {what}"))

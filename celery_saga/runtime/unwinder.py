@@ -211,17 +211,7 @@ class Unwinder(RuntimeParts):
                 f"compensation of step {spec.name!r} of saga {definition.name!r}",
             )
         except Exception as error:
-            logger.log(
-                logging.WARNING if attempt < spec.compensation_retry else logging.ERROR,
-                "saga %r execution %s: reversal of step %r attempt %d failed: %s",
-                definition.name,
-                record.execution_id,
-                spec.name,
-                attempt,
-                describe_error(error),
-                exc_info=error,
-            )
-            self._reversal_failed(definition, spec, record, attempt, describe_error(error), fields)
+            self._reversal_failed(definition, spec, record, attempt, error, fields)
             return
         plan = self._record(
             definition, execution_id, spec.name, attempt, CompensationOutcome.COMPENSATED, None
@@ -235,9 +225,20 @@ class Unwinder(RuntimeParts):
         spec: StepSpec,
         record: StepRecord,
         attempt: int,
-        reason: str,
+        error: Exception,
         fields: dict[str, object],
     ) -> None:
+        reason = describe_error(error)
+        logger.log(
+            logging.WARNING if attempt < spec.compensation_retry else logging.ERROR,
+            "saga %r execution %s: reversal of step %r attempt %d failed: %s",
+            definition.name,
+            record.execution_id,
+            spec.name,
+            attempt,
+            reason,
+            exc_info=error,
+        )
         execution_id = record.execution_id
         if attempt < spec.compensation_retry:
             if unwind.release_compensation(
