@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
@@ -84,6 +85,11 @@ class StepRecord:
     compensation_lease_expires_at: datetime | None = None
 
 
+def completed_results(steps: Iterable[StepRecord]) -> dict[str, Any]:
+    """Step name -> result for every completed step: what later steps see as ``results``."""
+    return {s.name: s.result for s in steps if s.status is StepStatus.COMPLETED}
+
+
 @dataclass(frozen=True)
 class Execution:
     """What ``SagaEngine.get`` returns: the execution row and its steps in start order."""
@@ -109,7 +115,7 @@ class Execution:
 
     @property
     def results(self) -> dict[str, Any]:
-        return {s.name: s.result for s in self.steps if s.status is StepStatus.COMPLETED}
+        return completed_results(self.steps)
 
     def step(self, name: str) -> StepRecord:
         for record in self.steps:

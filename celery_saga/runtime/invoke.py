@@ -10,7 +10,7 @@ from typing import Any
 
 from celery_saga.definition.nodes import StepSpec
 from celery_saga.errors import SchemaValidationError, StepTimeoutError
-from celery_saga.records import ExecutionRecord, StepRecord, StepStatus
+from celery_saga.records import ExecutionRecord, StepRecord, completed_results
 from celery_saga.runtime.context import SagaContext
 from celery_saga.runtime.describe import describe_error
 from celery_saga.store import queries
@@ -152,7 +152,7 @@ def step_context(
     if needs_context(spec):
         execution, steps = snapshot or queries.load_snapshot(db, execution_id)
         saga_input = execution.input if execution else None
-        results = {s.name: s.result for s in steps if s.status is StepStatus.COMPLETED}
+        results = completed_results(steps)
     return SagaContext(execution_id, saga_name, spec.name, saga_input, results, key, attempt)
 
 

@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from celery_saga.decisions.admission import NodeMessage
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import BranchNode, Node, ParallelNode, StepSpec
 from celery_saga.errors import BranchPathError
-from celery_saga.records import StepRecord, StepStatus
+from celery_saga.records import completed_results
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.context import SagaContext
 from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.keys import idempotency_key
 from celery_saga.store import queries
 from celery_saga.store.database import Database
-
-
-def completed_results(steps: list[StepRecord]) -> dict[str, Any]:
-    return {s.name: s.result for s in steps if s.status is StepStatus.COMPLETED}
 
 
 def node_at(definition: SagaDefinition, message: NodeMessage) -> Node | None:

@@ -19,13 +19,12 @@ from celery_saga.decisions.unwind import (
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import StepSpec, node_steps
 from celery_saga.errors import UnknownSagaError
-from celery_saga.records import CompensationOutcome, ExecutionState, StepRecord
+from celery_saga.records import CompensationOutcome, ExecutionState, StepRecord, completed_results
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.context import SagaContext
 from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.invoke import call_arguments, run_with_timeout
 from celery_saga.runtime.keys import idempotency_key
-from celery_saga.runtime.navigation import completed_results
 from celery_saga.runtime.ports import RuntimeParts
 from celery_saga.store import queries, unwind
 
