@@ -41,3 +41,24 @@ class DefinitionChangedError(SagaError):
 
 class BranchPathError(SagaError):
     """A branch selector returned a path name the branch does not define."""
+
+
+class LoopError(SagaError):
+    """A loop's condition did not return a bool, its items were not a list, or it wanted
+    more iterations than ``max_iterations`` allows."""
+
+
+class DuplicateSignalError(SagaError):
+    """A signal for an event the execution has already received (first writer wins)."""
+
+
+class UnknownEventError(SagaError):
+    """A signal for an event no ``wait_for`` of the execution's saga waits for."""
+
+
+class WaitTimeoutError(SagaError):
+    """A ``wait_for`` gate's deadline passed without its signal (the run's failure reason)."""
+
+
+class SubSagaError(SagaError):
+    """A sub-saga could not be started: its input mapper raised or returned no mapping."""

@@ -8,6 +8,8 @@ from datetime import datetime
 from enum import Enum
 from typing import Any
 
+from celery_saga.definition.nodes import split_iteration
+
 
 class ExecutionState(str, Enum):
     RUNNING = "running"
@@ -58,6 +60,7 @@ class ExecutionRecord:
     version: int
     created_at: datetime
     updated_at: datetime
+    wake_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -83,11 +86,27 @@ class StepRecord:
     compensated_at: datetime | None = None
     compensation_attempts: int = 0
     compensation_lease_expires_at: datetime | None = None
+    child_execution_id: str | None = None
 
 
 def completed_results(steps: Iterable[StepRecord]) -> dict[str, Any]:
-    """Step name -> result for every completed step: what later steps see as ``results``."""
-    return {s.name: s.result for s in steps if s.status is StepStatus.COMPLETED}
+    """Step name -> result for every completed step: what later steps see as ``results``.
+
+    A loop body step also appears under its bare name with its latest completed iteration's
+    result (``charge`` beside ``charge:0``, ``charge:1``); no record is stored for it.
+    """
+    results: dict[str, Any] = {}
+    latest: dict[str, int] = {}
+    for record in steps:
+        if record.status is not StepStatus.COMPLETED:
+            continue
+        results[record.name] = record.result
+        base, index = split_iteration(record.name)
+        if index is not None and index >= latest.get(base, -1):
+            latest[base] = index
+    for base, index in latest.items():
+        results[base] = results[f"{base}:{index}"]
+    return results
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, text
 
+from celery_saga.store.tables import metadata as saga_metadata
 from celery_saga.worker.embedded import embedded_worker
 from tests.sagaapp import TestApp
 
@@ -175,7 +176,7 @@ def harness(
     test_app = TestApp(BROKERS[name], store, queue, reset=True)
     test_app.engine.ensure_schema()
     with test_app.engine.db.transaction() as connection:
-        connection.execute(text("TRUNCATE saga_decisions, saga_steps, saga_executions"))
+        connection.execute(text(f"TRUNCATE {', '.join(saga_metadata.tables)}"))
     env = {
         **os.environ,
         "SAGA_TEST_BROKER": BROKERS[name],
@@ -200,3 +201,62 @@ def sqlite_harness(harness: Harness) -> Harness:
     if not harness.in_process:
         pytest.skip("needs the in-process worker to patch the engine")
     return harness
+
+
+MARIADB = os.environ.get("SAGA_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306/test")
+
+
+@pytest.fixture(params=["sqlite", "postgres", "mariadb"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A migrated-on-first-use store on each backend, for tests that drive the engine's
+    store writes directly from several threads of this process."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/direct.sqlite3"
+    if request.param == "postgres":
+        require_services(PORTS["postgres"])
+        return _test_database_url()
+    require_services(3306)
+    _empty_mariadb_once()
+    return MARIADB
+
+
+_EMPTIED: list[bool] = []
+
+
+def _empty_mariadb_once() -> None:
+    """The shared MariaDB database starts each session without saga rows (PostgreSQL's
+    test database is emptied by the harness)."""
+    if _EMPTIED:
+        return
+    from celery_saga.store.database import Database
+
+    database = Database(MARIADB)
+    database.migrate()
+    with database.transaction() as connection:
+        for table in reversed(saga_metadata.sorted_tables):
+            connection.execute(table.delete())
+    database.dispose()
+    _EMPTIED.append(True)
+
+
+def unconsumed_app(prefix: str) -> Any:
+    """A Celery app on ``memory://`` whose default queue no worker consumes (its own name:
+    the in-memory transport is shared by every app in the process)."""
+    from celery import Celery
+
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    app = Celery(name, broker="memory://localhost/", set_as_current=False)
+    app.conf.task_default_queue = name
+    return app
+
+
+@pytest.fixture
+def direct(store_url: str) -> Iterator[Any]:
+    """A ``SagaEngine`` whose messages go to an unconsumed ``memory://`` queue: the test
+    delivers them itself (``engine.executor.run_node``), in the order and threads it wants."""
+    from celery_saga import SagaEngine
+
+    engine = SagaEngine(unconsumed_app("direct"), store_url=store_url)
+    engine.ensure_schema()
+    yield engine
+    engine.db.dispose()

@@ -48,9 +48,10 @@ class DuplicatingPublisher(CeleryPublisher):
         spec: StepSpec | None,
         message: NodeMessage,
         countdown: float | None = None,
+        label: str | None = None,
     ) -> None:
         for _ in range(2):
-            super().publish_node(saga_name, spec, message, countdown)
+            super().publish_node(saga_name, spec, message, countdown, label)
 
     def publish_compensation(
         self,
@@ -87,6 +88,10 @@ class TestApp:
             saga_lease_seconds=float(os.environ.get("SAGA_TEST_LEASE", "20")),
             saga_lease_margin=float(os.environ.get("SAGA_TEST_LEASE", "20")),
             saga_compensation_timeout=4,
+            # Crash tests run a real `celery beat` with short sweeps.
+            saga_recover_after=float(os.environ.get("SAGA_TEST_RECOVER_AFTER", "60")),
+            saga_recover_interval=float(os.environ.get("SAGA_TEST_SWEEP_INTERVAL", "30")),
+            saga_timer_interval=float(os.environ.get("SAGA_TEST_SWEEP_INTERVAL", "5")),
         )
         self.engine = SagaEngine(self.app)
         if duplicate:
@@ -160,6 +165,26 @@ class TestApp:
             raise ConnectionError(f"cannot undo {ctx.step_name}")
         self.write(ctx, "compensate", repr(ctx.forward_result))
 
+    def forward_item(self, ctx: SagaContext) -> Any:
+        """A for_each body: records which item and iteration it ran with."""
+        plan = ctx.input.get("plan", {}).get(ctx.step_name, {})
+        time.sleep(plan.get("first_sleep", 0) if ctx.attempt == 1 else 0)
+        self.write(ctx, "forward", f"item={ctx.item!r} iteration={ctx.iteration}")
+        if plan.get("fail"):
+            raise ValueError(f"cannot pack {ctx.item!r}")
+        return {"packed": ctx.item, "iteration": ctx.iteration}
+
+    def reverse_item(self, ctx: SagaContext) -> None:
+        plan = ctx.input.get("plan", {}).get(ctx.step_name, {})
+        time.sleep(plan.get("undo_first_sleep", 0) if ctx.attempt == 1 else 0)
+        detail = f"item={ctx.item!r} iteration={ctx.iteration} result={ctx.forward_result!r}"
+        self.write(ctx, "compensate", detail)
+
+    def after_signal(self, ctx: SagaContext) -> Any:
+        """Runs after a gate: records the signals it was given."""
+        self.write(ctx, "forward", repr(dict(sorted(ctx.signals.items()))))
+        return {"signals": dict(ctx.signals)}
+
     def _define(self) -> None:
         app, this = self.app, self
 
@@ -208,6 +233,59 @@ class TestApp:
             .step("done", fwd),
             Saga("misrouted").branch("size", lambda ctx: "huge", path("small", step("x", fwd))),
             Saga("hanging").step("a", fwd, compensate=rev, compensation_retry=1).step("b", fwd),
+        )
+        self._define_control_flow()
+
+    def _define_control_flow(self) -> None:
+        fwd, rev = self.forward, self.reverse
+        item, unitem = self.forward_item, self.reverse_item
+
+        def rounds_done(ctx: SagaContext) -> bool:  # ctx.iteration: iterations done so far
+            return bool(ctx.iteration >= ctx.input.get("rounds", 1))
+
+        def rounds_left(ctx: SagaContext) -> bool:
+            return bool(ctx.iteration < ctx.input.get("rounds", 0))
+
+        def child_input(ctx: SagaContext) -> dict[str, Any]:
+            return {"order": ctx.input.get("order"), "plan": ctx.input.get("child_plan", {})}
+
+        self.engine.register(
+            Saga("approval")
+            .step("reserve", fwd, compensate=rev)
+            .step("charge", fwd, compensate=rev)
+            .wait_for("approved", timeout=float(os.environ.get("SAGA_TEST_WAIT", "2")))
+            .step("ship", self.after_signal),
+            Saga("two_gates")
+            .wait_for("first")
+            .step("between", fwd, compensate=rev)
+            .wait_for("second")
+            .step("after", self.after_signal),
+            Saga("batch")
+            .step("open", fwd, compensate=rev)
+            .for_each(lambda ctx: ctx.input["items"], step("pack", item, compensate=unitem))
+            .step("seal", fwd),
+            Saga("polling")
+            .do_until(rounds_done, step("poll", fwd, compensate=rev), max_iterations=5)
+            .step("report", fwd),
+            Saga("guarded")
+            .do_while(
+                rounds_left,
+                [step("check", fwd, compensate=rev), step("act", fwd)],
+                max_iterations=5,
+            )
+            .step("end", fwd),
+            Saga("child").step("c1", fwd, compensate=rev).step("c2", fwd, compensate=rev),
+            Saga("parent")
+            .step("p1", fwd, compensate=rev)
+            .sub_saga("child", input=child_input)
+            .step("p2", fwd),
+            Saga("gated_child").step("g1", fwd, compensate=rev).wait_for("go").step("g2", fwd),
+            Saga("gated_parent").sub_saga("gated_child").step("after", fwd),
+            Saga("committed_child").step("k1", fwd, compensate=rev).pivot().step("k2", fwd),
+            Saga("committing_parent")
+            .step("z0", fwd, compensate=rev)
+            .sub_saga("committed_child", input=child_input)
+            .step("z1", fwd),
         )
 
 

@@ -14,7 +14,7 @@ def _redeploy_during(harness: Harness, step: str, replacement: Saga) -> threadin
 
     def on_start(_event: str, fields: dict[str, object]) -> None:
         if fields.get("step") == step and not swapped.is_set():
-            harness.engine._definitions[replacement.name] = replacement.seal()
+            harness.engine.catalog.add(replacement.seal())
             swapped.set()
 
     harness.engine.on("saga-step-started", on_start)

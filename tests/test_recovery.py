@@ -194,3 +194,42 @@ def test_runs_left_alone_do_not_hide_a_lost_one_behind_them(tmp_path: Any) -> No
         assert acted == 1, "the lost run behind the in-flight ones is recovered"
     finally:
         set_clock(previous)
+
+
+@pytest.mark.parametrize("transport", ["memory", "filesystem"])
+def test_a_message_the_transport_dropped_is_recovered(transport: str, tmp_path: Any) -> None:
+    from celery import Celery
+
+    from celery_saga import Saga, SagaEngine
+    from celery_saga.worker.embedded import embedded_worker
+
+    ran: list[str] = []
+    app = Celery(f"drop-{transport}", set_as_current=False)
+    queue = f"drop-{transport}-{tmp_path.name}"
+    if transport == "memory":
+        app.conf.broker_url = "memory://localhost/"
+        app.conf.broker_transport_options = {"polling_interval": 0.01}
+    else:
+        folder = tmp_path / "broker"
+        folder.mkdir()
+        app.conf.broker_url = "filesystem://"
+        app.conf.broker_transport_options = {
+            "data_folder_in": str(folder),
+            "data_folder_out": str(folder),
+            "control_folder": str(tmp_path / "control"),
+            "polling_interval": 0.01,
+        }
+    app.conf.task_default_queue = queue
+    engine = SagaEngine(app, store_url=f"sqlite:///{tmp_path}/drop.sqlite3")
+    engine.register(
+        Saga("dropped").step("a", lambda: ran.append("a")).step("b", lambda: ran.append("b"))
+    )
+    run = engine.start("dropped")
+    with app.connection_for_write() as connection:  # the transport loses what it held
+        assert connection.default_channel.queue_purge(queue) == 1
+    with embedded_worker(app, concurrency=1):
+        time.sleep(0.3)
+        assert run.get().steps == (), "nothing drives the run now"
+        assert engine.recover(stale_after=0) == 1
+        assert run.wait(30).state is ExecutionState.COMPLETED
+    assert ran == ["a", "b"]

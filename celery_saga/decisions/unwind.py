@@ -1,7 +1,9 @@
 """What the unwind does next (guarantees 1-6, 8).
 
 Eligible steps are those that started with a compensation declared, unless the run passed
-its pivot. They are undone in reverse start order (record id order), one at a time.
+its pivot. They are undone in reverse start order (record id order), one at a time. A loop
+iteration ``charge:2`` is its own record, reversed by the body step ``charge``'s
+compensation; a sub-saga's record is reversed by running the child's own unwind.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from celery_saga.decisions.admission import Admission
+from celery_saga.definition.nodes import split_iteration
 from celery_saga.records import CompensationOutcome, RollbackStatus, StepRecord
 
 
@@ -38,7 +41,8 @@ def eligible_steps(records: Sequence[StepRecord], committed: bool) -> list[StepR
 def next_unwind_step(
     records: Sequence[StepRecord], committed: bool, compensations: Collection[str]
 ) -> UnwindStep:
-    """``compensations``: names of steps whose compensation the deployed definition has."""
+    """``compensations``: names of steps whose compensation the deployed definition has
+    (loop body steps by their bare name, sub-sagas by their record name)."""
     eligible = eligible_steps(records, committed)
     for record in eligible:
         if record.compensation_status in (
@@ -48,7 +52,7 @@ def next_unwind_step(
             continue
         if record.compensation_status is CompensationOutcome.FAILED:
             return UnwindStep(UnwindKind.HALT_FAILED, record)
-        if record.name not in compensations:
+        if split_iteration(record.name)[0] not in compensations:
             return UnwindStep(UnwindKind.HALT_VANISHED, record)
         return UnwindStep(UnwindKind.COMPENSATE, record)
     status = RollbackStatus.COMPLETED if eligible else RollbackStatus.NOT_APPLICABLE

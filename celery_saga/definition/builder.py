@@ -2,22 +2,36 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
+from functools import cached_property
 from typing import Any
 
 from celery_saga.definition.hashing import structural_hash
 from celery_saga.definition.nodes import (
     ArgsMapper,
     BranchNode,
+    ForEachNode,
+    LoopKind,
+    LoopNode,
     Node,
     ParallelNode,
     PivotNode,
     StepNode,
     StepSpec,
+    SubSagaNode,
+    WaitNode,
+    loop_body,
     node_steps,
+    split_iteration,
 )
-from celery_saga.definition.validation import validate_saga, validate_step
+from celery_saga.definition.validation import (
+    check_max_iterations,
+    validate_saga,
+    validate_step,
+    wait_seconds,
+)
 from celery_saga.errors import DefinitionError
 
 #: Attribute the ``compensated_by`` decorator sets on a Celery task or function.
@@ -106,11 +120,60 @@ class SagaDefinition:
     hash: str
 
     def find_step(self, name: str) -> StepSpec | None:
+        """The spec of a step record: exact names first, then ``<loop body step>:<index>``
+        (only a numeric suffix marks an iteration, so ``charge:extra`` never resolves to a
+        loop body ``charge``)."""
         for node in self.nodes:
             for spec in node_steps(node):
                 if spec.name == name:
                     return spec
+        base, index = split_iteration(name)
+        if index is None:
+            return None
+        for node in self.nodes:
+            for spec in loop_body(node):
+                if spec.name == base:
+                    return spec
         return None
+
+    def wait_position(self, event: str) -> int | None:
+        """The index of the one ``wait_for`` gate of ``event`` (events are unique per saga)."""
+        for index, node in enumerate(self.nodes):
+            if isinstance(node, WaitNode) and node.event == event:
+                return index
+        return None
+
+    @property
+    def events(self) -> tuple[str, ...]:
+        return tuple(node.event for node in self.nodes if isinstance(node, WaitNode))
+
+    @property
+    def child_sagas(self) -> frozenset[str]:
+        return frozenset(node.saga for node in self.nodes if isinstance(node, SubSagaNode))
+
+    @cached_property
+    def reversible(self) -> frozenset[str]:
+        """Record names this definition can reverse: steps with a compensation (a loop body
+        step by its bare name) and sub-sagas (through the child's own unwind)."""
+        names = {node.name for node in self.nodes if isinstance(node, SubSagaNode)}
+        for node in self.nodes:
+            names.update(spec.name for spec in node_steps(node) if spec.compensatable)
+        return frozenset(names)
+
+
+def _as_steps(saga: str, body: Any) -> tuple[StepSpec, ...]:
+    """A loop body: one step spec, a sequence of them, or a task/callable to wrap."""
+    if isinstance(body, StepSpec):
+        return (body,)
+    if isinstance(body, Sequence) and not isinstance(body, str):
+        specs = tuple(body)
+        if not specs or not all(isinstance(spec, StepSpec) for spec in specs):
+            raise DefinitionError(
+                f"saga {saga!r}: a loop body must be a step, a task, a callable or a "
+                f"non-empty list of step(...) specs, got {body!r}"
+            )
+        return specs
+    return (step(body),)
 
 
 class Saga:
@@ -130,8 +193,12 @@ class Saga:
         return self
 
     def step(self, name: str | Any, action: Any = None, **options: Any) -> Saga:
-        """Append a step; options as for :func:`celery_saga.step`."""
-        spec = step(name, action, **options)
+        """Append a step; options as for :func:`celery_saga.step`. A spec built with
+        ``step(...)`` may be passed as it is."""
+        if isinstance(name, StepSpec) and action is None and not options:
+            spec = name
+        else:
+            spec = step(name, action, **options)
         validate_step(self.name, spec)
         return self._add(StepNode(spec))
 
@@ -164,6 +231,97 @@ class Saga:
         """Commit point: once passed, no step of this run is ever compensated."""
         return self._add(PivotNode())
 
+    def wait_for(self, event: str, *, timeout: float | timedelta | None = None) -> Saga:
+        """Park the run until ``engine.signal(id, event, payload)``; after ``timeout``
+        (seconds or a timedelta; ``None`` waits for ever) the run fails and is unwound."""
+        if not isinstance(event, str) or not event.strip() or len(event) > 200:
+            raise DefinitionError(
+                f"saga {self.name!r}: wait_for needs an event name of 1-200 characters, "
+                f"got {event!r}"
+            )
+        return self._add(WaitNode(event, wait_seconds(self.name, event, timeout)))
+
+    def sub_saga(
+        self, saga: str, *, input: ArgsMapper | None = None, name: str | None = None
+    ) -> Saga:
+        """Run the registered saga ``saga`` as a child of this run. ``input(ctx)`` builds the
+        child's input (default: this run's input); ``name`` is the child's record name here
+        (default: ``saga``)."""
+        if not isinstance(saga, str) or not saga.strip():
+            raise DefinitionError(f"saga {self.name!r}: sub_saga needs a saga name, got {saga!r}")
+        if input is not None and not callable(input):
+            raise DefinitionError(
+                f"saga {self.name!r}: the input of sub_saga {saga!r} must be callable"
+            )
+        record = name if name is not None else saga
+        validate_step(self.name, StepSpec(name=record, action=_child_marker))
+        return self._add(SubSagaNode(record, saga, input))
+
+    def do_until(
+        self,
+        condition: Callable[[Any], bool],
+        body: Any,
+        *,
+        max_iterations: int = 100,
+        name: str | None = None,
+    ) -> Saga:
+        """Run ``body``, then ``condition(ctx)``; repeat until it returns True."""
+        return self._loop(LoopKind.UNTIL, condition, body, max_iterations, name)
+
+    def do_while(
+        self,
+        condition: Callable[[Any], bool],
+        body: Any,
+        *,
+        max_iterations: int = 100,
+        name: str | None = None,
+    ) -> Saga:
+        """Run ``body`` as long as ``condition(ctx)``, checked before each iteration, is True."""
+        return self._loop(LoopKind.WHILE, condition, body, max_iterations, name)
+
+    def for_each(
+        self,
+        items: Callable[[Any], Any],
+        body: Any,
+        *,
+        max_iterations: int = 1000,
+        name: str | None = None,
+    ) -> Saga:
+        """Run the step ``body`` once per element of the list ``items(ctx)``, in order; each
+        iteration gets ``ctx.item`` and ``ctx.iteration``."""
+        specs = _as_steps(self.name, body)
+        if len(specs) != 1:
+            raise DefinitionError(f"saga {self.name!r}: for_each runs exactly one step")
+        spec = specs[0]
+        if not callable(items):
+            raise DefinitionError(
+                f"saga {self.name!r}: for_each {spec.name!r} needs a callable items(ctx) "
+                f"returning a list, got {items!r}"
+            )
+        loop_name = name or spec.name
+        validate_step(self.name, spec)
+        check_max_iterations(self.name, loop_name, max_iterations)
+        return self._add(ForEachNode(loop_name, items, spec, max_iterations))
+
+    def _loop(
+        self,
+        kind: LoopKind,
+        condition: Callable[[Any], bool],
+        body: Any,
+        max_iterations: int,
+        name: str | None,
+    ) -> Saga:
+        specs = _as_steps(self.name, body)
+        loop_name = name or specs[0].name
+        if not callable(condition):
+            raise DefinitionError(
+                f"saga {self.name!r}: {kind.value} {loop_name!r} needs a callable condition"
+            )
+        for spec in specs:
+            validate_step(self.name, spec)
+        check_max_iterations(self.name, loop_name, max_iterations)
+        return self._add(LoopNode(loop_name, kind, condition, specs, max_iterations))
+
     def seal(self) -> SagaDefinition:
         """Validate the whole graph and freeze it; idempotent."""
         if self._sealed is None:
@@ -171,3 +329,7 @@ class Saga:
             validate_saga(self.name, nodes)
             self._sealed = SagaDefinition(self.name, nodes, structural_hash(self.name, nodes))
         return self._sealed
+
+
+def _child_marker() -> None:
+    """Stands in for a sub-saga's action when its record name is validated like a step's."""

@@ -1,8 +1,10 @@
 """Structural hash of a saga graph (guarantee 22).
 
 Covers what decides how a stored run is interpreted: node kinds and order, step and path names,
-which callables run, and whether a step has a compensation. Tuning (retries, timeouts) is left
-out, so changing it does not orphan running executions.
+which callables run, whether a step has a compensation, wait events and child sagas. Tuning
+(retries, timeouts, iteration limits) and the callables whose choices are journaled (branch
+selectors, loop conditions, for_each items) are left out, so changing them does not orphan
+running executions.
 """
 
 from __future__ import annotations
@@ -12,7 +14,17 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from celery_saga.definition.nodes import BranchNode, Node, ParallelNode, StepNode, StepSpec
+from celery_saga.definition.nodes import (
+    BranchNode,
+    ForEachNode,
+    LoopNode,
+    Node,
+    ParallelNode,
+    StepNode,
+    StepSpec,
+    SubSagaNode,
+    WaitNode,
+)
 
 
 def callable_identity(action: Any) -> str:
@@ -38,6 +50,14 @@ def _node_shape(node: Node) -> list[Any]:
     if isinstance(node, BranchNode):
         paths = {name: [_step_shape(s) for s in steps] for name, steps in node.paths.items()}
         return ["branch", node.name, sorted(paths.items())]
+    if isinstance(node, WaitNode):
+        return ["wait", node.event]
+    if isinstance(node, SubSagaNode):
+        return ["sub_saga", node.name, node.saga]
+    if isinstance(node, LoopNode):
+        return [node.kind.value, node.name, [_step_shape(s) for s in node.steps]]
+    if isinstance(node, ForEachNode):
+        return ["for_each", node.name, _step_shape(node.step)]
     return ["pivot"]
 
 

@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 #: Maps the saga context to the keyword arguments a step or compensation is called with.
 ArgsMapper = Callable[[Any], Mapping[str, Any]]
+
+#: ``name:<digits>`` names one iteration of a loop body step; no other suffix does.
+_ITERATION = re.compile(r"^(?P<base>.+):(?P<index>\d+)$")
+
+
+def iteration_name(step_name: str, iteration: int) -> str:
+    """The record name of ``step_name``'s iteration ``iteration`` (0-based)."""
+    return f"{step_name}:{iteration}"
+
+
+def split_iteration(record_name: str) -> tuple[str, int | None]:
+    """``("charge", 2)`` for ``charge:2``; ``("charge:extra", None)`` for anything else."""
+    match = _ITERATION.match(record_name)
+    if match is None:
+        return record_name, None
+    return match["base"], int(match["index"])
 
 
 @dataclass(frozen=True)
@@ -64,15 +82,81 @@ class PivotNode:
     """Past this point the saga is committed: nothing in it is compensated any more."""
 
 
-Node = StepNode | ParallelNode | BranchNode | PivotNode
+@dataclass(frozen=True)
+class WaitNode:
+    """Parks the run until the signal ``event`` arrives; fails it after ``timeout`` seconds
+    (``None``: no deadline)."""
+
+    event: str
+    timeout: float | None
+
+
+@dataclass(frozen=True)
+class SubSagaNode:
+    """Runs the registered saga ``saga`` as a child; ``name`` is its record in the parent.
+    ``input`` maps the parent's context to the child's input (default: the parent's input)."""
+
+    name: str
+    saga: str
+    input: ArgsMapper | None = None
+
+
+class LoopKind(str, Enum):
+    UNTIL = "do_until"  # body first, then the condition: stop once it is True
+    WHILE = "do_while"  # the condition first: run the body while it is True
+
+
+@dataclass(frozen=True)
+class LoopNode:
+    """Runs ``steps`` once per iteration; iteration ``i`` of step ``s`` is recorded as
+    ``s:i``. The condition sees the context with every iteration so far."""
+
+    name: str
+    kind: LoopKind
+    condition: Callable[[Any], Any]
+    steps: tuple[StepSpec, ...]
+    max_iterations: int
+
+
+@dataclass(frozen=True)
+class ForEachNode:
+    """Runs ``step`` once per element of ``items(context)``, in order, as ``step:<index>``."""
+
+    name: str
+    items: Callable[[Any], Any]
+    step: StepSpec
+    max_iterations: int
+
+
+Node = (
+    StepNode
+    | ParallelNode
+    | BranchNode
+    | PivotNode
+    | WaitNode
+    | SubSagaNode
+    | LoopNode
+    | ForEachNode
+)
 
 
 def node_steps(node: Node) -> tuple[StepSpec, ...]:
-    """Every step a node may run (all paths of a branch)."""
+    """Every step a node may run (all paths of a branch, the body of a loop)."""
     if isinstance(node, StepNode):
         return (node.step,)
-    if isinstance(node, ParallelNode):
+    if isinstance(node, (ParallelNode, LoopNode)):
         return node.steps
     if isinstance(node, BranchNode):
         return tuple(step for path in node.paths.values() for step in path)
+    if isinstance(node, ForEachNode):
+        return (node.step,)
+    return ()
+
+
+def loop_body(node: Node) -> tuple[StepSpec, ...]:
+    """The steps a loop repeats (empty for any other node)."""
+    if isinstance(node, LoopNode):
+        return node.steps
+    if isinstance(node, ForEachNode):
+        return (node.step,)
     return ()

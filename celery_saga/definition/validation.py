@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from datetime import timedelta
 
 from celery_saga.definition.nodes import (
     BranchNode,
@@ -12,6 +13,8 @@ from celery_saga.definition.nodes import (
     ParallelNode,
     PivotNode,
     StepSpec,
+    SubSagaNode,
+    WaitNode,
     node_steps,
 )
 from celery_saga.errors import DefinitionError
@@ -35,6 +38,31 @@ def _check_positive(saga: str, step: str, field: str, value: float | None) -> No
         raise DefinitionError(
             f"saga {saga!r}, step {step!r}: {field} must be a positive number of seconds "
             f"(at most {MAX_SECONDS}), got {value!r}"
+        )
+
+
+def wait_seconds(saga: str, event: str, timeout: float | timedelta | None) -> float | None:
+    """A wait's deadline in seconds: positive and finite; weeks are fine (it is a row)."""
+    if timeout is None:
+        return None
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, (int, float))
+        or not math.isfinite(seconds)
+        or seconds <= 0
+    ):
+        raise DefinitionError(
+            f"saga {saga!r}: the timeout of wait_for({event!r}) must be a positive number of "
+            f"seconds or a timedelta, got {timeout!r}"
+        )
+    return float(seconds)
+
+
+def check_max_iterations(saga: str, loop: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise DefinitionError(
+            f"saga {saga!r}, loop {loop!r}: max_iterations must be an integer >= 1, got {value!r}"
         )
 
 
@@ -94,16 +122,31 @@ def _check_node(saga: str, node: Node) -> None:
                 )
 
 
+def record_names(node: Node) -> tuple[str, ...]:
+    """Names a node's records carry in ``saga_steps`` (before any iteration suffix)."""
+    if isinstance(node, SubSagaNode):
+        return (node.name,)
+    return tuple(spec.name for spec in node_steps(node))
+
+
 def validate_saga(saga: str, nodes: Sequence[Node]) -> None:
-    """Whole-graph checks: not empty, unique step names, at most one pivot."""
-    if not any(node_steps(node) for node in nodes):
+    """Whole-graph checks: not empty, unique step names and events, at most one pivot."""
+    if not any(not isinstance(node, PivotNode) for node in nodes):
         raise DefinitionError(f"saga {saga!r} has no steps")
     if sum(isinstance(node, PivotNode) for node in nodes) > 1:
         raise DefinitionError(f"saga {saga!r} has more than one pivot")
     seen: set[str] = set()
+    events: set[str] = set()
     for node in nodes:
         _check_node(saga, node)
-        for spec in node_steps(node):
-            if spec.name in seen:
-                raise DefinitionError(f"saga {saga!r}: step name {spec.name!r} is used twice")
-            seen.add(spec.name)
+        for name in record_names(node):
+            if name in seen:
+                raise DefinitionError(f"saga {saga!r}: step name {name!r} is used twice")
+            seen.add(name)
+        if isinstance(node, WaitNode):
+            if node.event in events:
+                raise DefinitionError(
+                    f"saga {saga!r}: two wait_for gates wait for {node.event!r}; a signal "
+                    "could not tell them apart, so give each gate its own event"
+                )
+            events.add(node.event)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -12,44 +10,53 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from celery_saga.decisions.admission import Admission, NodeMessage, decide_admission
 from celery_saga.decisions.cursor import Advance, advance, first_position
-from celery_saga.decisions.retry import backoff_delay
 from celery_saga.definition.builder import SagaDefinition
-from celery_saga.definition.nodes import BranchNode, ParallelNode, StepSpec
-from celery_saga.errors import (
-    BranchPathError,
-    PayloadError,
-    SchemaValidationError,
-    UnknownSagaError,
+from celery_saga.definition.nodes import (
+    BranchNode,
+    ParallelNode,
+    StepNode,
+    SubSagaNode,
+    WaitNode,
 )
+from celery_saga.errors import BranchPathError, LoopError, PayloadError, UnknownSagaError
 from celery_saga.records import ExecutionRecord, ExecutionState, StepRecord
+from celery_saga.runtime.children import Children
 from celery_saga.runtime.clock import get_clock
+from celery_saga.runtime.contexts import Snapshot, step_context
 from celery_saga.runtime.describe import describe_error
-from celery_saga.runtime.invoke import invoke_step, step_context
-from celery_saga.runtime.keys import idempotency_key
-from celery_saga.runtime.navigation import node_at, resolve
-from celery_saga.runtime.ports import EventSink, Publisher, RuntimeParts, Settings
+from celery_saga.runtime.failures import StepFailures
+from celery_saga.runtime.invoke import invoke_step
+from celery_saga.runtime.keys import record_key
+from celery_saga.runtime.navigation import Position, choose_path, node_at, resolve, route
+from celery_saga.runtime.ports import Catalog, EventSink, Publisher, Settings
 from celery_saga.runtime.store_retry import keep_cause
 from celery_saga.runtime.unwinder import Unwinder, compensations_of
+from celery_saga.runtime.waits import Waits
 from celery_saga.store import forward, queries
 from celery_saga.store.codec import pack
 from celery_saga.store.database import Database
 
 logger = logging.getLogger("celery_saga")
 
+#: What a control-flow choice raises when it cannot be made: the run fails, unwound.
+CHOICE_ERRORS = (BranchPathError, LoopError, PayloadError)
 
-class Executor(RuntimeParts):
+
+class Executor(StepFailures):
     """Carries out forward decisions; every rule it follows lives in ``decisions/``."""
 
     def __init__(
         self,
         db: Database,
-        registry: Callable[[str], SagaDefinition | None],
+        registry: Catalog,
         publisher: Publisher,
         emit: EventSink,
         settings: Settings,
     ) -> None:
         super().__init__(db, registry, publisher, emit, settings)
         self.unwinder = Unwinder(db, registry, publisher, emit, settings)
+        self.waits = Waits(self)
+        self.children = Children(self)
 
     # -- starting ---------------------------------------------------------------------
     def start(
@@ -78,7 +85,10 @@ class Executor(RuntimeParts):
             now=get_clock().now(),
             parent_execution_id=parent_execution_id,
         )
-        self.emit("saga-started", {"execution_id": execution_id, "saga": definition.name})
+        fields = {"execution_id": execution_id, "saga": definition.name}
+        if parent_execution_id is not None:
+            fields["parent_execution_id"] = parent_execution_id
+        self.emit("saga-started", fields)
         self.publish_position(definition, execution_id, first.node, 0)
 
     # -- publishing -------------------------------------------------------------------
@@ -86,19 +96,29 @@ class Executor(RuntimeParts):
         self, definition: SagaDefinition, execution_id: str, node: int, sub: int
     ) -> None:
         target = definition.nodes[node]
+        message = NodeMessage(execution_id, node, sub, 0, 1)
         if isinstance(target, ParallelNode):
             for member, spec in enumerate(target.steps):
                 message = NodeMessage(execution_id, node, 0, member, 1)
                 self.publisher.publish_node(definition.name, spec, message)
             return
-        try:
-            spec, _ = resolve(self.db, definition, execution_id, node, sub, 0)
-        except BranchPathError as error:
-            self._fail_outside_step(definition, execution_id, describe_error(error))
+        if isinstance(target, WaitNode):
+            label = f"{definition.name}.wait:{target.event}"
+            self.publisher.publish_node(definition.name, None, message, label=label)
             return
-        self.publisher.publish_node(
-            definition.name, spec, NodeMessage(execution_id, node, sub, 0, 1)
-        )
+        if isinstance(target, SubSagaNode):
+            label = f"{definition.name}.{target.name}"
+            self.publisher.publish_node(definition.name, None, message, label=label)
+            return
+        if isinstance(target, BranchNode):
+            try:
+                path = target.paths[choose_path(self.db, definition, target, execution_id, node)]
+            except BranchPathError as error:
+                self.fail_outside_step(definition, execution_id, describe_error(error))
+                return
+            self.publisher.publish_node(definition.name, path[sub], message)
+            return
+        self.publisher.publish_node(definition.name, route(target, sub, 0), message)
 
     # -- running a node ---------------------------------------------------------------
     def run_node(
@@ -106,21 +126,21 @@ class Executor(RuntimeParts):
     ) -> None:
         """Handle one node message.
 
-        Fast path (first delivery of a first attempt): claim straight away; the claim's
-        WHERE clause is the admission predicate (live run, this position, deployed graph,
-        no START record yet). Anything else, or a refused claim, takes the checked path: read
-        the run and let ``decide_admission`` say what to do.
+        Fast path (first delivery of a first attempt of a plain or parallel step): claim
+        straight away; the claim's WHERE clause is the admission predicate (live run, this
+        position, deployed graph, no START record yet). Anything else, or a refused claim,
+        takes the checked path: read the run and let ``decide_admission`` say what to do.
         """
         definition = self.registry(saga_name) if saga_name else None
         if definition is not None and message.attempt == 1 and not redelivered:
             target = node_at(definition, message)
-            if target is not None and not isinstance(target, BranchNode):
-                spec, _ = resolve(
-                    self.db, definition, message.execution_id, message.node, 0, message.member
-                )
-                attempt = self._claim(definition, spec, message, None)
+            if isinstance(target, (StepNode, ParallelNode)):
+                spec = route(target, 0, message.member)
+                assert spec is not None
+                position = Position(spec, spec.name)
+                attempt = self._claim(definition, position, message, None)
                 if attempt is not None:
-                    self._run_claimed(definition, spec, message, attempt, 1, None)
+                    self._run_claimed(definition, position, message, attempt, None)
                     return
         self._run_checked(message, redelivered)
 
@@ -144,38 +164,61 @@ class Executor(RuntimeParts):
                 "on this worker; import its definitions module in every worker"
             )
         if verdict is not Admission.RUN or execution is None or definition is None:
-            self._refused(message, verdict)
+            self.refused(message, verdict)
+            return
+        target = definition.nodes[message.node]
+        if isinstance(target, WaitNode):
+            self.waits.arrive(definition, message, target)
+            return
+        if isinstance(target, SubSagaNode):
+            self.children.enter(definition, snapshot, message, target)
             return
         try:
-            spec, path_length = resolve(
-                self.db, definition, execution.id, message.node, message.sub, message.member
-            )
-        except BranchPathError as error:
-            self._fail_outside_step(definition, execution.id, describe_error(error))
+            position = resolve(self.db, definition, snapshot, message)
+        except CHOICE_ERRORS as error:
+            self.fail_outside_step(definition, execution.id, describe_error(error))
             return
-        record = next((s for s in steps if s.name == spec.name), None)
-        verdict = decide_admission(execution, record, message, deployed, now)
+        if position.spec is None:
+            self._pass(definition, message)
+            return
+        self._admit_step(definition, position, message, steps, snapshot, redelivered)
+
+    def _admit_step(
+        self,
+        definition: SagaDefinition,
+        position: Position,
+        message: NodeMessage,
+        steps: list[StepRecord],
+        snapshot: Snapshot,
+        redelivered: bool,
+    ) -> None:
+        now = get_clock().now()
+        execution = snapshot[0]
+        record = next((s for s in steps if s.name == position.record_name), None)
+        verdict = decide_admission(execution, record, message, definition.hash, now)
         if verdict is Admission.REJECT_IN_FLIGHT and redelivered and record:
-            assert record.lease_expires_at is not None
+            assert record.lease_expires_at is not None and position.spec is not None
             wait = (record.lease_expires_at - now).total_seconds() + 1
-            self.publisher.publish_node(definition.name, spec, message, countdown=wait)
+            self.publisher.publish_node(definition.name, position.spec, message, countdown=wait)
             return
         if verdict is not Admission.RUN:
-            self._refused(message, verdict)
+            self.refused(message, verdict)
             return
-        attempt = self._claim(definition, spec, message, record)
+        attempt = self._claim(definition, position, message, record)
         if attempt is None:
-            self._refused(message, Admission.REJECT_IN_FLIGHT)
+            self.refused(message, Admission.REJECT_IN_FLIGHT)
             return
-        self._run_claimed(definition, spec, message, attempt, path_length, snapshot)
+        self._run_claimed(definition, position, message, attempt, snapshot)
 
     def _claim(
         self,
         definition: SagaDefinition,
-        spec: StepSpec,
+        position: Position,
         message: NodeMessage,
         record: StepRecord | None,
     ) -> int | None:
+        spec = position.spec
+        assert spec is not None
         now = get_clock().now()
         lease = (
             spec.timeout + self.settings.lease_margin
@@ -185,11 +228,11 @@ class Executor(RuntimeParts):
         return forward.claim_step(
             self.db,
             execution_id=message.execution_id,
-            name=spec.name,
+            name=position.record_name,
             node=message.node,
             sub=message.sub,
             definition_hash=definition.hash,
-            idempotency_key=idempotency_key(message.execution_id, spec.name, 0, "forward"),
+            idempotency_key=record_key(message.execution_id, position.record_name, "forward"),
             compensatable=spec.compensatable,
             lease_expires_at=now + timedelta(seconds=lease),
             now=now,
@@ -199,47 +242,51 @@ class Executor(RuntimeParts):
     def _run_claimed(
         self,
         definition: SagaDefinition,
-        spec: StepSpec,
+        position: Position,
         message: NodeMessage,
         attempt: int,
-        path_length: int,
-        snapshot: tuple[ExecutionRecord | None, list[StepRecord]] | None,
+        snapshot: Snapshot | None,
     ) -> None:
-        execution_id = message.execution_id
-        key = idempotency_key(execution_id, spec.name, 0, "forward")
+        spec = position.spec
+        assert spec is not None
+        execution_id, name = message.execution_id, position.record_name
+        key = record_key(execution_id, name, "forward")
         fields = {
             "execution_id": execution_id,
             "saga": definition.name,
-            "step": spec.name,
+            "step": name,
             "attempt": attempt,
             "idempotency_key": key,
         }
         self.emit("saga-step-started", fields)
+        loop = (position.iteration, position.item, position.for_each)
         try:
-            ctx = step_context(self.db, definition.name, spec, execution_id, key, attempt, snapshot)
+            ctx = step_context(
+                self.db, definition, spec, name, execution_id, key, attempt, snapshot, loop
+            )
         except SQLAlchemyError:
             raise  # the store failed, not the step: the claim waits for its lease or a retry
         except Exception as error:
-            self._step_failed(definition, spec, message, attempt, error)
+            self._step_failed(definition, position, message, attempt, error)
             return
         try:
             blob = pack(
                 invoke_step(definition.name, spec, ctx),
-                what=f"result of step {spec.name!r} of saga {definition.name!r}",
+                what=f"result of step {name!r} of saga {definition.name!r}",
                 limit=self.settings.max_payload_bytes,
             )
         except Exception as error:
             # Everything the step does counts as its attempt: an error here must settle it,
             # or the run would wait for its lease to expire.
-            self._step_failed(definition, spec, message, attempt, error)
+            self._step_failed(definition, position, message, attempt, error)
             return
-        step_advance = advance(definition.nodes, message.node, message.sub, path_length)
-        self._step_completed(definition, spec, message, attempt, blob, step_advance, fields)
+        step_advance = advance(definition.nodes, message.node, message.sub, position.length)
+        self._step_completed(definition, name, message, attempt, blob, step_advance, fields)
 
     def _step_completed(
         self,
         definition: SagaDefinition,
-        spec: StepSpec,
+        name: str,
         message: NodeMessage,
         attempt: int,
         blob: bytes,
@@ -256,7 +303,7 @@ class Executor(RuntimeParts):
                 lambda: forward.record_step_completed(
                     self.db,
                     execution_id=message.execution_id,
-                    name=spec.name,
+                    name=name,
                     attempt=attempt,
                     node=message.node,
                     sub=message.sub,
@@ -266,12 +313,12 @@ class Executor(RuntimeParts):
                 ),
             ):
                 self.emit("saga-step-completed", fields)
-                self._advanced(definition, message.execution_id, step_advance)
+                self.advanced(definition, message.execution_id, step_advance)
             return
         group = forward.record_step_settled(
             self.db,
             execution_id=message.execution_id,
-            name=spec.name,
+            name=name,
             attempt=attempt,
             node=message.node,
             sub=message.sub,
@@ -291,118 +338,32 @@ class Executor(RuntimeParts):
                 definition, message.execution_id, group.unwind, group.failure_reason
             )
         else:
-            self._advanced(definition, message.execution_id, step_advance)
+            self.advanced(definition, message.execution_id, step_advance)
 
-    def _advanced(
+    def advanced(
         self, definition: SagaDefinition, execution_id: str, step_advance: Advance
     ) -> None:
+        """The run moved to ``step_advance`` (committed): publish it, or report the end."""
         if step_advance.finished:
             self.emit("saga-completed", {"execution_id": execution_id, "saga": definition.name})
+            self.unwinder.settled(definition, execution_id)
         else:
             self.publish_position(definition, execution_id, step_advance.node, step_advance.sub)
 
-    # -- failures ---------------------------------------------------------------------
-    def _step_failed(
-        self,
-        definition: SagaDefinition,
-        spec: StepSpec,
-        message: NodeMessage,
-        attempt: int,
-        error: Exception,
-    ) -> None:
-        reason = describe_error(error)
-        fields = {
-            "execution_id": message.execution_id,
-            "saga": definition.name,
-            "step": spec.name,
-            "attempt": attempt,
-            "idempotency_key": idempotency_key(message.execution_id, spec.name, 0, "forward"),
-            "error": reason,
-        }
-        # The same value would be refused again: no point retrying.
-        deterministic = isinstance(error, (PayloadError, SchemaValidationError))
-        final = attempt >= spec.retry or deterministic
-        logger.log(
-            logging.ERROR if final else logging.WARNING,
-            "saga %r execution %s: step %r attempt %d failed: %s",
-            definition.name,
-            message.execution_id,
-            spec.name,
-            attempt,
-            reason,
-            exc_info=error,
-        )
-        if not final:
-            self._schedule_retry(definition, spec, message, attempt, reason, fields)
-            return
-        target = definition.nodes[message.node]
-        members = (
-            [s.name for s in target.steps] if isinstance(target, ParallelNode) else [spec.name]
-        )
-        group = keep_cause(
-            self.settings.store_retry_delays,
-            error,
-            lambda: forward.record_step_settled(
-                self.db,
-                execution_id=message.execution_id,
-                name=spec.name,
-                attempt=attempt,
-                node=message.node,
-                sub=message.sub,
-                members=members,
-                compensations=compensations_of(definition),
-                now=get_clock().now(),
-                advance=Advance(message.node, message.sub, False, False),
-                error=reason,
-            ),
-        )
-        self.emit("saga-step-failed", fields)
-        if group is not None and group.settled and group.unwind is not None:
-            self.unwinder.begin(
-                definition, message.execution_id, group.unwind, group.failure_reason
-            )
-
-    def _schedule_retry(
-        self,
-        definition: SagaDefinition,
-        spec: StepSpec,
-        message: NodeMessage,
-        attempt: int,
-        reason: str,
-        fields: dict[str, Any],
-    ) -> None:
-        """Release the claim and publish the next attempt with a countdown (no slot held)."""
-        if forward.record_step_retry(
+    def _pass(self, definition: SagaDefinition, message: NodeMessage) -> None:
+        """Nothing runs at this position (a loop ended): move past the node."""
+        onward = advance(definition.nodes, message.node, 0)
+        if forward.pass_position(
             self.db,
             execution_id=message.execution_id,
-            name=spec.name,
-            attempt=attempt,
-            error=reason,
-        ):
-            delay = backoff_delay(attempt, spec.backoff, spec.backoff_max, get_clock().random())
-            self.emit("saga-step-retry", {**fields, "countdown": delay})
-            self.publisher.publish_node(
-                definition.name, spec, replace(message, attempt=attempt + 1), countdown=delay
-            )
-
-    def _fail_outside_step(
-        self, definition: SagaDefinition, execution_id: str, reason: str
-    ) -> None:
-        plan = forward.fail_execution(
-            self.db,
-            execution_id=execution_id,
-            reason=reason,
-            compensations=compensations_of(definition),
+            node=message.node,
+            sub=message.sub,
+            advance=onward,
             now=get_clock().now(),
-        )
-        if plan is None:
-            logger.info(
-                "execution %s not failed now (%s): not live, or a step is in flight",
-                execution_id,
-                reason,
-            )
+        ):
+            self.advanced(definition, message.execution_id, onward)
         else:
-            self.unwinder.begin(definition, execution_id, plan, reason)
+            self.refused(message, Admission.REJECT_STALE_CURSOR)
 
     def _definition_changed(self, definition: SagaDefinition, execution: ExecutionRecord) -> None:
         reason = (
@@ -411,9 +372,9 @@ class Executor(RuntimeParts):
             f"{execution.definition_hash}; it was not run against the new graph"
         )
         logger.error(reason)
-        self._fail_outside_step(definition, execution.id, reason)
+        self.fail_outside_step(definition, execution.id, reason)
 
-    def _refused(self, message: NodeMessage, verdict: Admission) -> None:
+    def refused(self, message: NodeMessage, verdict: Admission) -> None:
         logger.info("node message %s refused: %s", message, verdict.value)
         self.emit(
             "saga-message-refused",

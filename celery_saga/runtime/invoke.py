@@ -10,11 +10,8 @@ from typing import Any
 
 from celery_saga.definition.nodes import StepSpec
 from celery_saga.errors import SchemaValidationError, StepTimeoutError
-from celery_saga.records import ExecutionRecord, StepRecord, completed_results
 from celery_saga.runtime.context import SagaContext
 from celery_saga.runtime.describe import describe_error
-from celery_saga.store import queries
-from celery_saga.store.database import Database
 
 _CONTEXT_NAMES = ("ctx", "context")
 
@@ -61,7 +58,8 @@ def call_arguments(
     mapper: Callable[[SagaContext], Mapping[str, Any]] | None,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Keyword arguments for ``target``: the mapper's, the context, or matching input keys."""
+    """Keyword arguments for ``target``: the mapper's, the context, or the input keys (plus
+    ``ctx.extra``, e.g. a loop's ``iteration`` and ``item``, and ``extra``) it accepts."""
     if mapper is not None:
         mapped = mapper(ctx)
         if not isinstance(mapped, Mapping):
@@ -74,7 +72,7 @@ def call_arguments(
     context_name = _asks_for_context(parameters)
     if context_name is not None:
         return {context_name: ctx}
-    available = {**as_plain_mapping(ctx.input), **(extra or {})}
+    available = {**as_plain_mapping(ctx.input), **ctx.extra, **(extra or {})}
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         return available
     return {name: value for name, value in available.items() if name in parameters}
@@ -135,25 +133,6 @@ def storable(value: Any) -> Any:
     """A validated model is stored as its fields."""
     dump = getattr(value, "model_dump", None)
     return dump(mode="python") if callable(dump) else value
-
-
-def step_context(
-    db: Database,
-    saga_name: str,
-    spec: StepSpec,
-    execution_id: str,
-    key: str,
-    attempt: int,
-    snapshot: tuple[ExecutionRecord | None, list[StepRecord]] | None,
-) -> SagaContext:
-    """The context for one attempt; the run is read only if the step needs it."""
-    saga_input: Any = None
-    results: dict[str, Any] = {}
-    if needs_context(spec):
-        execution, steps = snapshot or queries.load_snapshot(db, execution_id)
-        saga_input = execution.input if execution else None
-        results = completed_results(steps)
-    return SagaContext(execution_id, saga_name, spec.name, saga_input, results, key, attempt)
 
 
 def invoke_step(saga_name: str, spec: StepSpec, ctx: SagaContext) -> Any:

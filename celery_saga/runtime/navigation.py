@@ -1,18 +1,59 @@
-"""Where a node message points: the step at a position, branch choices, graph lookups."""
+"""Where a node message points: the step (and record) at a position, and the control-flow
+choices that decide it, each journaled before anything it selects runs (guarantee 12)."""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
 from celery_saga.decisions.admission import NodeMessage
+from celery_saga.decisions.loops import (
+    LoopVerdict,
+    condition_problem,
+    for_each_verdict,
+    items_problem,
+    loop_position,
+    loop_verdict,
+    needs_condition,
+)
 from celery_saga.definition.builder import SagaDefinition
-from celery_saga.definition.nodes import BranchNode, Node, ParallelNode, StepSpec
-from celery_saga.errors import BranchPathError
-from celery_saga.records import completed_results
+from celery_saga.definition.nodes import (
+    BranchNode,
+    ForEachNode,
+    LoopNode,
+    Node,
+    ParallelNode,
+    StepNode,
+    StepSpec,
+    iteration_name,
+)
+from celery_saga.errors import BranchPathError, LoopError, SagaError
+from celery_saga.records import ExecutionRecord, StepRecord
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.context import SagaContext
+from celery_saga.runtime.contexts import Snapshot, run_context
 from celery_saga.runtime.describe import describe_error
-from celery_saga.runtime.keys import idempotency_key
+from celery_saga.runtime.keys import record_key
 from celery_saga.store import queries
 from celery_saga.store.database import Database
+
+#: The path length of a conditional loop: its end is decided one iteration at a time.
+OPEN_ENDED = sys.maxsize
+
+
+@dataclass(frozen=True)
+class Position:
+    """What runs at a position: ``spec`` under the record ``record_name``, on a path of
+    ``length`` positions. ``spec`` None: the node is finished here (a loop that ended)."""
+
+    spec: StepSpec | None
+    record_name: str = ""
+    length: int = 1
+    iteration: int | None = None
+    item: Any = None
+    for_each: bool = False
 
 
 def node_at(definition: SagaDefinition, message: NodeMessage) -> Node | None:
@@ -26,48 +67,194 @@ def node_at(definition: SagaDefinition, message: NodeMessage) -> Node | None:
     return target
 
 
-def resolve(
-    db: Database, definition: SagaDefinition, execution_id: str, node: int, sub: int, member: int
-) -> tuple[StepSpec, int]:
-    """The step at a position and the length of the path it is on."""
-    target = definition.nodes[node]
+def route(target: Node, sub: int, member: int) -> StepSpec | None:
+    """The step whose queue, name and limits a message for this position takes, where that
+    needs no choice (not for a branch); None for the engine's own control nodes."""
+    if isinstance(target, StepNode):
+        return target.step
     if isinstance(target, ParallelNode):
-        return target.steps[member], 1
+        return target.steps[member]
+    if isinstance(target, LoopNode):
+        return target.steps[sub % len(target.steps)]
+    if isinstance(target, ForEachNode):
+        return target.step
+    return None
+
+
+def resolve(
+    db: Database, definition: SagaDefinition, snapshot: Snapshot | None, message: NodeMessage
+) -> Position:
+    """The position a message names; journals (or reads) the choices that decide it."""
+    target = definition.nodes[message.node]
+    execution_id, node, sub = message.execution_id, message.node, message.sub
     if isinstance(target, BranchNode):
-        path = target.paths[choose_path(db, definition, target, execution_id, node)]
-        return path[sub], len(path)
-    return target.step, 1  # type: ignore[union-attr]
+        path = target.paths[choose_path(db, definition, target, execution_id, node, snapshot)]
+        return Position(path[sub], path[sub].name, len(path))
+    if isinstance(target, LoopNode):
+        return _loop_position(db, definition, target, _loaded(db, execution_id, snapshot), message)
+    if isinstance(target, ForEachNode):
+        loaded = _loaded(db, execution_id, snapshot)
+        items = for_each_items(db, definition, target, node, loaded)
+        if for_each_verdict(sub, len(items)) is LoopVerdict.DONE:
+            return Position(None)
+        name = iteration_name(target.step.name, sub)
+        return Position(target.step, name, len(items), sub, items[sub], for_each=True)
+    spec = route(target, sub, message.member)
+    assert spec is not None
+    return Position(spec, spec.name)
+
+
+def _loaded(
+    db: Database, execution_id: str, snapshot: Snapshot | None
+) -> tuple[ExecutionRecord, list[StepRecord]]:
+    execution, steps = snapshot or queries.load_snapshot(db, execution_id)
+    assert execution is not None
+    return execution, steps
+
+
+def _loop_position(
+    db: Database,
+    definition: SagaDefinition,
+    loop: LoopNode,
+    snapshot: tuple[ExecutionRecord, list[StepRecord]],
+    message: NodeMessage,
+) -> Position:
+    iteration, index = loop_position(message.sub, len(loop.steps))
+    if index == 0:
+        condition = None
+        if needs_condition(loop.kind, iteration):
+            condition = loop_condition(db, definition, loop, message.node, iteration, snapshot)
+        verdict = loop_verdict(loop.kind, iteration, condition, loop.max_iterations)
+        if verdict is LoopVerdict.EXCEEDED:
+            raise LoopError(
+                f"saga {definition.name!r}: {loop.kind.value} {loop.name!r} wanted iteration "
+                f"{iteration + 1}, beyond max_iterations={loop.max_iterations}"
+            )
+        if verdict is LoopVerdict.DONE:
+            return Position(None)
+    spec = loop.steps[index]
+    return Position(spec, iteration_name(spec.name, iteration), OPEN_ENDED, iteration)
+
+
+def journaled(db: Database, execution_id: str, key: str, compute: Any, what: str) -> Any:
+    """The value journaled under ``key``, or ``compute()`` journaled now (first writer wins)."""
+    found = queries.load_decision(db, execution_id, key)
+    if found is not None:
+        return found[0]
+    value = compute()
+    return queries.journal_decision(db, execution_id, key, value, get_clock().now(), what=what)
+
+
+def ask(
+    db: Database,
+    definition: SagaDefinition,
+    snapshot: tuple[ExecutionRecord, list[StepRecord]],
+    function: Callable[[SagaContext], Any],
+    *,
+    name: str,
+    what: str,
+    error: type[SagaError],
+    iteration: int | None = None,
+) -> Any:
+    """Call a control-flow callable (selector, condition, items, input mapper) with the
+    run's context; what it raises becomes ``error`` naming ``what``."""
+    execution, steps = snapshot
+    ctx = run_context(
+        db,
+        definition,
+        execution,
+        steps,
+        step_name=name,
+        key=record_key(execution.id, name, "forward"),
+        iteration=iteration,
+    )
+    try:
+        return function(ctx)
+    except Exception as raised:
+        raise error(f"{what} raised {describe_error(raised)}") from raised
+
+
+def loop_condition(
+    db: Database,
+    definition: SagaDefinition,
+    loop: LoopNode,
+    node: int,
+    iteration: int,
+    snapshot: tuple[ExecutionRecord, list[StepRecord]],
+) -> bool:
+    """Journaled ``loop:<node>:<iteration>``: the condition checked before that iteration
+    (for do_until, after the one before it)."""
+    what = f"saga {definition.name!r}: the condition of {loop.kind.value} {loop.name!r}"
+
+    def compute() -> bool:
+        value = ask(
+            db,
+            definition,
+            snapshot,
+            loop.condition,
+            name=loop.name,
+            what=what,
+            error=LoopError,
+            iteration=iteration,
+        )
+        problem = condition_problem(value)
+        if problem is not None:
+            raise LoopError(f"{what} {problem}")
+        return bool(value)
+
+    key = f"loop:{node}:{iteration}"
+    execution_id = snapshot[0].id
+    return bool(journaled(db, execution_id, key, compute, f"{what} (iteration {iteration})"))
+
+
+def for_each_items(
+    db: Database,
+    definition: SagaDefinition,
+    loop: ForEachNode,
+    node: int,
+    snapshot: tuple[ExecutionRecord, list[StepRecord]],
+) -> list[Any]:
+    """Journaled ``items:<node>``: the list a for_each walks, fixed before its first item."""
+    what = f"saga {definition.name!r}: the items of for_each {loop.name!r}"
+
+    def compute() -> list[Any]:
+        value = ask(
+            db, definition, snapshot, loop.items, name=loop.name, what=what, error=LoopError
+        )
+        problem = items_problem(value, loop.max_iterations)
+        if problem is not None:
+            raise LoopError(f"{what} {problem}")
+        return list(value)
+
+    return list(journaled(db, snapshot[0].id, f"items:{node}", compute, what))
 
 
 def choose_path(
-    db: Database, definition: SagaDefinition, branch: BranchNode, execution_id: str, node: int
+    db: Database,
+    definition: SagaDefinition,
+    branch: BranchNode,
+    execution_id: str,
+    node: int,
+    snapshot: Snapshot | None = None,
 ) -> str:
     """Journal the branch choice before anything it selects runs (guarantee 12)."""
-    key = f"branch:{node}"
-    journaled = queries.load_decision(db, execution_id, key)
-    if journaled is not None:
-        return str(journaled[0])
-    execution, steps = queries.load_snapshot(db, execution_id)
-    assert execution is not None
-    ctx = SagaContext(
-        execution_id,
-        definition.name,
-        branch.name,
-        execution.input,
-        completed_results(steps),
-        idempotency_key(execution_id, branch.name, 0, "forward"),
-        1,
-    )
-    try:
-        choice = branch.selector(ctx)
-    except Exception as error:
-        raise BranchPathError(
-            f"saga {definition.name!r}, branch {branch.name!r}: selector raised "
-            f"{describe_error(error)}"
-        ) from error
-    if choice not in branch.paths:
-        raise BranchPathError(
-            f"saga {definition.name!r}, branch {branch.name!r}: selector returned "
-            f"{choice!r}; defined paths are {sorted(branch.paths)}"
+    what = f"saga {definition.name!r}, branch {branch.name!r}"
+
+    def compute() -> str:
+        loaded = _loaded(db, execution_id, snapshot)
+        choice = ask(
+            db,
+            definition,
+            loaded,
+            branch.selector,
+            name=branch.name,
+            what=f"{what}: selector",
+            error=BranchPathError,
         )
-    return str(queries.journal_decision(db, execution_id, key, choice, get_clock().now()))
+        if choice not in branch.paths:
+            raise BranchPathError(
+                f"{what}: selector returned {choice!r}; defined paths are {sorted(branch.paths)}"
+            )
+        return str(choice)
+
+    return str(journaled(db, execution_id, f"branch:{node}", compute, f"choice of {what}"))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -20,8 +19,10 @@ class Publisher(Protocol):
         spec: StepSpec | None,
         message: NodeMessage,
         countdown: float | None = None,
+        label: str | None = None,
     ) -> None:
-        """Send the node task for ``message``, routed and named after ``spec``'s action."""
+        """Send the node task for ``message``, routed and named after ``spec``'s action
+        (a control node without a step is named ``label``)."""
 
     def publish_compensation(
         self,
@@ -61,6 +62,34 @@ class Settings:
     recover_after: float = 60.0
 
 
+class Catalog:
+    """The deployed definitions by name; calling it looks one up."""
+
+    def __init__(self) -> None:
+        self._definitions: dict[str, SagaDefinition] = {}
+        self._children: frozenset[str] = frozenset()
+
+    def __call__(self, name: str) -> SagaDefinition | None:
+        return self._definitions.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._definitions
+
+    def names(self) -> list[str]:
+        return sorted(self._definitions)
+
+    def add(self, definition: SagaDefinition) -> None:
+        self._definitions[definition.name] = definition
+        self._children = frozenset(
+            child for known in self._definitions.values() for child in known.child_sagas
+        )
+
+    def may_be_child(self, name: str) -> bool:
+        """Whether some deployed saga runs ``name`` as a sub-saga (so a run of it may have a
+        parent to notify)."""
+        return name in self._children
+
+
 class RuntimeParts:
     """What the forward executor and the unwinder share: the store, the deployed
     definitions, the way out to the broker, the event sink and the settings."""
@@ -68,7 +97,7 @@ class RuntimeParts:
     def __init__(
         self,
         db: Database,
-        registry: Callable[[str], SagaDefinition | None],
+        registry: Catalog,
         publisher: Publisher,
         emit: EventSink,
         settings: Settings,

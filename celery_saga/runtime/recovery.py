@@ -7,12 +7,16 @@ import logging
 from datetime import datetime, timedelta
 
 from celery_saga.decisions.admission import NodeMessage
-from celery_saga.decisions.recovery import Recovery, RecoveryKind, decide_recovery
+from celery_saga.decisions.recovery import (
+    Recovery,
+    RecoveryKind,
+    decide_recovery,
+    waited_on_child,
+)
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import ParallelNode
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.executor import Executor
-from celery_saga.runtime.unwinder import compensations_of
 from celery_saga.store import queries, recovery, unwind
 
 logger = logging.getLogger("celery_saga")
@@ -47,16 +51,24 @@ class Recoverer:
         return acted
 
     def _recover_one(self, execution_id: str, now: datetime, stale_after: timedelta) -> int:
+        """Recover one run; a run waiting on its child recovers the child instead (a child
+        is driven through its parent, never on its own)."""
         db = self.executor.db
         execution, steps = queries.load_snapshot(db, execution_id)
         definition = self.executor.registry(execution.saga_name) if execution else None
         if execution is None or definition is None:
             return 0
-        action = decide_recovery(execution, steps, compensations_of(definition), now, stale_after)
+        holder = waited_on_child(execution, steps, definition.reversible)
+        child = None
+        if holder is not None and holder.child_execution_id is not None:
+            child = queries.load_execution(db, holder.child_execution_id)
+        action = decide_recovery(execution, steps, definition.reversible, now, stale_after, child)
         if action.kind is RecoveryKind.NOTHING or not recovery.claim_stale(
             db, execution_id=execution_id, seen_version=execution.version, now=now
         ):
             return 0
+        if action.kind is RecoveryKind.RECOVER_CHILD and child is not None:
+            return self._recover_one(child.id, now, stale_after)
         logger.warning("recovering execution %s: %s", execution_id, action.kind.value)
         self._carry_out(definition, execution_id, execution.cursor, execution.cursor_sub, action)
         return 1
@@ -74,13 +86,24 @@ class Recoverer:
                 spec = definition.find_step(name)
                 message = NodeMessage(execution_id, node, sub, member, attempt)
                 executor.publisher.publish_node(definition.name, spec, message)
-        elif action.kind is RecoveryKind.REPUBLISH_COMPENSATION and action.record is not None:
+            return
+        if action.kind is RecoveryKind.REPUBLISH_COMPENSATION and action.record is not None:
             unwinder.publish_reversal(definition, execution_id, action.record)
+            return
+        now = get_clock().now()
+        if action.kind is RecoveryKind.REOPEN_UNWIND:
+            plan = unwind.reopen_for_unwind(
+                executor.db,
+                execution_id=execution_id,
+                reason="recorded failed before its unwind started",
+                compensations=definition.reversible,
+                now=now,
+            )
         else:
             plan = unwind.plan_unwind(
                 executor.db,
                 execution_id=execution_id,
-                compensations=compensations_of(definition),
-                now=get_clock().now(),
+                compensations=definition.reversible,
+                now=now,
             )
-            unwinder.follow(definition, execution_id, plan)
+        unwinder.follow(definition, execution_id, plan)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -17,14 +18,15 @@ from celery_saga.decisions.unwind import (
     next_unwind_step,
 )
 from celery_saga.definition.builder import SagaDefinition
-from celery_saga.definition.nodes import StepSpec, node_steps
+from celery_saga.definition.nodes import ForEachNode, StepSpec, split_iteration
 from celery_saga.errors import UnknownSagaError
-from celery_saga.records import CompensationOutcome, ExecutionState, StepRecord, completed_results
+from celery_saga.records import CompensationOutcome, ExecutionRecord, ExecutionState, StepRecord
+from celery_saga.runtime.child_unwind import ChildUnwind
 from celery_saga.runtime.clock import get_clock
-from celery_saga.runtime.context import SagaContext
+from celery_saga.runtime.contexts import loop_arguments, run_context
 from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.invoke import call_arguments, run_with_timeout
-from celery_saga.runtime.keys import idempotency_key
+from celery_saga.runtime.keys import record_key
 from celery_saga.runtime.ports import RuntimeParts
 from celery_saga.store import queries, unwind
 
@@ -32,19 +34,16 @@ logger = logging.getLogger("celery_saga")
 
 
 def compensations_of(definition: SagaDefinition | None) -> frozenset[str]:
-    """Names of the steps whose compensation the deployed definition declares."""
-    if definition is None:
-        return frozenset()
-    return frozenset(
-        spec.name
-        for node in definition.nodes
-        for spec in node_steps(node)
-        if spec.compensation is not None
-    )
+    """Names of the records the deployed definition can reverse (none if it is unknown)."""
+    return frozenset() if definition is None else definition.reversible
 
 
 class Unwinder(RuntimeParts):
     """Runs one reversal per compensate message and decides the next move."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.children = ChildUnwind(self)
 
     def begin(
         self,
@@ -60,6 +59,11 @@ class Unwinder(RuntimeParts):
         )
         self.follow(definition, execution_id, plan)
 
+    def settled(self, definition: SagaDefinition, execution_id: str) -> None:
+        """The run ended or parked: a child tells its parent (guarantee 17)."""
+        if self.registry.may_be_child(definition.name):
+            self.children.notify_parent(execution_id)
+
     def follow(
         self, definition: SagaDefinition, execution_id: str, plan: UnwindStep | None
     ) -> None:
@@ -69,7 +73,8 @@ class Unwinder(RuntimeParts):
         if plan.kind is UnwindKind.COMPENSATE:
             assert plan.record is not None
             self.publish_reversal(definition, execution_id, plan.record)
-        elif plan.kind is UnwindKind.DONE:
+            return
+        if plan.kind is UnwindKind.DONE:
             assert plan.rollback_status is not None
             self.emit("saga-failed", {**fields, "rollback_status": plan.rollback_status.value})
         else:
@@ -86,6 +91,7 @@ class Unwinder(RuntimeParts):
                 "saga-compensation-stuck",
                 {**fields, "step": plan.record.name if plan and plan.record else None},
             )
+        self.settled(definition, execution_id)
 
     def publish_reversal(
         self, definition: SagaDefinition, execution_id: str, record: StepRecord
@@ -136,6 +142,12 @@ class Unwinder(RuntimeParts):
             )
             return
         record = next((s for s in steps if s.name == step_name), None)
+        if planned.record is not None and planned.record.child_execution_id is not None:
+            if record is not None and record.id == planned.record.id:
+                self.children.reverse(definition, execution, planned.record)
+            else:
+                logger.info("compensate %s/%s refused: not next", execution_id, step_name)
+            return
         lease = record.compensation_lease_expires_at if record else None
         verdict = compensation_admission(
             record, planned, attempt, lease is not None and lease > now
@@ -154,12 +166,12 @@ class Unwinder(RuntimeParts):
             return
         spec = definition.find_step(step_name)
         assert spec is not None and spec.compensation is not None
-        self._reverse(definition, execution.input, steps, spec, record)
+        self._reverse(definition, execution, steps, spec, record)
 
     def _reverse(
         self,
         definition: SagaDefinition,
-        saga_input: object,
+        execution: ExecutionRecord,
         steps: list[StepRecord],
         spec: StepSpec,
         record: StepRecord,
@@ -170,53 +182,78 @@ class Unwinder(RuntimeParts):
         if not unwind.claim_compensation(
             self.db,
             execution_id=execution_id,
-            name=spec.name,
+            name=record.name,
             attempts_before=record.compensation_attempts,
             lease_expires_at=now + timedelta(seconds=timeout + self.settings.lease_margin),
             now=now,
         ):
-            logger.info("compensate %s/%s refused: claimed elsewhere", execution_id, spec.name)
+            logger.info("compensate %s/%s refused: claimed elsewhere", execution_id, record.name)
             return
         attempt = record.compensation_attempts + 1
-        key = idempotency_key(execution_id, spec.name, 0, "compensate")
+        key = record_key(execution_id, record.name, "compensate")
         fields = {
             "execution_id": execution_id,
             "saga": definition.name,
-            "step": spec.name,
+            "step": record.name,
             "attempt": attempt,
             "idempotency_key": key,
             "forward_key": record.idempotency_key,
         }
         self.emit("saga-compensation-started", fields)
-        results = completed_results(steps)
-        ctx = SagaContext(
-            execution_id,
-            definition.name,
-            spec.name,
-            saga_input,
-            results,
-            key,
-            attempt,
-            forward_key=record.idempotency_key,
-            forward_result=record.result,
-        )
         try:
+            ctx = self._context(definition, execution, steps, record, key, attempt)
             kwargs = call_arguments(
                 spec.compensation, ctx, spec.compensation_args, extra={"result": record.result}
             )
             run_with_timeout(
                 lambda: spec.compensation(**kwargs),
                 timeout,
-                f"compensation of step {spec.name!r} of saga {definition.name!r}",
+                f"compensation of step {record.name!r} of saga {definition.name!r}",
             )
+        except SQLAlchemyError:
+            raise  # reading the context failed, not the reversal: its claim expires
         except Exception as error:
             self._reversal_failed(definition, spec, record, attempt, error, fields)
             return
-        plan = self._record(
-            definition, execution_id, spec.name, attempt, CompensationOutcome.COMPENSATED, None
+        plan = self.record_outcome(
+            definition, execution_id, record.name, attempt, CompensationOutcome.COMPENSATED, None
         )
         self.emit("saga-step-compensated", fields)
         self.follow(definition, execution_id, plan)
+
+    def _context(
+        self,
+        definition: SagaDefinition,
+        execution: ExecutionRecord,
+        steps: list[StepRecord],
+        record: StepRecord,
+        key: str,
+        attempt: int,
+    ) -> Any:
+        """The reversal's context: this record's own result and key, and for a loop
+        iteration its own iteration and (for_each) item."""
+        iteration = split_iteration(record.name)[1]
+        node = definition.nodes[record.node] if record.node < len(definition.nodes) else None
+        for_each = isinstance(node, ForEachNode) and iteration is not None
+        item = None
+        if for_each:
+            items = queries.load_decision(self.db, execution.id, f"items:{record.node}")
+            assert iteration is not None
+            item = items[0][iteration] if items is not None else None
+        return run_context(
+            self.db,
+            definition,
+            execution,
+            steps,
+            step_name=record.name,
+            key=key,
+            attempt=attempt,
+            iteration=iteration,
+            item=item,
+            extra=loop_arguments(iteration, item, for_each),
+            forward_key=record.idempotency_key,
+            forward_result=record.result,
+        )
 
     def _reversal_failed(
         self,
@@ -233,7 +270,7 @@ class Unwinder(RuntimeParts):
             "saga %r execution %s: reversal of step %r attempt %d failed: %s",
             definition.name,
             record.execution_id,
-            spec.name,
+            record.name,
             attempt,
             reason,
             exc_info=error,
@@ -241,7 +278,7 @@ class Unwinder(RuntimeParts):
         execution_id = record.execution_id
         if attempt < spec.compensation_retry:
             if unwind.release_compensation(
-                self.db, execution_id=execution_id, name=spec.name, attempt=attempt, reason=reason
+                self.db, execution_id=execution_id, name=record.name, attempt=attempt, reason=reason
             ):
                 delay = backoff_delay(attempt, spec.backoff, spec.backoff_max, get_clock().random())
                 self.emit(
@@ -249,13 +286,13 @@ class Unwinder(RuntimeParts):
                 )
                 self._publish(definition, execution_id, record, attempt + 1, countdown=delay)
             return
-        plan = self._record(
-            definition, execution_id, spec.name, attempt, CompensationOutcome.FAILED, reason
+        plan = self.record_outcome(
+            definition, execution_id, record.name, attempt, CompensationOutcome.FAILED, reason
         )
         self.emit("saga-compensation-failed", {**fields, "error": reason})
         self.follow(definition, execution_id, plan)
 
-    def _record(
+    def record_outcome(
         self,
         definition: SagaDefinition,
         execution_id: str,
@@ -293,10 +330,14 @@ class Unwinder(RuntimeParts):
                 "saga-compensation-stuck",
                 {"execution_id": execution_id, "saga": definition.name, "step": name},
             )
+            self.settled(definition, execution_id)
             return None
 
     # -- operator exits ---------------------------------------------------------------
     def resume(self, definition: SagaDefinition, execution_id: str) -> None:
+        """Reopen a parked unwind (and first the parked children it halted on)."""
+        unwind.require_stuck(self.db, execution_id, "resume_compensation")
+        self.children.resume_children(execution_id)
         unwind.resume_compensation(self.db, execution_id, get_clock().now())
         self.emit(
             "saga-compensation-resumed", {"execution_id": execution_id, "saga": definition.name}
@@ -313,6 +354,9 @@ class Unwinder(RuntimeParts):
         )
 
     def abandon(self, definition: SagaDefinition, execution_id: str) -> int:
+        """Close a parked unwind for good (and the parked children it halted on)."""
+        unwind.require_stuck(self.db, execution_id, "abandon_compensation")
+        self.children.abandon_children(execution_id)
         skipped = unwind.abandon_compensation(self.db, execution_id, get_clock().now())
         self.emit(
             "saga-failed",
@@ -323,4 +367,5 @@ class Unwinder(RuntimeParts):
                 "abandoned": True,
             },
         )
+        self.settled(definition, execution_id)
         return skipped

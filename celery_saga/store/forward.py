@@ -42,17 +42,20 @@ def claim_step(
     definition_hash: str,
     idempotency_key: str,
     compensatable: bool,
-    lease_expires_at: datetime,
+    lease_expires_at: datetime | None,
     now: datetime,
     existing: StepRecord | None,
+    child_execution_id: str | None = None,
 ) -> int | None:
     """Claim the step for this worker; returns the attempt number, or None if not ours.
 
     The first start INSERTs the START record (with its forward key) only while the run is
     live at this position; the unique (execution, name) key turns a duplicate into a refusal.
-    A retry or a re-claim after an expired lease is a compare-and-set on what we read.
+    A retry or a re-claim after an expired lease is a compare-and-set on what we read. A
+    sub-saga's record names its child and has no lease: no body runs in a worker for it.
     """
-    lease, stamp = to_db_time(lease_expires_at), to_db_time(now)
+    lease = None if lease_expires_at is None else to_db_time(lease_expires_at)
+    stamp = to_db_time(now)
     at = {"run_id": execution_id, "run_node": node, "run_sub": sub, "run_hash": definition_hash}
     with db.single_statement() as connection:
         if existing is None:
@@ -68,6 +71,7 @@ def claim_step(
                 "lease_expires_at": lease,
                 "started_at": stamp,
                 "compensation_attempts": 0,
+                "child_execution_id": child_execution_id,
             }
             params = {**at, **{f"new_{k}": v for k, v in new.items()}}
             try:
@@ -139,7 +143,8 @@ def _held_by(execution_id: str, name: str, attempt: int) -> Any:
     )
 
 
-def _advance_values(advance: Advance, now: datetime) -> dict[str, Any]:
+def advance_values(advance: Advance, now: datetime) -> dict[str, Any]:
+    """The execution columns that move a run to ``advance``."""
     if advance.finished:
         values: dict[str, Any] = {"state": ExecutionState.COMPLETED.value}
     else:
@@ -172,7 +177,7 @@ def record_step_completed(
         if combined is None:
             with db.transaction() as connection:
                 _lock_execution(
-                    connection, execution_id, node, sub, now, **_advance_values(advance, now)
+                    connection, execution_id, node, sub, now, **advance_values(advance, now)
                 )
                 _settle_step(
                     connection,
@@ -233,7 +238,25 @@ class GroupResult:
     unwind: UnwindStep | None = None
 
 
-def _fail_run(
+def pass_position(
+    db: Database, *, execution_id: str, node: int, sub: int, advance: Advance, now: datetime
+) -> bool:
+    """Move a run past a position where nothing ran (a loop whose condition ended it, an
+    empty for_each): only while the run is live exactly there."""
+    with db.single_statement() as connection:
+        result = connection.execute(
+            update(executions)
+            .where(_at_cursor(execution_id, node, sub))
+            .values(
+                version=executions.c.version + 1,
+                updated_at=to_db_time(now),
+                **advance_values(advance, now),
+            )
+        )
+        return bool(result.rowcount == 1)
+
+
+def fail_run_locked(
     connection: Connection,
     execution_id: str,
     reason: str,
@@ -241,8 +264,14 @@ def _fail_run(
     compensations: Collection[str],
     now: datetime,
 ) -> UnwindStep:
+    """Fail a run whose row this transaction holds: compensating, or failed at once when
+    nothing is owed a reversal. Returns the unwind's first move."""
     plan = next_unwind_step(load_steps(connection, execution_id), committed, compensations)
-    values: dict[str, Any] = {"failure_reason": reason, "updated_at": to_db_time(now)}
+    values: dict[str, Any] = {
+        "failure_reason": reason,
+        "updated_at": to_db_time(now),
+        "wake_at": None,
+    }
     if plan.kind is UnwindKind.DONE:
         assert plan.rollback_status is not None
         values.update(state=ExecutionState.FAILED.value, rollback_status=plan.rollback_status.value)
@@ -289,13 +318,13 @@ def record_step_settled(
                 connection.execute(
                     update(executions)
                     .where(executions.c.id == execution_id)
-                    .values(**_advance_values(advance, now))
+                    .values(**advance_values(advance, now))
                 )
                 return GroupResult(settled=True)
             reason = outcome.reason if len(members) > 1 else (error or "")
             run = load_execution_row(connection, execution_id)
             committed = run is not None and run.committed_at is not None
-            plan = _fail_run(connection, execution_id, reason, committed, compensations, now)
+            plan = fail_run_locked(connection, execution_id, reason, committed, compensations, now)
             return GroupResult(settled=True, failure_reason=reason, unwind=plan)
     except Conflict:
         return None
@@ -339,6 +368,6 @@ def fail_execution(
             if in_flight is not None:
                 raise Conflict(execution_id)
             committed = run.committed_at is not None
-            return _fail_run(connection, execution_id, reason, committed, compensations, now)
+            return fail_run_locked(connection, execution_id, reason, committed, compensations, now)
     except Conflict:
         return None

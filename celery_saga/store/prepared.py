@@ -27,6 +27,7 @@ FIRST_CLAIM_COLUMNS = (
     "lease_expires_at",
     "started_at",
     "compensation_attempts",
+    "child_execution_id",
 )
 
 

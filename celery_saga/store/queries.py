@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, and_, insert, or_, select
+from sqlalchemy import Connection, and_, exists, insert, or_, select
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import aliased
 
 from celery_saga.records import ExecutionRecord, ExecutionState, RollbackStatus, StepRecord
 from celery_saga.store.codec import pack, unpack
@@ -84,6 +85,12 @@ def load_steps(connection: Connection, execution_id: str) -> list[StepRecord]:
     return [step_from_row(r) for r in connection.execute(query).mappings()]
 
 
+def load_execution(db: Database, execution_id: str) -> ExecutionRecord | None:
+    """The execution row alone, in one read."""
+    rows = db.read(select(executions).where(executions.c.id == execution_id))
+    return execution_from_row(rows[0]) if rows else None
+
+
 def load_execution_row(connection: Connection, execution_id: str) -> ExecutionRecord | None:
     row = (
         connection.execute(select(executions).where(executions.c.id == execution_id))
@@ -93,15 +100,18 @@ def load_execution_row(connection: Connection, execution_id: str) -> ExecutionRe
     return None if row is None else execution_from_row(row)
 
 
-def journal_decision(db: Database, execution_id: str, key: str, value: Any, now: datetime) -> Any:
+def journal_decision(
+    db: Database, execution_id: str, key: str, value: Any, now: datetime, what: str = ""
+) -> Any:
     """First writer wins: the value already journaled under ``key`` is returned if any."""
+    blob = pack(value, what=what or f"decision {key!r}")
     try:
         with db.single_statement() as connection:
             connection.execute(
                 insert(decisions).values(
                     execution_id=execution_id,
                     key=key,
-                    value=pack(value, what=f"decision {key!r}"),
+                    value=blob,
                     created_at=to_db_time(now),
                 )
             )
@@ -133,6 +143,17 @@ class Page:
 def _encode_cursor(record: ExecutionRecord) -> str:
     raw = f"{to_db_time(record.created_at).isoformat()}|{record.id}"
     return base64.urlsafe_b64encode(raw.encode()).decode()
+
+
+_parent = aliased(executions)
+
+
+def top_level() -> Any:
+    """Runs that are nobody's child: no parent, or a parent whose row is gone."""
+    return or_(
+        executions.c.parent_execution_id.is_(None),
+        ~exists().where(_parent.c.id == executions.c.parent_execution_id),
+    )
 
 
 def keyset_after(time_column: Any, after: tuple[datetime, str]) -> Any:

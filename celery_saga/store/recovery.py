@@ -3,28 +3,37 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import or_, select, update
 
 from celery_saga.records import ExecutionState
 from celery_saga.store.database import Database, to_db_time
-from celery_saga.store.queries import keyset_after
+from celery_saga.store.queries import keyset_after, top_level
 from celery_saga.store.tables import executions
 
-RECOVERABLE = (ExecutionState.RUNNING.value, ExecutionState.COMPENSATING.value)
+
+def _recoverable() -> Any:
+    """Live runs, and runs recorded failed whose unwind never started."""
+    return or_(
+        executions.c.state.in_((ExecutionState.RUNNING.value, ExecutionState.COMPENSATING.value)),
+        (executions.c.state == ExecutionState.FAILED.value)
+        & executions.c.rollback_status.is_(None),
+    )
 
 
 def list_stale(
     db: Database, *, cutoff: datetime, limit: int, after: tuple[datetime, str] | None = None
 ) -> list[tuple[datetime, str]]:
-    """(updated_at, id) of live runs not updated since ``cutoff`` (inclusive), oldest first,
-    one page of ``limit`` after ``after``. Children are left to their parent's lifecycle."""
+    """(updated_at, id) of recoverable runs not updated since ``cutoff`` (inclusive), oldest
+    first, one page of ``limit`` after ``after``. A child is left to its parent's sweep,
+    unless its parent is gone."""
     query = (
         select(executions.c.updated_at, executions.c.id)
         .where(
-            executions.c.state.in_(RECOVERABLE),
+            _recoverable(),
             executions.c.updated_at <= to_db_time(cutoff),
-            executions.c.parent_execution_id.is_(None),
+            top_level(),
         )
         .order_by(executions.c.updated_at, executions.c.id)
         .limit(limit)
@@ -43,7 +52,7 @@ def claim_stale(db: Database, *, execution_id: str, seen_version: int, now: date
             .where(
                 executions.c.id == execution_id,
                 executions.c.version == seen_version,
-                executions.c.state.in_(RECOVERABLE),
+                _recoverable(),
             )
             .values(version=executions.c.version + 1, updated_at=to_db_time(now))
         )

@@ -38,6 +38,7 @@ def execution_from_row(row: Mapping[Any, Any]) -> ExecutionRecord:
         version=row["version"],
         created_at=created_at,
         updated_at=updated_at,
+        wake_at=from_db_time(row["wake_at"]),
     )
 
 
@@ -66,4 +67,5 @@ def step_from_row(row: Mapping[Any, Any], prefix: str = "") -> StepRecord:
         compensated_at=from_db_time(get("compensated_at")),
         compensation_attempts=get("compensation_attempts"),
         compensation_lease_expires_at=from_db_time(get("compensation_lease_expires_at")),
+        child_execution_id=get("child_execution_id"),
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -53,6 +55,7 @@ executions = Table(
     Index("ix_saga_executions_state", "state", "updated_at"),
     Index("ix_saga_executions_saga_name", "saga_name", "created_at"),
     Index("ix_saga_executions_parent", "parent_execution_id"),
+    Index("ix_saga_executions_wake", "state", "wake_at"),
 )
 
 step_records = Table(
@@ -82,6 +85,7 @@ step_records = Table(
     Column("compensated_at", Timestamp),
     Column("compensation_attempts", Integer, nullable=False, default=0),
     Column("compensation_lease_expires_at", Timestamp),
+    Column("child_execution_id", String(64)),
     UniqueConstraint("execution_id", "name", name="uq_saga_steps_execution_name"),
 )
 
@@ -98,4 +102,52 @@ decisions = Table(
     Column("value", Blob),
     Column("created_at", Timestamp, nullable=False),
     PrimaryKeyConstraint("execution_id", "key", name="pk_saga_decisions"),
+)
+
+signals = Table(
+    "saga_signals",
+    metadata,
+    Column(
+        "execution_id",
+        String(64),
+        ForeignKey("saga_executions.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("event", String(200), nullable=False),
+    Column("payload", Blob),
+    Column("received_at", Timestamp, nullable=False),
+    # First writer wins per (execution, event): the key is the guarantee (13).
+    PrimaryKeyConstraint("execution_id", "event", name="pk_saga_signals"),
+)
+
+
+def _archive_of(table: Table, primary_key: tuple[str, ...], *extra: Column[Any]) -> Table:
+    """A copy of ``table``'s columns without foreign keys or defaults, for archived runs."""
+    columns = [
+        Column(c.name, c.type, nullable=bool(c.nullable), autoincrement=False)
+        for c in table.columns
+    ]
+    return Table(
+        f"{table.name}_archive",
+        metadata,
+        *columns,
+        *extra,
+        PrimaryKeyConstraint(*primary_key, name=f"pk_{table.name}_archive"),
+    )
+
+
+executions_archive = _archive_of(
+    executions, ("id",), Column("archived_at", Timestamp, nullable=False)
+)
+# (execution, name), not id: SQLite may hand a deleted row's id to a new one.
+step_records_archive = _archive_of(step_records, ("execution_id", "name"))
+signals_archive = _archive_of(signals, ("execution_id", "event"))
+decisions_archive = _archive_of(decisions, ("execution_id", "key"))
+
+#: Live table -> its archive, children after their execution.
+ARCHIVES = (
+    (executions, executions_archive),
+    (step_records, step_records_archive),
+    (signals, signals_archive),
+    (decisions, decisions_archive),
 )

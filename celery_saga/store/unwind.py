@@ -6,7 +6,7 @@ from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, exists, update
+from sqlalchemy import Connection, exists, func, update
 
 from celery_saga.decisions.unwind import (
     UnwindKind,
@@ -210,6 +210,39 @@ def plan_unwind(
         return None
 
 
+def reopen_for_unwind(
+    db: Database,
+    *,
+    execution_id: str,
+    reason: str,
+    compensations: Collection[str],
+    now: datetime,
+) -> UnwindStep | None:
+    """Start the unwind of a run that is not compensating yet: a completed child whose
+    parent is unwinding (unless it passed its pivot), or a run recorded failed before its
+    unwind started. ``reason`` becomes its failure reason if it has none. None: neither."""
+    reopenable = (
+        (executions.c.state == ExecutionState.COMPLETED.value) & executions.c.committed_at.is_(None)
+    ) | (
+        (executions.c.state == ExecutionState.FAILED.value) & executions.c.rollback_status.is_(None)
+    )
+    with db.transaction() as connection:
+        result = connection.execute(
+            update(executions)
+            .where(executions.c.id == execution_id, reopenable)
+            .values(
+                state=ExecutionState.COMPENSATING.value,
+                failure_reason=func.coalesce(executions.c.failure_reason, reason),
+                version=executions.c.version + 1,
+                updated_at=to_db_time(now),
+            )
+        )
+        record = load_execution_row(connection, execution_id) if result.rowcount == 1 else None
+        if record is None:
+            return None
+        return _plan_and_finish(connection, record, compensations, now)
+
+
 def park_unwind(db: Database, *, execution_id: str, reason: str, now: datetime) -> bool:
     """Park a compensating run whose progress cannot be recorded (guarantee 20)."""
     with db.transaction() as connection:
@@ -237,6 +270,12 @@ def _require_stuck(connection: Connection, execution_id: str, command: str) -> E
             f"compensation_stuck; it is {record.state.value}"
         )
     return record
+
+
+def require_stuck(db: Database, execution_id: str, command: str) -> ExecutionRecord:
+    """The run, if ``command`` may act on it; raises the operator's error otherwise."""
+    with db.transaction() as connection:
+        return _require_stuck(connection, execution_id, command)
 
 
 def _cas_state(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -9,7 +10,6 @@ from datetime import timedelta
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_ready
 from sqlalchemy.exc import IntegrityError
 
 from celery_saga.definition.builder import Saga, SagaDefinition
@@ -20,20 +20,25 @@ from celery_saga.errors import (
     UnknownSagaError,
 )
 from celery_saga.records import Execution, ExecutionState, RollbackStatus
+from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.executor import Executor
-from celery_saga.runtime.ports import Settings
+from celery_saga.runtime.ports import Catalog, Settings
 from celery_saga.runtime.recovery import Recoverer
-from celery_saga.store import queries
+from celery_saga.store import queries, retention
 from celery_saga.store.database import Database
+from celery_saga.worker.beat import install_beat_entries, request_sweep_when_ready
 from celery_saga.worker.events import EventHub, Listener
-from celery_saga.worker.publisher import RECOVER_TASK, CeleryPublisher
+from celery_saga.worker.publisher import CeleryPublisher
 from celery_saga.worker.tasks import register_tasks
 
 DEFAULT_STORE_URL = "sqlite:///celery_saga.sqlite3"
-_PARKED_OR_DONE = (
+#: States in which a run does nothing more until someone acts: done, or waiting for a
+#: signal or an operator.
+SETTLED_STATES = (
     ExecutionState.COMPLETED,
     ExecutionState.FAILED,
     ExecutionState.COMPENSATION_STUCK,
+    ExecutionState.WAITING,
 )
 
 
@@ -50,18 +55,16 @@ def _settings_from(app: Celery) -> Settings:
     )
 
 
-def _install_recovery(app: Celery) -> None:
-    """A beat entry for the sweep, and one sweep requested whenever a worker starts."""
-    interval = float(app.conf.get("saga_recover_interval") or 30.0)
-    schedule = dict(app.conf.beat_schedule or {})
-    schedule.setdefault("celery-saga-recover", {"task": RECOVER_TASK, "schedule": interval})
-    app.conf.beat_schedule = schedule
-
-    def on_worker_ready(sender: Any = None, **_: Any) -> None:
-        if id(getattr(sender, "app", None)) == id(app):
-            app.send_task(RECOVER_TASK, queue=app.conf.get("saga_queue") or None)
-
-    worker_ready.connect(on_worker_ready, weak=False)
+def _age(value: float | timedelta, what: str) -> timedelta:
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, (int, float))
+        or not math.isfinite(seconds)
+        or seconds < 0
+    ):
+        raise SagaError(f"{what} must be a number of seconds >= 0 or a timedelta, got {value!r}")
+    return timedelta(seconds=seconds)
 
 
 def _enum_values(kind: type[Any], values: Any, what: str) -> list[Any]:
@@ -84,12 +87,19 @@ class SagaHandle:
     def get(self) -> Execution:
         return self.engine.get(self.id)
 
-    def wait(self, timeout: float = 30.0, interval: float = 0.05) -> Execution:
-        """Poll until the run is completed, failed or parked; for scripts and tests."""
+    def wait(
+        self,
+        timeout: float = 30.0,
+        interval: float = 0.05,
+        states: Iterable[ExecutionState] = SETTLED_STATES,
+    ) -> Execution:
+        """Poll until the run is in one of ``states`` (default: completed, failed, parked
+        as compensation_stuck, or waiting for a signal); for scripts and tests."""
+        wanted = tuple(states)
         deadline = time.monotonic() + timeout
         while True:
             execution = self.get()
-            if execution.state in _PARKED_OR_DONE:
+            if execution.state in wanted:
                 return execution
             if time.monotonic() >= deadline:
                 raise TimeoutError(
@@ -107,8 +117,9 @@ class SagaEngine:
     The store URL comes from ``store_url``, else the app's ``saga_store_url`` setting, else a
     SQLite file ``celery_saga.sqlite3`` in the working directory. Other settings:
     ``saga_lease_seconds``, ``saga_lease_margin``, ``saga_compensation_timeout``,
-    ``saga_max_payload_bytes``, ``saga_recover_after``, ``saga_recover_interval``,
-    ``saga_queue`` (queue for plain-function steps).
+    ``saga_max_payload_bytes``, ``saga_recover_after``, ``saga_queue`` (queue for
+    plain-function steps and the engine's own tasks), and the beat settings of
+    :mod:`celery_saga.worker.beat`.
     """
 
     def __init__(self, app: Celery, *, store_url: str | None = None) -> None:
@@ -116,13 +127,14 @@ class SagaEngine:
         self.db = Database(store_url or app.conf.get("saga_store_url") or DEFAULT_STORE_URL)
         self.events = EventHub(app)
         self.settings = _settings_from(app)
-        self._definitions: dict[str, SagaDefinition] = {}
+        self.catalog = Catalog()
         self.executor = Executor(
-            self.db, self._definitions.get, CeleryPublisher(app), self.events, self.settings
+            self.db, self.catalog, CeleryPublisher(app), self.events, self.settings
         )
         self.recoverer = Recoverer(self.executor)
         register_tasks(app, self)
-        _install_recovery(app)
+        install_beat_entries(app)
+        request_sweep_when_ready(app)
         app.saga_engine = self
 
     # -- schema and definitions -------------------------------------------------------
@@ -139,23 +151,21 @@ class SagaEngine:
                 )
         sealed = [saga.seal() for saga in sagas]
         for definition in sealed:
-            known = self._definitions.get(definition.name)
+            known = self.catalog(definition.name)
             if known is not None and known.hash != definition.hash:
                 raise DefinitionError(
                     f"a different saga named {definition.name!r} is already registered"
                 )
         for definition in sealed:
-            self._definitions[definition.name] = definition
+            self.catalog.add(definition)
         return sealed
 
     def definition(self, name: str) -> SagaDefinition:
-        try:
-            return self._definitions[name]
-        except KeyError:
-            known = ", ".join(sorted(self._definitions)) or "none"
-            raise UnknownSagaError(
-                f"no saga named {name!r} is registered (known: {known})"
-            ) from None
+        definition = self.catalog(name)
+        if definition is None:
+            known = ", ".join(self.catalog.names()) or "none"
+            raise UnknownSagaError(f"no saga named {name!r} is registered (known: {known})")
+        return definition
 
     # -- running ----------------------------------------------------------------------
     def start(self, saga: str, input: Any = None, *, execution_id: str | None = None) -> SagaHandle:
@@ -224,7 +234,11 @@ class SagaEngine:
         )
 
     def _definition_of(self, execution_id: str) -> SagaDefinition:
-        return self.definition(self.get(execution_id).record.saga_name)
+        self.ensure_schema()
+        record = queries.load_execution(self.db, execution_id)
+        if record is None:
+            raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
+        return self.definition(record.saga_name)
 
     def resume_compensation(self, execution_id: str) -> None:
         """Retry the failed reversal of a ``compensation_stuck`` run and continue the unwind."""
@@ -235,12 +249,49 @@ class SagaEngine:
         ``failed`` with rollback ``stuck``. Returns how many steps were skipped."""
         return self.executor.unwinder.abandon(self._definition_of(execution_id), execution_id)
 
+    def signal(self, execution_id: str, event: str, payload: Any = None) -> bool:
+        """Deliver ``event`` (with an optional storable ``payload``) to a run.
+
+        Recorded once per (execution, event): a second signal raises
+        ``DuplicateSignalError``; one to an unknown run ``ExecutionNotFoundError``, to a run
+        that is not running or waiting ``InvalidStateError``, for an event its saga does not
+        wait for ``UnknownEventError``; none of them stores anything. Returns True if this
+        signal resumed the run (parked at that gate), False if it waits for the run to get
+        there.
+        """
+        if not isinstance(event, str) or not event:
+            raise SagaError(f"a signal needs an event name, got {event!r}")
+        definition = self._definition_of(execution_id)
+        return self.executor.waits.signal(definition, execution_id, event, payload)
+
     def recover(self, stale_after: float | None = None) -> int:
         """Run one recovery sweep now: republish the next message of every live run idle for
         ``stale_after`` seconds (default ``saga_recover_after``). Beat runs it on its own."""
         self.ensure_schema()
         seconds = self.settings.recover_after if stale_after is None else stale_after
         return self.recoverer.sweep(timedelta(seconds=seconds))
+
+    def fire_timers(self) -> int:
+        """Fail (and unwind) every run whose ``wait_for`` deadline has passed; returns how
+        many were acted on. Beat runs it every ``saga_timer_interval`` seconds."""
+        self.ensure_schema()
+        return self.executor.waits.fire_expired()
+
+    def cleanup(self, older_than: float | timedelta) -> int:
+        """Delete terminal runs not updated for ``older_than`` (inclusive), with their child
+        runs; parked or waiting runs are never touched. Returns how many runs went."""
+        return self._retire(older_than, archive=False)
+
+    def archive(self, older_than: float | timedelta) -> int:
+        """Move terminal runs not updated for ``older_than`` (inclusive) into the
+        ``saga_*_archive`` tables, as ``cleanup`` would delete them."""
+        return self._retire(older_than, archive=True)
+
+    def _retire(self, older_than: float | timedelta, archive: bool) -> int:
+        age = _age(older_than, "archive(older_than)" if archive else "cleanup(older_than)")
+        self.ensure_schema()
+        now = get_clock().now()
+        return retention.retire(self.db, cutoff=now - age, now=now, archive=archive)
 
     # -- events -----------------------------------------------------------------------
     def on(self, event: str, listener: Listener) -> Listener:

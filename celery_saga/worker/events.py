@@ -31,6 +31,10 @@ EVENT_TYPES = frozenset(
         "saga-compensation-stuck",
         "saga-compensation-resumed",
         "saga-message-refused",
+        "saga-waiting",
+        "saga-signal-received",
+        "saga-resumed",
+        "saga-wait-expired",
     }
 )
 

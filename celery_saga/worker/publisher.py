@@ -20,6 +20,9 @@ from celery_saga.definition.nodes import StepSpec
 NODE_TASK = "celery_saga.node"
 COMPENSATE_TASK = "celery_saga.compensate"
 RECOVER_TASK = "celery_saga.recover"
+FIRE_TIMERS_TASK = "celery_saga.fire_timers"
+CLEANUP_TASK = "celery_saga.cleanup"
+ARCHIVE_TASK = "celery_saga.archive"
 
 
 def is_celery_task(target: Any) -> bool:
@@ -49,9 +52,10 @@ class CeleryPublisher:
         spec: StepSpec | None,
         message: NodeMessage,
         countdown: float | None = None,
+        label: str | None = None,
     ) -> None:
         target = spec.action if spec else None
-        name = f"{saga_name}.{spec.name}" if spec else saga_name
+        name = label or (f"{saga_name}.{spec.name}" if spec else saga_name)
         self.app.send_task(
             NODE_TASK,
             args=[

@@ -1,4 +1,4 @@
-"""The two engine tasks every worker registers: run a node, run a reversal."""
+"""The engine tasks every worker registers: run a node, run a reversal, and the sweeps."""
 
 from __future__ import annotations
 
@@ -10,7 +10,14 @@ from celery import Celery
 from sqlalchemy.exc import DBAPIError
 
 from celery_saga.decisions.admission import NodeMessage
-from celery_saga.worker.publisher import COMPENSATE_TASK, NODE_TASK, RECOVER_TASK
+from celery_saga.worker.publisher import (
+    ARCHIVE_TASK,
+    CLEANUP_TASK,
+    COMPENSATE_TASK,
+    FIRE_TIMERS_TASK,
+    NODE_TASK,
+    RECOVER_TASK,
+)
 
 if TYPE_CHECKING:
     from celery_saga.worker.engine import SagaEngine
@@ -50,8 +57,19 @@ def register_tasks(app: Celery, engine: SagaEngine) -> None:
 
     @app.task(name=RECOVER_TASK, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
     def saga_recover() -> int:
-        engine.ensure_schema()
         return engine.recover()
+
+    @app.task(name=FIRE_TIMERS_TASK, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
+    def saga_fire_timers() -> int:
+        return engine.fire_timers()
+
+    @app.task(name=CLEANUP_TASK, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
+    def saga_cleanup() -> int:
+        return engine.cleanup(float(app.conf.saga_cleanup_after))
+
+    @app.task(name=ARCHIVE_TASK, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
+    def saga_archive() -> int:
+        return engine.archive(float(app.conf.saga_archive_after))
 
 
 @contextmanager

@@ -1,0 +1,203 @@
+"""A parent entering (and re-entering) its sub-saga node (guarantee 17).
+
+The child's id is derived from the parent's and the node's name, so starting it twice is a
+primary-key conflict: a re-entered node adopts the child it already started. The parent's
+record of the child holds no lease and no worker: the child publishes the parent's node
+when it settles.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.exc import IntegrityError
+
+from celery_saga.decisions.admission import Admission, NodeMessage
+from celery_saga.decisions.children import ChildStep, child_failure, decide_child_step
+from celery_saga.decisions.cursor import advance
+from celery_saga.definition.builder import SagaDefinition
+from celery_saga.definition.nodes import SubSagaNode
+from celery_saga.errors import PayloadError, SubSagaError, UnknownSagaError
+from celery_saga.records import ExecutionRecord, StepRecord, StepStatus, completed_results
+from celery_saga.runtime.clock import get_clock
+from celery_saga.runtime.contexts import Snapshot
+from celery_saga.runtime.describe import describe_error
+from celery_saga.runtime.invoke import as_plain_mapping
+from celery_saga.runtime.keys import record_key
+from celery_saga.runtime.navigation import ask, journaled
+from celery_saga.store import forward, queries
+from celery_saga.store.codec import pack
+
+if TYPE_CHECKING:
+    from celery_saga.runtime.executor import Executor
+
+logger = logging.getLogger("celery_saga")
+_CHILD_IDS = uuid.UUID("6f1c2b8e-5d0a-4c8e-9a43-2b1f7c9d0e55")
+
+
+def child_execution_id(parent_id: str, record_name: str) -> str:
+    """The one id a parent's sub-saga node gives its child."""
+    return str(uuid.uuid5(_CHILD_IDS, f"{parent_id}/{record_name}"))
+
+
+class Children:
+    def __init__(self, executor: Executor) -> None:
+        self.executor = executor
+
+    def enter(
+        self,
+        definition: SagaDefinition,
+        snapshot: Snapshot,
+        message: NodeMessage,
+        node: SubSagaNode,
+    ) -> None:
+        ex = self.executor
+        execution, steps = snapshot
+        assert execution is not None
+        record = next((s for s in steps if s.name == node.name), None)
+        if record is not None and record.status is not StepStatus.RUNNING:
+            ex.refused(message, Admission.REJECT_ALREADY_DONE)
+            return
+        child_id = child_execution_id(execution.id, node.name)
+        child = queries.load_execution(ex.db, child_id)
+        step = decide_child_step(child)
+        if step is ChildStep.START or record is None:
+            self._start(definition, (execution, steps), message, node, record, child_id)
+        elif step is ChildStep.COMPLETE:
+            assert child is not None
+            self._complete(definition, message, node, record, child)
+        elif step is ChildStep.FAIL:
+            assert child is not None
+            reason = child_failure(node.saga, child)
+            ex.settle_failure(
+                definition, message, node.name, record.attempts, [node.name], reason, None
+            )
+            ex.emit(
+                "saga-step-failed",
+                {
+                    "execution_id": execution.id,
+                    "saga": definition.name,
+                    "step": node.name,
+                    "attempt": record.attempts,
+                    "error": reason,
+                },
+            )
+
+    def _start(
+        self,
+        definition: SagaDefinition,
+        snapshot: tuple[ExecutionRecord, list[StepRecord]],
+        message: NodeMessage,
+        node: SubSagaNode,
+        record: StepRecord | None,
+        child_id: str,
+    ) -> None:
+        ex = self.executor
+        execution = snapshot[0]
+        child_definition = ex.registry(node.saga)
+        if child_definition is None:
+            raise UnknownSagaError(
+                f"saga {node.saga!r}, a sub-saga of {definition.name!r}, is not registered on "
+                "this worker; import its definitions module in every worker"
+            )
+        try:
+            child_input = self._child_input(definition, snapshot, node, message.node)
+        except (SubSagaError, PayloadError) as error:
+            ex.fail_outside_step(definition, execution.id, describe_error(error))
+            return
+        if (
+            record is None
+            and forward.claim_step(
+                ex.db,
+                execution_id=execution.id,
+                name=node.name,
+                node=message.node,
+                sub=0,
+                definition_hash=definition.hash,
+                idempotency_key=record_key(execution.id, node.name, "forward"),
+                compensatable=True,
+                lease_expires_at=None,
+                now=get_clock().now(),
+                existing=None,
+                child_execution_id=child_id,
+            )
+            is None
+        ):
+            ex.refused(message, Admission.REJECT_IN_FLIGHT)
+            return
+        try:
+            ex.start(child_definition, child_input, child_id, parent_execution_id=execution.id)
+        except IntegrityError:
+            logger.info("execution %s adopts its existing child %s", execution.id, child_id)
+
+    def _child_input(
+        self,
+        definition: SagaDefinition,
+        snapshot: tuple[ExecutionRecord, list[StepRecord]],
+        node: SubSagaNode,
+        index: int,
+    ) -> dict[str, Any]:
+        """Journaled ``child:<node>``: the child's input, fixed before the child starts."""
+        db = self.executor.db
+        what = f"saga {definition.name!r}: the input of sub_saga {node.name!r}"
+
+        def compute() -> dict[str, Any]:
+            value: Any = snapshot[0].input
+            if node.input is not None:
+                value = ask(
+                    db,
+                    definition,
+                    snapshot,
+                    node.input,
+                    name=node.name,
+                    what=what,
+                    error=SubSagaError,
+                )
+            mapping = as_plain_mapping(value)
+            if not isinstance(value, Mapping) and not mapping:
+                raise SubSagaError(f"{what} must be a mapping (dict), got {type(value).__name__}")
+            return dict(mapping)
+
+        return dict(journaled(db, snapshot[0].id, f"child:{index}", compute, what))
+
+    def _complete(
+        self,
+        definition: SagaDefinition,
+        message: NodeMessage,
+        node: SubSagaNode,
+        record: StepRecord,
+        child: ExecutionRecord,
+    ) -> None:
+        ex = self.executor
+        _, child_steps = queries.load_snapshot(ex.db, child.id)
+        blob = pack(
+            completed_results(child_steps),
+            what=f"results of sub-saga {node.name!r} of saga {definition.name!r}",
+            limit=ex.settings.max_payload_bytes,
+        )
+        onward = advance(definition.nodes, message.node, 0)
+        if forward.record_step_completed(
+            ex.db,
+            execution_id=message.execution_id,
+            name=node.name,
+            attempt=record.attempts,
+            node=message.node,
+            sub=0,
+            result_blob=blob,
+            advance=onward,
+            now=get_clock().now(),
+        ):
+            ex.emit(
+                "saga-step-completed",
+                {
+                    "execution_id": message.execution_id,
+                    "saga": definition.name,
+                    "step": node.name,
+                    "attempt": record.attempts,
+                    "idempotency_key": record.idempotency_key,
+                },
+            )
+            ex.advanced(definition, message.execution_id, onward)

@@ -1,0 +1,100 @@
+"""Building the ``SagaContext`` a step, a compensation or a control-flow callable sees."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from celery_saga.definition.builder import SagaDefinition
+from celery_saga.definition.nodes import StepSpec
+from celery_saga.records import ExecutionRecord, StepRecord, completed_results
+from celery_saga.runtime.context import SagaContext
+from celery_saga.runtime.invoke import needs_context
+from celery_saga.store import queries
+from celery_saga.store.database import Database
+from celery_saga.store.waits import load_signals
+
+Snapshot = tuple[ExecutionRecord | None, list[StepRecord]]
+
+
+def run_context(
+    db: Database,
+    definition: SagaDefinition,
+    execution: ExecutionRecord,
+    steps: Sequence[StepRecord],
+    *,
+    step_name: str,
+    key: str,
+    attempt: int = 1,
+    iteration: int | None = None,
+    item: Any = None,
+    extra: Mapping[str, Any] | None = None,
+    forward_key: str | None = None,
+    forward_result: Any = None,
+) -> SagaContext:
+    """The context from a snapshot; signals are read only for sagas that wait for any."""
+    return SagaContext(
+        execution.id,
+        definition.name,
+        step_name,
+        execution.input,
+        completed_results(steps),
+        key,
+        attempt,
+        forward_key=forward_key,
+        forward_result=forward_result,
+        extra=dict(extra or {}),
+        signals=load_signals(db, execution.id) if definition.events else {},
+        iteration=iteration,
+        item=item,
+    )
+
+
+def loop_arguments(iteration: int | None, item: Any, for_each: bool) -> dict[str, Any]:
+    """What a loop adds to the keyword arguments mapped for a task that takes no context."""
+    if iteration is None:
+        return {}
+    return {"iteration": iteration, "item": item} if for_each else {"iteration": iteration}
+
+
+def step_context(
+    db: Database,
+    definition: SagaDefinition,
+    spec: StepSpec,
+    record_name: str,
+    execution_id: str,
+    key: str,
+    attempt: int,
+    snapshot: Snapshot | None,
+    loop: tuple[int | None, Any, bool] = (None, None, False),
+) -> SagaContext:
+    """The context for one attempt; the run is read only if the step needs it.
+    ``loop``: (iteration, item, is for_each) of a loop body step."""
+    iteration, item, for_each = loop
+    if not needs_context(spec):
+        return SagaContext(
+            execution_id,
+            definition.name,
+            record_name,
+            None,
+            {},
+            key,
+            attempt,
+            extra=loop_arguments(iteration, item, for_each),
+            iteration=iteration,
+            item=item,
+        )
+    execution, steps = snapshot or queries.load_snapshot(db, execution_id)
+    assert execution is not None
+    return run_context(
+        db,
+        definition,
+        execution,
+        steps,
+        step_name=record_name,
+        key=key,
+        attempt=attempt,
+        iteration=iteration,
+        item=item,
+        extra=loop_arguments(iteration, item, for_each),
+    )

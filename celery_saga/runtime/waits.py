@@ -1,0 +1,153 @@
+"""``wait_for`` gates and signals (guarantees 13-16): parking, resuming once, and the
+deadline sweep. Deadlines are rows (``wake_at``), never timers in a process."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from celery_saga.decisions.admission import Admission, NodeMessage
+from celery_saga.decisions.cursor import advance
+from celery_saga.decisions.waits import Arrival, Wake
+from celery_saga.definition.builder import SagaDefinition
+from celery_saga.definition.nodes import WaitNode
+from celery_saga.errors import UnknownEventError
+from celery_saga.runtime.clock import get_clock
+from celery_saga.store import waits
+from celery_saga.store.codec import pack
+
+if TYPE_CHECKING:
+    from celery_saga.runtime.executor import Executor
+
+logger = logging.getLogger("celery_saga")
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g} s" if value < 120 else str(timedelta(seconds=round(value)))
+
+
+class Waits:
+    def __init__(self, executor: Executor) -> None:
+        self.executor = executor
+
+    def arrive(self, definition: SagaDefinition, message: NodeMessage, gate: WaitNode) -> None:
+        """The run reached ``gate``: park it, or pass at once if the signal is there."""
+        ex, now = self.executor, get_clock().now()
+        wake_at = None if gate.timeout is None else now + timedelta(seconds=gate.timeout)
+        onward = advance(definition.nodes, message.node, 0)
+        arrival = waits.park_for_signal(
+            ex.db,
+            execution_id=message.execution_id,
+            gate=message.node,
+            event=gate.event,
+            definition_hash=definition.hash,
+            wake_at=wake_at,
+            advance=onward,
+            now=now,
+        )
+        fields: dict[str, Any] = {
+            "execution_id": message.execution_id,
+            "saga": definition.name,
+            "event": gate.event,
+        }
+        if arrival is Arrival.PARK:
+            ex.emit("saga-waiting", {**fields, "wake_at": wake_at.isoformat() if wake_at else None})
+        elif arrival is Arrival.PASS:
+            ex.emit("saga-resumed", fields)
+            ex.advanced(definition, message.execution_id, onward)
+        else:
+            ex.refused(message, Admission.REJECT_STALE_CURSOR)
+
+    def signal(
+        self, definition: SagaDefinition, execution_id: str, event: str, payload: Any
+    ) -> bool:
+        """Record the signal once; True if it resumed the run parked at its gate."""
+        ex = self.executor
+        gate = definition.wait_position(event)
+        if gate is None:
+            known = ", ".join(repr(e) for e in definition.events) or "none"
+            raise UnknownEventError(
+                f"signal {event!r} for execution {execution_id!r} refused: saga "
+                f"{definition.name!r} has no wait_for({event!r}) (its events: {known})"
+            )
+        blob = pack(
+            payload,
+            what=f"payload of signal {event!r} for execution {execution_id!r}",
+            limit=ex.settings.max_payload_bytes,
+        )
+        onward = advance(definition.nodes, gate, 0)
+        resumed = waits.record_signal_once(
+            ex.db,
+            execution_id=execution_id,
+            event=event,
+            payload_blob=blob,
+            gate=gate,
+            advance=onward,
+            now=get_clock().now(),
+        )
+        fields = {"execution_id": execution_id, "saga": definition.name, "event": event}
+        ex.emit("saga-signal-received", {**fields, "resumed": resumed})
+        if resumed:
+            ex.emit("saga-resumed", fields)
+            ex.advanced(definition, execution_id, onward)
+        return resumed
+
+    def fire_expired(self, page: int = 200, most: int = 10_000) -> int:
+        """Fail every parked run whose deadline passed (re-checking its signal first);
+        returns how many were acted on. Safe with several sweepers at once."""
+        now = get_clock().now()
+        acted = seen = 0
+        after = None
+        while seen < most:
+            rows = waits.list_expired_waits(self.executor.db, now=now, limit=page, after=after)
+            for row in rows:
+                try:
+                    acted += self._expire(row, now)
+                except Exception:
+                    logger.exception("the deadline of execution %s could not be fired", row.id)
+            seen += len(rows)
+            if len(rows) < page:
+                break
+            after = (rows[-1].wake_at, rows[-1].id)
+        return acted
+
+    def _expire(self, row: waits.ExpiredWait, now: datetime) -> int:
+        ex = self.executor
+        definition = ex.registry(row.saga_name)
+        on_graph = definition is not None and definition.hash == row.definition_hash
+        gate = definition.nodes[row.cursor] if definition is not None and on_graph else None
+        if definition is None or not isinstance(gate, WaitNode):
+            logger.error(
+                "execution %s waits past its deadline, but saga %r is not deployed here with "
+                "the graph it started on; not fired",
+                row.id,
+                row.saga_name,
+            )
+            return 0
+        waited = _seconds(gate.timeout or 0)
+        reason = (
+            f"WaitTimeoutError: saga {definition.name!r} waited {waited} for the signal "
+            f"{gate.event!r}, which did not arrive"
+        )
+        onward = advance(definition.nodes, row.cursor, 0)
+        result = waits.expire_wait(
+            ex.db,
+            execution_id=row.id,
+            event=gate.event,
+            reason=reason,
+            advance=onward,
+            compensations=definition.reversible,
+            now=now,
+        )
+        fields = {"execution_id": row.id, "saga": definition.name, "event": gate.event}
+        if result.wake is Wake.TIME_OUT:
+            assert result.unwind is not None
+            ex.emit("saga-wait-expired", fields)
+            ex.unwinder.begin(definition, row.id, result.unwind, reason)
+            return 1
+        if result.wake is Wake.RESUME:
+            ex.emit("saga-resumed", fields)
+            ex.advanced(definition, row.id, onward)
+            return 1
+        return 0

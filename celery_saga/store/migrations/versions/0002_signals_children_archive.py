@@ -1,0 +1,127 @@
+"""Signals, sub-saga links, the wait deadline index, and archive tables.
+
+Revision ID: 0002
+Revises: 0001
+"""
+
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import op
+from sqlalchemy.dialects import mysql
+
+revision = "0002"
+down_revision = "0001"
+branch_labels = None
+depends_on = None
+
+Blob = sa.LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
+Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+RecordId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+
+def _execution_columns() -> list[sa.Column[Any]]:
+    return [
+        sa.Column("id", sa.String(64), nullable=False),
+        sa.Column("saga_name", sa.String(200), nullable=False),
+        sa.Column("definition_hash", sa.String(64), nullable=False),
+        sa.Column("state", sa.String(32), nullable=False),
+        sa.Column("cursor", sa.Integer, nullable=False),
+        sa.Column("cursor_sub", sa.Integer, nullable=False),
+        sa.Column("input", Blob, nullable=False),
+        sa.Column("failure_reason", sa.Text),
+        sa.Column("rollback_status", sa.String(32)),
+        sa.Column("rollback_reason", sa.Text),
+        sa.Column("committed_at", Timestamp),
+        sa.Column("parent_execution_id", sa.String(64)),
+        sa.Column("lease_expires_at", Timestamp),
+        sa.Column("wake_at", Timestamp),
+        sa.Column("created_at", Timestamp, nullable=False),
+        sa.Column("updated_at", Timestamp, nullable=False),
+        sa.Column("version", sa.Integer, nullable=False),
+    ]
+
+
+def _step_columns() -> list[sa.Column[Any]]:
+    return [
+        sa.Column("id", RecordId, nullable=False, autoincrement=False),
+        sa.Column("execution_id", sa.String(64), nullable=False),
+        sa.Column("name", sa.String(200), nullable=False),
+        sa.Column("node", sa.Integer, nullable=False),
+        sa.Column("sub", sa.Integer, nullable=False),
+        sa.Column("status", sa.String(16), nullable=False),
+        sa.Column("attempts", sa.Integer, nullable=False),
+        sa.Column("idempotency_key", sa.String(400), nullable=False),
+        sa.Column("compensatable", sa.Boolean, nullable=False),
+        sa.Column("result", Blob),
+        sa.Column("error", sa.Text),
+        sa.Column("lease_expires_at", Timestamp),
+        sa.Column("started_at", Timestamp, nullable=False),
+        sa.Column("completed_at", Timestamp),
+        sa.Column("compensation_status", sa.String(32)),
+        sa.Column("compensation_reason", sa.Text),
+        sa.Column("compensated_at", Timestamp),
+        sa.Column("compensation_attempts", sa.Integer, nullable=False),
+        sa.Column("compensation_lease_expires_at", Timestamp),
+        sa.Column("child_execution_id", sa.String(64)),
+    ]
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("saga_steps") as batch:
+        batch.add_column(sa.Column("child_execution_id", sa.String(64)))
+    op.create_index("ix_saga_executions_wake", "saga_executions", ["state", "wake_at"])
+    op.create_table(
+        "saga_signals",
+        sa.Column(
+            "execution_id",
+            sa.String(64),
+            sa.ForeignKey("saga_executions.id", ondelete="CASCADE"),
+            nullable=False,
+        ),
+        sa.Column("event", sa.String(200), nullable=False),
+        sa.Column("payload", Blob),
+        sa.Column("received_at", Timestamp, nullable=False),
+        sa.PrimaryKeyConstraint("execution_id", "event", name="pk_saga_signals"),
+    )
+    op.create_table(
+        "saga_executions_archive",
+        *_execution_columns(),
+        sa.Column("archived_at", Timestamp, nullable=False),
+        sa.PrimaryKeyConstraint("id", name="pk_saga_executions_archive"),
+    )
+    op.create_table(
+        "saga_steps_archive",
+        *_step_columns(),
+        sa.PrimaryKeyConstraint("execution_id", "name", name="pk_saga_steps_archive"),
+    )
+    op.create_table(
+        "saga_signals_archive",
+        sa.Column("execution_id", sa.String(64), nullable=False),
+        sa.Column("event", sa.String(200), nullable=False),
+        sa.Column("payload", Blob),
+        sa.Column("received_at", Timestamp, nullable=False),
+        sa.PrimaryKeyConstraint("execution_id", "event", name="pk_saga_signals_archive"),
+    )
+    op.create_table(
+        "saga_decisions_archive",
+        sa.Column("execution_id", sa.String(64), nullable=False),
+        sa.Column("key", sa.String(200), nullable=False),
+        sa.Column("value", Blob),
+        sa.Column("created_at", Timestamp, nullable=False),
+        sa.PrimaryKeyConstraint("execution_id", "key", name="pk_saga_decisions_archive"),
+    )
+
+
+def downgrade() -> None:
+    for table in (
+        "saga_decisions_archive",
+        "saga_signals_archive",
+        "saga_steps_archive",
+        "saga_executions_archive",
+        "saga_signals",
+    ):
+        op.drop_table(table)
+    op.drop_index("ix_saga_executions_wake", "saga_executions")
+    with op.batch_alter_table("saga_steps") as batch:
+        batch.drop_column("child_execution_id")

@@ -1,0 +1,245 @@
+"""Signals and waits. Each writer takes the run's row lock first, so a signal and the run
+parking itself (or its deadline firing) are serialised: none of them decides on a snapshot
+the other is about to change (guarantees 13-15)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from celery_saga.decisions.cursor import Advance
+from celery_saga.decisions.unwind import UnwindStep
+from celery_saga.decisions.waits import (
+    Arrival,
+    SignalVerdict,
+    Wake,
+    decide_arrival,
+    decide_signal,
+    decide_wake,
+)
+from celery_saga.errors import (
+    DuplicateSignalError,
+    ExecutionNotFoundError,
+    InvalidStateError,
+)
+from celery_saga.records import ExecutionRecord, ExecutionState
+from celery_saga.store.codec import unpack
+from celery_saga.store.database import Database, to_db_time
+from celery_saga.store.forward import advance_values, fail_run_locked
+from celery_saga.store.queries import keyset_after
+from celery_saga.store.rows import execution_from_row
+from celery_saga.store.tables import executions, signals
+
+
+def lock_execution(
+    connection: Connection, execution_id: str, skip_locked: bool = False
+) -> ExecutionRecord | None:
+    """Read the run's row under its write lock (SQLite: the transaction's own lock)."""
+    query = (
+        select(executions)
+        .where(executions.c.id == execution_id)
+        .with_for_update(skip_locked=skip_locked)
+    )
+    row = connection.execute(query).mappings().first()
+    return None if row is None else execution_from_row(row)
+
+
+def _received(connection: Connection, execution_id: str, event: str) -> Any:
+    return (
+        connection.execute(
+            select(signals.c.received_at).where(
+                signals.c.execution_id == execution_id, signals.c.event == event
+            )
+        )
+        .scalars()
+        .first()
+    )
+
+
+def _resume(
+    connection: Connection, execution_id: str, gate: int, advance: Advance, now: datetime
+) -> bool:
+    """Parked at ``gate`` -> running past it; the WHERE clause makes it the only resume."""
+    result = connection.execute(
+        update(executions)
+        .where(
+            executions.c.id == execution_id,
+            executions.c.state == ExecutionState.WAITING.value,
+            executions.c.cursor == gate,
+        )
+        .values(
+            state=ExecutionState.RUNNING.value,
+            wake_at=None,
+            version=executions.c.version + 1,
+            updated_at=to_db_time(now),
+            **advance_values(advance, now),
+        )
+    )
+    return bool(result.rowcount == 1)
+
+
+def record_signal_once(
+    db: Database,
+    *,
+    execution_id: str,
+    event: str,
+    payload_blob: bytes,
+    gate: int,
+    advance: Advance,
+    now: datetime,
+) -> bool:
+    """Store the signal; True if it resumed the run (parked at ``gate``), False if it waits
+    for the run to reach the gate. Refusals raise and store nothing."""
+    with db.transaction() as connection:
+        run = lock_execution(connection, execution_id)
+        if run is None:
+            raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
+        received = _received(connection, execution_id, event)
+        verdict = decide_signal(run, gate, received is not None)
+        what = f"signal {event!r} for execution {execution_id!r} (saga {run.saga_name!r})"
+        if verdict is SignalVerdict.DUPLICATE:
+            raise DuplicateSignalError(
+                f"{what} refused: it was already received at {received}; a signal counts once"
+            )
+        if verdict is SignalVerdict.NOT_ACCEPTING:
+            raise InvalidStateError(
+                f"{what} refused: the run is {run.state.value}; only running or waiting runs "
+                "accept signals"
+            )
+        try:
+            connection.execute(
+                insert(signals).values(
+                    execution_id=execution_id,
+                    event=event,
+                    payload=payload_blob,
+                    received_at=to_db_time(now),
+                )
+            )
+        except IntegrityError:
+            raise DuplicateSignalError(f"{what} refused: it was already received") from None
+        return verdict is SignalVerdict.RESUME and _resume(
+            connection, execution_id, gate, advance, now
+        )
+
+
+def park_for_signal(
+    db: Database,
+    *,
+    execution_id: str,
+    gate: int,
+    event: str,
+    definition_hash: str,
+    wake_at: datetime | None,
+    advance: Advance,
+    now: datetime,
+) -> Arrival:
+    """The run reached ``gate``: park it with its deadline, unless the signal is already
+    there, in which case it moves on at once. REFUSE: not the run's position any more."""
+    with db.transaction() as connection:
+        run = lock_execution(connection, execution_id)
+        present = run is not None and _received(connection, execution_id, event) is not None
+        arrival = decide_arrival(run, gate, definition_hash, present)
+        stamp = to_db_time(now)
+        if arrival is Arrival.PASS:
+            values = advance_values(advance, now)
+        elif arrival is Arrival.PARK:
+            deadline = None if wake_at is None else to_db_time(wake_at)
+            values = {"state": ExecutionState.WAITING.value, "wake_at": deadline}
+        else:
+            return arrival
+        connection.execute(
+            update(executions)
+            .where(executions.c.id == execution_id)
+            .values(version=executions.c.version + 1, updated_at=stamp, **values)
+        )
+        return arrival
+
+
+@dataclass(frozen=True)
+class ExpiredWait:
+    id: str
+    saga_name: str
+    definition_hash: str
+    cursor: int
+    wake_at: datetime
+
+
+def list_expired_waits(
+    db: Database, *, now: datetime, limit: int, after: tuple[datetime, str] | None = None
+) -> list[ExpiredWait]:
+    """Parked runs whose deadline has passed (inclusive), by deadline, one page after
+    ``after`` (a (wake_at, id) the previous page ended on)."""
+    query = (
+        select(
+            executions.c.id,
+            executions.c.saga_name,
+            executions.c.definition_hash,
+            executions.c.cursor,
+            executions.c.wake_at,
+        )
+        .where(
+            executions.c.state == ExecutionState.WAITING.value,
+            executions.c.wake_at <= to_db_time(now),
+        )
+        .order_by(executions.c.wake_at, executions.c.id)
+        .limit(limit)
+    )
+    if after is not None:
+        query = query.where(keyset_after(executions.c.wake_at, after))
+    return [
+        ExpiredWait(r["id"], r["saga_name"], r["definition_hash"], r["cursor"], r["wake_at"])
+        for r in db.read(query)
+    ]
+
+
+@dataclass(frozen=True)
+class WakeResult:
+    wake: Wake
+    unwind: UnwindStep | None = None
+
+
+def expire_wait(
+    db: Database,
+    *,
+    execution_id: str,
+    event: str,
+    reason: str,
+    advance: Advance,
+    compensations: Collection[str],
+    now: datetime,
+) -> WakeResult:
+    """Fire one expired deadline. The row is claimed with SKIP LOCKED where the database
+    has it, so two sweepers (two beat processes) never fire the same wait twice; the signal
+    is re-checked under the lock before the run is failed."""
+    with db.transaction() as connection:
+        run = lock_execution(connection, execution_id, skip_locked=True)
+        if run is None:
+            return WakeResult(Wake.NOTHING)
+        present = _received(connection, execution_id, event) is not None
+        wake = decide_wake(run, present, now)
+        if wake is Wake.RESUME:
+            _resume(connection, execution_id, run.cursor, advance, now)
+            return WakeResult(wake)
+        if wake is Wake.NOTHING:
+            return WakeResult(wake)
+        connection.execute(
+            update(executions)
+            .where(executions.c.id == execution_id)
+            .values(version=executions.c.version + 1)
+        )
+        committed = run.committed_at is not None
+        plan = fail_run_locked(connection, execution_id, reason, committed, compensations, now)
+        return WakeResult(wake, plan)
+
+
+def load_signals(db: Database, execution_id: str) -> dict[str, Any]:
+    """Event -> payload of every signal the run received (None for a payload-less one)."""
+    rows = db.read(
+        select(signals.c.event, signals.c.payload).where(signals.c.execution_id == execution_id)
+    )
+    return {row["event"]: unpack(row["payload"]) for row in rows}

@@ -1,0 +1,60 @@
+"""The beat entries the extension installs, and the sweep a starting worker requests.
+
+``celery-saga-fire-timers`` (every ``saga_timer_interval`` s, default 5) fails runs whose
+``wait_for`` deadline passed; ``celery-saga-recover`` (``saga_recover_interval``, 30)
+republishes what lost messages left undone; ``celery-saga-cleanup`` and
+``celery-saga-archive`` (``saga_cleanup_interval`` / ``saga_archive_interval``, 3600) remove
+or archive terminal runs older than ``saga_cleanup_after`` / ``saga_archive_after`` seconds,
+and are installed only when that retention is set. An entry of the same name already in
+``beat_schedule`` is left as it is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_ready
+
+from celery_saga.worker.publisher import (
+    ARCHIVE_TASK,
+    CLEANUP_TASK,
+    FIRE_TIMERS_TASK,
+    RECOVER_TASK,
+)
+
+
+def _seconds(app: Celery, setting: str, default: float | None) -> float | None:
+    value = app.conf.get(setting)
+    return default if value is None else float(value)
+
+
+def install_beat_entries(app: Celery) -> None:
+    entries: dict[str, tuple[str, float | None]] = {
+        "celery-saga-fire-timers": (FIRE_TIMERS_TASK, _seconds(app, "saga_timer_interval", 5.0)),
+        "celery-saga-recover": (RECOVER_TASK, _seconds(app, "saga_recover_interval", 30.0)),
+    }
+    if app.conf.get("saga_cleanup_after") is not None:
+        interval = _seconds(app, "saga_cleanup_interval", 3600.0)
+        entries["celery-saga-cleanup"] = (CLEANUP_TASK, interval)
+    if app.conf.get("saga_archive_after") is not None:
+        interval = _seconds(app, "saga_archive_interval", 3600.0)
+        entries["celery-saga-archive"] = (ARCHIVE_TASK, interval)
+    schedule = dict(app.conf.beat_schedule or {})
+    queue = app.conf.get("saga_queue")
+    for name, (task, interval) in entries.items():
+        entry: dict[str, Any] = {"task": task, "schedule": interval}
+        if queue:
+            entry["options"] = {"queue": queue}
+        schedule.setdefault(name, entry)
+    app.conf.beat_schedule = schedule
+
+
+def request_sweep_when_ready(app: Celery) -> None:
+    """One recovery sweep whenever a worker of ``app`` starts (non-blocking: a task)."""
+
+    def on_worker_ready(sender: Any = None, **_: Any) -> None:
+        if id(getattr(sender, "app", None)) == id(app):
+            app.send_task(RECOVER_TASK, queue=app.conf.get("saga_queue") or None)
+
+    worker_ready.connect(on_worker_ready, weak=False)

@@ -1,0 +1,104 @@
+"""The shipped migrations build exactly the tables the code uses, and upgrade a store that
+holds runs without losing them."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.migration import MigrationContext
+from sqlalchemy import create_engine, text
+
+from celery_saga.records import ExecutionState
+from celery_saga.store import queries
+from celery_saga.store.codec import pack
+from celery_saga.store.database import _MIGRATIONS, VERSION_TABLE, Database
+from celery_saga.store.tables import metadata
+from tests.conftest import MARIADB, PG_ADMIN, PORTS, require_services
+
+
+@pytest.fixture(params=["sqlite", "postgres", "mariadb"])
+def empty_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A database of its own, created empty for the test and dropped after it."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/migrate.sqlite3"
+        return
+    name = f"saga_migrate_{uuid.uuid4().hex[:8]}"
+    if request.param == "postgres":
+        require_services(PORTS["postgres"])
+        admin_url, url = PG_ADMIN, PG_ADMIN.rsplit("/", 1)[0] + "/" + name
+    else:
+        require_services(3306)
+        admin_url, url = MARIADB, MARIADB.rsplit("/", 1)[0] + "/" + name
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f"CREATE DATABASE {name}"))
+    try:
+        yield url
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f"DROP DATABASE {name}"))
+        admin.dispose()
+
+
+def _upgrade(db: Database, revision: str) -> None:
+    config = Config()
+    config.set_main_option("script_location", str(_MIGRATIONS))
+    config.set_main_option("version_table", VERSION_TABLE)
+    with db.engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, revision)
+
+
+def test_the_migrated_schema_is_the_schema_the_code_uses(empty_store: str) -> None:
+    db = Database(empty_store)
+    db.migrate()
+    with db.engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+        differences = [
+            d
+            for d in compare_metadata(context, metadata)
+            if not (d[0] == "remove_table" and d[1].name == VERSION_TABLE)
+        ]
+    assert differences == []
+    db.dispose()
+
+
+def test_upgrading_a_store_that_holds_runs_keeps_them(empty_store: str) -> None:
+    db = Database(empty_store)
+    _upgrade(db, "0001")
+    queries.create_execution(  # saga_executions is the same at 0001
+        db,
+        execution_id="old-run",
+        saga_name="order",
+        definition_hash="h",
+        input_blob=pack({"order": 1}),
+        node=1,
+        sub=0,
+        state=ExecutionState.RUNNING,
+        committed=False,
+        now=datetime(2030, 1, 1, tzinfo=timezone.utc),
+    )
+    db.migrate()
+    kept = queries.load_execution(db, "old-run")
+    assert kept is not None and kept.input == {"order": 1} and kept.wake_at is None
+    queries.create_execution(
+        db,
+        execution_id="new-run",
+        saga_name="order",
+        definition_hash="h",
+        input_blob=pack({}),
+        node=0,
+        sub=0,
+        state=ExecutionState.RUNNING,
+        committed=False,
+        now=datetime.now(timezone.utc),
+    )
+    assert queries.load_execution(db, "new-run") is not None
+    db.dispose()
