@@ -1,8 +1,10 @@
-"""Real worker processes killed with SIGKILL mid-step and mid-unwind (guarantees 2, 9, 10).
+"""Real worker processes killed with SIGKILL mid-step and mid-unwind (guarantees 2, 9, 10,
+11, 15, 17), with a real `celery beat` sending the sweeps.
 
 The killed worker's process group dies at once, as on a lost host. A fresh worker then
 picks the run up: RabbitMQ redelivers the unacknowledged message (deferred until the dead
-worker's lease expires); on Redis the recovery sweep republishes it. The ledger shows every
+worker's lease expires); on Redis the recovery sweep from beat republishes it. The ledger
+(a table the test's steps and compensations write, keyed by idempotency key) shows every
 effect under one stable key, and no step or reversal applied twice.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections import Counter
@@ -47,6 +50,8 @@ class CrashRig:
             "SAGA_TEST_QUEUE": self.queue,
             "SAGA_TEST_DUPLICATE": "0",
             "SAGA_TEST_LEASE": str(LEASE),
+            "SAGA_TEST_RECOVER_AFTER": str(LEASE),
+            "SAGA_TEST_SWEEP_INTERVAL": "1",
             "PYTHONPATH": str(Path.cwd()),
         }
         os.environ["SAGA_TEST_LEASE"] = str(LEASE)
@@ -56,6 +61,32 @@ class CrashRig:
             del os.environ["SAGA_TEST_LEASE"]
         self.workers: list[subprocess.Popen[bytes]] = []
         self.generation = 0
+        self.beat = self._start_beat()
+
+    def _start_beat(self) -> subprocess.Popen[bytes]:
+        log = open(self.tmp / "beat.log", "wb")  # noqa: SIM115 - closed with the process
+        command = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.sagaapp:app",
+            "beat",
+            "-s",
+            str(self.tmp / "beat-schedule"),
+            "--max-interval",
+            "1",
+            "-l",
+            "INFO",
+        ]
+        return subprocess.Popen(
+            command,
+            cwd=Path.cwd(),
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def start_worker(self) -> subprocess.Popen[bytes]:
         self.generation += 1
@@ -71,18 +102,18 @@ class CrashRig:
         worker.wait(timeout=10)
 
     def drive_to_end(self, execution_id: str, timeout: float = 90) -> Any:
-        """Wait for the run, sweeping as beat would."""
+        """Wait for the run; beat's sweeps are what moves it on after a crash."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             execution = self.client.engine.get(execution_id)
             if execution.state in (ExecutionState.COMPLETED, ExecutionState.FAILED):
                 return execution
-            self.client.engine.recover(stale_after=LEASE)
-            time.sleep(1.0)
-        raise AssertionError(f"run {execution_id} did not finish: {execution}")
+            time.sleep(0.5)
+        logs = (self.tmp / "beat.log").read_text(errors="replace")[-2000:]
+        raise AssertionError(f"run {execution_id} did not finish: {execution}\n{logs}")
 
     def close(self) -> None:
-        stop_workers(self.workers)
+        stop_workers([*self.workers, self.beat])
         with self.client.app.connection_for_write() as connection:
             connection.default_channel.queue_purge(self.queue)
 
@@ -145,3 +176,69 @@ def test_worker_killed_mid_reversal_finishes_the_unwind_once_per_step(rig: Crash
     undone = [e for e in rig.client.entries(run.id) if e.direction == "compensate"]
     assert [e.step for e in undone] == ["s3", "s2", "s1"]
     assert len({e.key for e in undone}) == 3
+
+
+def test_worker_killed_mid_for_each_unwinds_each_iteration_once_with_its_own_item(
+    rig: CrashRig,
+) -> None:
+    first = rig.start_worker()
+    plan = {"pack:1": {"first_sleep": 6, "fail": True}}
+    run = rig.client.engine.start("batch", {"order": 52, "items": ["a", "b", "c"], "plan": plan})
+
+    def second_item_running() -> bool:
+        steps = {s.name: s for s in run.get().steps}
+        return "pack:1" in steps and steps["pack:1"].status.value == "running"
+
+    _wait_for(second_item_running)
+    time.sleep(0.5)
+    rig.kill(first)
+    rig.start_worker()
+    execution = rig.drive_to_end(run.id)
+    assert execution.state is ExecutionState.FAILED
+    assert execution.rollback_status is RollbackStatus.COMPLETED
+    entries = rig.client.entries(run.id)
+    forward = Counter(e.key for e in entries if e.direction == "forward")
+    assert forward == {f"{run.id}:{name}:forward": 1 for name in ("open:0", "pack:0", "pack:1")}
+    undone = [
+        (e.step, e.detail.split(" result=")[0]) for e in entries if e.direction == "compensate"
+    ]
+    assert undone == [
+        ("pack:1", "item='b' iteration=1"),
+        ("pack:0", "item='a' iteration=0"),
+        ("open", "{'step': 'open', 'attempt': 1}"),
+    ]
+    assert len({e.key for e in entries if e.direction == "compensate"}) == 3
+
+
+def test_worker_killed_mid_child_step_is_recovered_through_the_parent(rig: CrashRig) -> None:
+    first = rig.start_worker()
+    run = rig.client.engine.start("parent", {"order": 53, "child_plan": {"c1": {"first_sleep": 6}}})
+
+    def child_step_running() -> bool:
+        steps = {s.name: s for s in run.get().steps}
+        child_id = steps["child"].child_execution_id if "child" in steps else None
+        if child_id is None:
+            return False
+        child = {s.name: s for s in rig.client.engine.get(child_id).steps}
+        return "c1" in child and child["c1"].status.value == "running"
+
+    _wait_for(child_step_running)
+    time.sleep(0.5)
+    rig.kill(first)
+    rig.start_worker()
+    execution = rig.drive_to_end(run.id)
+    assert execution.state is ExecutionState.COMPLETED
+    child_id = execution.step("child").child_execution_id
+    assert child_id is not None
+    forward = Counter(e.key for e in rig.client.entries(child_id) if e.direction == "forward")
+    assert forward == {f"{child_id}:c1:0:forward": 1, f"{child_id}:c2:0:forward": 1}
+
+
+def test_a_wait_past_its_deadline_is_failed_by_the_beat_sweep(rig: CrashRig) -> None:
+    rig.start_worker()
+    run = rig.client.engine.start("approval", {"order": 54})
+    execution = rig.drive_to_end(run.id, timeout=60)
+    assert execution.state is ExecutionState.FAILED
+    assert (execution.failure_reason or "").startswith("WaitTimeoutError")
+    undone = [e.key for e in rig.client.entries(run.id) if e.direction == "compensate"]
+    assert undone == [f"{run.id}:charge:0:compensate", f"{run.id}:reserve:0:compensate"]
