@@ -1,38 +1,57 @@
-"""Run three order sagas and print their timelines: completed, compensated, parked+resumed."""
+"""Run four order sagas and print their timelines: approved and completed; compensated after
+shipping fails; parked mid-rollback and resumed; and never approved, so it times out."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import time
+from collections import defaultdict
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
-from celery_saga import Execution
+from celery_saga import Execution, ExecutionState, get_clock
 from celery_saga.worker.embedded import embedded_worker
 from example_project.app import app, engine
+from example_project.sagas import APPROVAL_TIMEOUT
 from example_project.tasks import WAREHOUSE
+
+#: Gate events seen in this process (the embedded worker runs here), per execution.
+GATE: dict[str, list[tuple[datetime, str]]] = defaultdict(list)
+_SHOWN = {
+    "saga-waiting": "waiting    for 'approved'",
+    "saga-signal-received": "signal     'approved' received",
+    "saga-wait-expired": "timed out  waiting for 'approved'",
+}
+
+
+def _on_gate(event: str, fields: dict[str, Any]) -> None:
+    GATE[fields["execution_id"]].append((get_clock().now(), _SHOWN[event]))
+
+
+def _events(execution: Execution, indent: str = "") -> list[tuple[datetime, str]]:
+    events = [(moment, indent + text) for moment, text in GATE[execution.id]]
+    for s in execution.steps:
+        assert s.started_at is not None
+        events.append((s.started_at, f"{indent}start      {s.name}"))
+        if s.completed_at:
+            error = f"  ({s.error})" if s.error and s.status.value == "failed" else ""
+            events.append((s.completed_at, f"{indent}{s.status.value:<10} {s.name}{error}"))
+        if s.compensated_at and s.compensation_status:
+            reason = f"  ({s.compensation_reason})" if s.compensation_reason else ""
+            outcome = s.compensation_status.value
+            events.append((s.compensated_at, f"{indent}{outcome:<10} {s.name}{reason}"))
+        if s.child_execution_id:
+            events += _events(engine.get(s.child_execution_id), indent + "  | ")
+    return events
 
 
 def timeline(title: str, execution: Execution) -> None:
     record = execution.record
     print(f"\n== {title}  [{record.id}]")
-    origin = record.created_at
-    events: list[tuple[Any, str]] = []
-    for s in execution.steps:
-        events.append((s.started_at, f"start      {s.name}"))
-        if s.completed_at:
-            events.append(
-                (
-                    s.completed_at,
-                    f"{s.status.value:<10} {s.name}" + (f"  ({s.error})" if s.error else ""),
-                )
-            )
-        if s.compensated_at and s.compensation_status:
-            reason = f"  ({s.compensation_reason})" if s.compensation_reason else ""
-            events.append((s.compensated_at, f"{s.compensation_status.value:<10} {s.name}{reason}"))
-    for moment, text in sorted(events, key=lambda e: e[0]):
-        print(f"  +{(moment - origin).total_seconds() * 1000:7.1f} ms  {text}")
+    for moment, text in sorted(_events(execution), key=lambda e: e[0]):
+        print(f"  +{(moment - record.created_at).total_seconds() * 1000:7.1f} ms  {text}")
     rollback = record.rollback_status.value if record.rollback_status else "-"
     print(f"  state={record.state.value}  rollback={rollback}")
     if record.failure_reason:
@@ -41,12 +60,23 @@ def timeline(title: str, execution: Execution) -> None:
         print(f"  rollback_reason: {record.rollback_reason}")
 
 
+def approved(data: dict[str, Any], by: str = "maria") -> Any:
+    """Start an order, approve it once it waits at the gate, and let it finish."""
+    run = engine.start("order", data)
+    if run.wait(20).state is ExecutionState.WAITING:
+        engine.signal(run.id, "approved", {"by": by})
+    return run.wait(
+        20,
+        states=[ExecutionState.COMPLETED, ExecutionState.FAILED, ExecutionState.COMPENSATION_STUCK],
+    )
+
+
 @contextlib.contextmanager
 def worker(use_embedded: bool) -> Iterator[None]:
     if not use_embedded:
         yield
         return
-    with embedded_worker(app):
+    with embedded_worker(app, beat=True):
         yield
 
 
@@ -55,24 +85,34 @@ def main() -> None:
     parser.add_argument(
         "--no-worker",
         action="store_true",
-        help="do not start an in-process worker (use your `celery worker`s)",
+        help="do not start an in-process worker and beat (use your `celery worker` and beat)",
     )
     options = parser.parse_args()
+    for event in _SHOWN:
+        engine.on(event, _on_gate)
     started = time.monotonic()
     items = ["book", "lamp"]
     with worker(not options.no_worker):
-        done = engine.start("order", {"order_id": "A1", "items": items}).wait(20)
-        timeline("1. an order that completes", done)
+        done = approved({"order_id": "A1", "items": items})
+        timeline("1. approved: reserved item by item, paid in a nested saga, shipped", done)
 
-        failed = engine.start("order", {"order_id": "B2", "items": items, "fail_shipping": True})
-        timeline("2. shipping fails: earlier steps compensated in reverse order", failed.wait(20))
+        failed = approved({"order_id": "B2", "items": items, "fail_shipping": True})
+        timeline("2. shipping fails: the payment saga and each item undone, in reverse", failed)
 
         WAREHOUSE["accepts_releases"] = False
-        parked = engine.start("order", {"order_id": "C3", "items": items, "fail_shipping": True})
-        timeline("3a. the stock release fails too: the unwind halts and parks", parked.wait(20))
+        parked = approved({"order_id": "C3", "items": items, "fail_shipping": True})
+        timeline("3a. releasing an item fails too: the unwind halts and parks", parked)
         WAREHOUSE["accepts_releases"] = True
         engine.resume_compensation(parked.id)
-        timeline("3b. after resume_compensation: the unwind finishes", parked.wait(20))
+        resumed = engine.handle(parked.id).wait(20, states=[ExecutionState.FAILED])
+        timeline("3b. after resume_compensation: the unwind finishes", resumed)
+
+        late = engine.start("order", {"order_id": "D4", "items": items})
+        late.wait(20)  # waiting at the gate; nobody approves
+        expired = late.wait(APPROVAL_TIMEOUT + 20, states=[ExecutionState.FAILED])
+        timeline(
+            f"4. nobody approves within {APPROVAL_TIMEOUT:g} s: beat fails and unwinds it", expired
+        )
     print(f"\nfinished in {time.monotonic() - started:.1f} s")
 
 

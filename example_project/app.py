@@ -6,6 +6,9 @@ the same example runs on real infrastructure::
 
     CELERY_BROKER_URL=amqp://guest:guest@localhost:5672// \\
     SAGA_STORE_URL=postgresql+psycopg://postgres@localhost/test python -m example_project
+
+(with ``--no-worker``, run ``celery -A example_project.app worker`` and
+``celery -A example_project.app beat`` yourself).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ app.conf.update(
     broker_transport_options={"polling_interval": 0.01},
     saga_store_url=os.environ.get("SAGA_STORE_URL", "sqlite:///example_saga.sqlite3"),
     worker_hijack_root_logger=False,
+    saga_timer_interval=1,  # the embedded beat fires wait deadlines within a second
 )
 engine = SagaEngine(app)
 

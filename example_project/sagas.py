@@ -1,29 +1,51 @@
-"""The saga definitions of the example."""
+"""The saga definitions of the example: an order with a batch reservation, a nested payment
+saga and a manager's approval gate."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from celery_saga import Saga, SagaContext
+from celery_saga import Saga, SagaContext, step
 from example_project.app import engine
-from example_project.tasks import charge_card, refund_card, reserve_stock, ship_order
+from example_project.tasks import (
+    authorize,
+    capture,
+    refund,
+    reserve_item,
+    ship_order,
+    void_authorization,
+)
 
-
-def send_receipt(ctx: SagaContext) -> str:
-    return f"receipt for {ctx.results['charge_card']['charge_id']}"
+#: Seconds a manager has to approve; short so the demo's unapproved order times out quickly.
+APPROVAL_TIMEOUT = float(os.environ.get("EXAMPLE_APPROVAL_TIMEOUT", "2"))
 
 
 def order_total(ctx: SagaContext) -> Any:
     return len(ctx.input["items"]) * 10
 
 
+def payment_input(ctx: SagaContext) -> dict[str, Any]:
+    return {"order_id": ctx.input["order_id"], "amount": ctx.results["total"]}
+
+
+def send_receipt(ctx: SagaContext) -> str:
+    approver = ctx.signals["approved"]["by"]
+    return f"receipt for {ctx.results['payment']['capture']['charge_id']}, approved by {approver}"
+
+
+payment = (
+    Saga("payment").step(authorize, compensate=void_authorization).step(capture, compensate=refund)
+)
+
 order = (
     Saga("order")
-    .step(reserve_stock, compensation_retry=1)
+    .for_each(lambda ctx: ctx.input["items"], step(reserve_item, compensation_retry=1))
     .map("total", order_total)
-    .step(charge_card, compensate=refund_card)
+    .sub_saga("payment", input=payment_input)
+    .wait_for("approved", timeout=APPROVAL_TIMEOUT)
     .step(ship_order, retry=2, backoff=0.05)
     .step("send_receipt", send_receipt)
 )
 
-engine.register(order)
+engine.register(payment, order)

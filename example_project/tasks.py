@@ -12,26 +12,36 @@ WAREHOUSE = {"accepts_releases": True}
 
 
 @app.task
-def release_stock(order_id: str, result: dict[str, Any]) -> None:
+def release_item(order_id: str, item: str, result: dict[str, Any]) -> None:
     if not WAREHOUSE["accepts_releases"]:
-        raise ConnectionError("warehouse API unreachable")
+        raise ConnectionError(f"warehouse API unreachable (releasing {item})")
 
 
-@compensated_by(release_stock)
+@compensated_by(release_item)
 @app.task
-def reserve_stock(order_id: str, items: list[str]) -> dict[str, Any]:
-    return {"reservation": f"R-{order_id}", "items": items}
+def reserve_item(order_id: str, item: str, iteration: int) -> dict[str, Any]:
+    return {"reservation": f"R-{order_id}-{iteration}", "item": item}
 
 
 @app.task
-def refund_card(ctx: SagaContext) -> None:
+def authorize(ctx: SagaContext) -> dict[str, Any]:
+    return {"authorization": f"AU-{ctx.input['order_id']}", "amount": ctx.input["amount"]}
+
+
+@app.task
+def void_authorization(ctx: SagaContext) -> None:
+    assert ctx.forward_key is not None  # the void names the authorization it reverses
+
+
+@app.task
+def capture(ctx: SagaContext) -> dict[str, Any]:
+    return {"charge_id": f"CH-{ctx.input['order_id']}", "key": ctx.idempotency_key}
+
+
+@app.task
+def refund(ctx: SagaContext) -> None:
     # The refund is keyed by our own key and names the charge it reverses.
     assert ctx.forward_key is not None
-
-
-@app.task
-def charge_card(ctx: SagaContext) -> dict[str, Any]:
-    return {"charge_id": f"CH-{ctx.input['order_id']}", "key": ctx.idempotency_key}
 
 
 @app.task

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from celery import Celery
+from celery.beat import EmbeddedService
 from celery.contrib.testing.worker import start_worker
 
 
@@ -17,21 +20,35 @@ def embedded_worker(
     pool: str = "threads",
     concurrency: int = 4,
     loglevel: str = "WARNING",
+    beat: bool = False,
     **options: Any,
 ) -> Iterator[Any]:
     """Run a real Celery worker for ``app`` in a background thread of this process.
 
     With the ``memory://`` broker this is a complete saga deployment inside one process.
-    Set ``broker_transport_options={"polling_interval": 0.01}`` for snappy hand-offs.
+    Set ``broker_transport_options={"polling_interval": 0.01}`` for snappy hand-offs. With
+    ``beat=True`` a ``celery beat`` runs in another thread too, sending the extension's
+    sweeps (wait deadlines, recovery) on their schedule.
     """
-    with start_worker(
-        app,
-        pool=pool,
-        concurrency=concurrency,
-        loglevel=loglevel,
-        perform_ping_check=False,
-        shutdown_timeout=10,
-        hostname=options.pop("hostname", "embedded@localhost"),
-        **options,
-    ) as worker:
-        yield worker
+    with tempfile.TemporaryDirectory(prefix="celery-saga-beat-") as folder:
+        scheduler = None
+        if beat:
+            schedule = str(Path(folder) / "schedule")
+            scheduler = EmbeddedService(app, thread=True, schedule_filename=schedule)
+        with start_worker(
+            app,
+            pool=pool,
+            concurrency=concurrency,
+            loglevel=loglevel,
+            perform_ping_check=False,
+            shutdown_timeout=10,
+            hostname=options.pop("hostname", "embedded@localhost"),
+            **options,
+        ) as worker:
+            if scheduler is not None:
+                scheduler.start()
+            try:
+                yield worker
+            finally:
+                if scheduler is not None:
+                    scheduler.stop()
