@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -233,3 +234,40 @@ def test_a_message_the_transport_dropped_is_recovered(transport: str, tmp_path: 
         assert engine.recover(stale_after=0) == 1
         assert run.wait(30).state is ExecutionState.COMPLETED
     assert ran == ["a", "b"]
+
+
+def test_a_run_recorded_failed_before_its_unwind_started_is_unwound_by_the_sweep(
+    direct: Any,
+) -> None:
+    from sqlalchemy import update
+
+    from celery_saga import Saga
+    from celery_saga.decisions.admission import NodeMessage
+    from celery_saga.store.tables import executions
+
+    undone: list[str] = []
+    saga = f"owed{uuid.uuid4().hex[:6]}"
+    direct.register(
+        Saga(saga)
+        .step("a", lambda: "a", compensate=lambda: undone.append("a"))
+        .step("b", lambda: "b")
+    )
+    run = direct.start(saga)
+    direct.executor.run_node(NodeMessage(run.id, 0, 0, 0, 1), saga)
+    with direct.db.transaction() as connection:  # failed, with no unwind begun or planned
+        connection.execute(
+            update(executions)
+            .where(executions.c.id == run.id)
+            .values(state="failed", failure_reason="RuntimeError: lost in a crash")
+        )
+    assert direct.recover(stale_after=0) >= 1
+    execution = direct.get(run.id)
+    assert execution.state is ExecutionState.COMPENSATING
+    direct.executor.unwinder.run(run.id, "a", 1)
+    execution = direct.get(run.id)
+    assert (execution.state, execution.rollback_status) == (
+        ExecutionState.FAILED,
+        RollbackStatus.COMPLETED,
+    )
+    assert execution.failure_reason == "RuntimeError: lost in a crash", "the cause is kept"
+    assert undone == ["a"]
