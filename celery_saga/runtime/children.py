@@ -178,26 +178,12 @@ class Children:
             what=f"results of sub-saga {node.name!r} of saga {definition.name!r}",
             limit=ex.settings.max_payload_bytes,
         )
+        fields = {
+            "execution_id": message.execution_id,
+            "saga": definition.name,
+            "step": node.name,
+            "attempt": record.attempts,
+            "idempotency_key": record.idempotency_key,
+        }
         onward = advance(definition.nodes, message.node, 0)
-        if forward.record_step_completed(
-            ex.db,
-            execution_id=message.execution_id,
-            name=node.name,
-            attempt=record.attempts,
-            node=message.node,
-            sub=0,
-            result_blob=blob,
-            advance=onward,
-            now=get_clock().now(),
-        ):
-            ex.emit(
-                "saga-step-completed",
-                {
-                    "execution_id": message.execution_id,
-                    "saga": definition.name,
-                    "step": node.name,
-                    "attempt": record.attempts,
-                    "idempotency_key": record.idempotency_key,
-                },
-            )
-            ex.advanced(definition, message.execution_id, onward)
+        ex.step_completed(definition, node.name, message, record.attempts, blob, onward, fields)

@@ -281,9 +281,9 @@ class Executor(StepFailures):
             self._step_failed(definition, position, message, attempt, error)
             return
         step_advance = advance(definition.nodes, message.node, message.sub, position.length)
-        self._step_completed(definition, name, message, attempt, blob, step_advance, fields)
+        self.step_completed(definition, name, message, attempt, blob, step_advance, fields)
 
-    def _step_completed(
+    def step_completed(
         self,
         definition: SagaDefinition,
         name: str,
@@ -293,6 +293,7 @@ class Executor(StepFailures):
         step_advance: Advance,
         fields: dict[str, Any],
     ) -> None:
+        """Record ``name`` completed and move the run on (a parallel member: join first)."""
         target = definition.nodes[message.node]
         if not isinstance(target, ParallelNode):
             # The result exists only in this process now: retry its record here rather than

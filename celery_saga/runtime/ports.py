@@ -72,9 +72,6 @@ class Catalog:
     def __call__(self, name: str) -> SagaDefinition | None:
         return self._definitions.get(name)
 
-    def __contains__(self, name: object) -> bool:
-        return name in self._definitions
-
     def names(self) -> list[str]:
         return sorted(self._definitions)
 
