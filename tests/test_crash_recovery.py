@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from celery_saga import ExecutionState, RollbackStatus
+from celery_saga import ExecutionNotFoundError, ExecutionState, RollbackStatus
 from tests.conftest import (
     BROKERS,
     PORTS,
@@ -101,6 +101,16 @@ class CrashRig:
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait(timeout=10)
 
+    def kill_and_restart_when(
+        self, worker: subprocess.Popen[bytes], condition: Callable[[], bool]
+    ) -> None:
+        """SIGKILL ``worker`` once ``condition`` holds (and the body is well inside its
+        sleep), then start a fresh worker in its place."""
+        _wait_for(condition)
+        time.sleep(0.5)
+        self.kill(worker)
+        self.start_worker()
+
     def drive_to_end(self, execution_id: str, timeout: float = 90) -> Any:
         """Wait for the run; beat's sweeps are what moves it on after a crash."""
         deadline = time.monotonic() + timeout
@@ -143,10 +153,7 @@ def test_worker_killed_mid_step_resumes_without_repeating_effects(rig: CrashRig)
         steps = {s.name: s for s in run.get().steps}
         return "s3" in steps and steps["s3"].status.value == "running"
 
-    _wait_for(s3_running)
-    time.sleep(0.5)
-    rig.kill(first)
-    rig.start_worker()
+    rig.kill_and_restart_when(first, s3_running)
     execution = rig.drive_to_end(run.id)
     assert execution.state is ExecutionState.COMPLETED
     entries = rig.client.entries(run.id)
@@ -166,10 +173,7 @@ def test_worker_killed_mid_reversal_finishes_the_unwind_once_per_step(rig: Crash
         steps = {s.name: s for s in run.get().steps}
         return "s2" in steps and steps["s2"].compensation_attempts >= 1
 
-    _wait_for(s2_reversal_claimed)
-    time.sleep(0.5)
-    rig.kill(first)
-    rig.start_worker()
+    rig.kill_and_restart_when(first, s2_reversal_claimed)
     execution = rig.drive_to_end(run.id)
     assert execution.state is ExecutionState.FAILED
     assert execution.rollback_status is RollbackStatus.COMPLETED
@@ -189,10 +193,7 @@ def test_worker_killed_mid_for_each_unwinds_each_iteration_once_with_its_own_ite
         steps = {s.name: s for s in run.get().steps}
         return "pack:1" in steps and steps["pack:1"].status.value == "running"
 
-    _wait_for(second_item_running)
-    time.sleep(0.5)
-    rig.kill(first)
-    rig.start_worker()
+    rig.kill_and_restart_when(first, second_item_running)
     execution = rig.drive_to_end(run.id)
     assert execution.state is ExecutionState.FAILED
     assert execution.rollback_status is RollbackStatus.COMPLETED
@@ -217,15 +218,13 @@ def test_worker_killed_mid_child_step_is_recovered_through_the_parent(rig: Crash
     def child_step_running() -> bool:
         steps = {s.name: s for s in run.get().steps}
         child_id = steps["child"].child_execution_id if "child" in steps else None
-        if child_id is None:
+        try:  # the record names the child a moment before the child's row is written
+            child = {s.name: s for s in rig.client.engine.get(child_id).steps} if child_id else {}
+        except ExecutionNotFoundError:
             return False
-        child = {s.name: s for s in rig.client.engine.get(child_id).steps}
         return "c1" in child and child["c1"].status.value == "running"
 
-    _wait_for(child_step_running)
-    time.sleep(0.5)
-    rig.kill(first)
-    rig.start_worker()
+    rig.kill_and_restart_when(first, child_step_running)
     execution = rig.drive_to_end(run.id)
     assert execution.state is ExecutionState.COMPLETED
     child_id = execution.step("child").child_execution_id
