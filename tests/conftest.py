@@ -34,7 +34,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PG_ADMIN = os.environ.get(
     "SAGA_TEST_PG_ADMIN", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
-PG_DATABASE = "celery_saga_tests"
+# Separate names let two checkouts run the suite at once without emptying each other's rows.
+PG_DATABASE = os.environ.get("SAGA_TEST_PG_DATABASE", "celery_saga_tests")
 BROKERS = {
     "postgres-rabbitmq": os.environ.get("SAGA_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672//"),
     "postgres-redis": os.environ.get("SAGA_TEST_REDIS", "redis://127.0.0.1:6379/0"),
