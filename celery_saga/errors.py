@@ -62,3 +62,9 @@ class WaitTimeoutError(SagaError):
 
 class SubSagaError(SagaError):
     """A sub-saga could not be started: its input mapper raised or returned no mapping."""
+
+
+class StoreUnavailableError(SagaError):
+    """The saga store could not be reached within the retry budget
+    (``saga_store_retry_budget``); nothing was changed by the call that raised it, unless
+    the message says the outcome is unknown."""

@@ -28,7 +28,7 @@ def test_default_entries_fire_timers_and_recover_and_leave_data_alone(tmp_path: 
     app, _ = _app(tmp_path)
     schedule = app.conf.beat_schedule
     assert schedule["celery-saga-fire-timers"] == {"task": FIRE_TIMERS_TASK, "schedule": 5.0}
-    assert schedule["celery-saga-recover"] == {"task": RECOVER_TASK, "schedule": 30.0}
+    assert schedule["celery-saga-recover"] == {"task": RECOVER_TASK, "schedule": 15.0}
     assert "celery-saga-cleanup" not in schedule, "nothing is deleted unless asked"
     assert "celery-saga-archive" not in schedule
     for task in (FIRE_TIMERS_TASK, RECOVER_TASK, CLEANUP_TASK, ARCHIVE_TASK):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from datetime import timedelta
 from typing import Any
@@ -19,18 +20,19 @@ from celery_saga.definition.nodes import (
     WaitNode,
 )
 from celery_saga.errors import BranchPathError, LoopError, PayloadError, UnknownSagaError
-from celery_saga.records import ExecutionRecord, ExecutionState, StepRecord
+from celery_saga.records import ExecutionRecord, ExecutionState, StepRecord, StepStatus
 from celery_saga.runtime.children import Children
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.contexts import Snapshot, step_context
 from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.failures import StepFailures
+from celery_saga.runtime.heartbeat import keep_lease
 from celery_saga.runtime.invoke import invoke_step
 from celery_saga.runtime.keys import record_key
 from celery_saga.runtime.navigation import Position, choose_path, node_at, resolve, route
 from celery_saga.runtime.ports import Catalog, EventSink, Publisher, Settings
-from celery_saga.runtime.store_retry import keep_cause
-from celery_saga.runtime.unwinder import Unwinder, compensations_of
+from celery_saga.runtime.store_retry import write_outcome
+from celery_saga.runtime.unwinder import Unwinder
 from celery_saga.runtime.waits import Waits
 from celery_saga.store import forward, queries
 from celery_saga.store.codec import pack
@@ -59,13 +61,15 @@ class Executor(StepFailures):
         self.children = Children(self)
 
     # -- starting ---------------------------------------------------------------------
-    def start(
+    def create(
         self,
         definition: SagaDefinition,
         saga_input: Any,
         execution_id: str,
         parent_execution_id: str | None = None,
     ) -> None:
+        """Store a new run at its first position (one INSERT; a taken id raises
+        ``IntegrityError``)."""
         blob = pack(
             saga_input,
             what=f"input of saga {definition.name!r}",
@@ -85,11 +89,28 @@ class Executor(StepFailures):
             now=get_clock().now(),
             parent_execution_id=parent_execution_id,
         )
+
+    def launch(
+        self, definition: SagaDefinition, execution_id: str, parent_execution_id: str | None = None
+    ) -> None:
+        """Send the first message of a stored run. A broker that refuses it leaves the run
+        marked as owed a message (see ``CeleryPublisher``); the run is stored either way."""
         fields = {"execution_id": execution_id, "saga": definition.name}
         if parent_execution_id is not None:
             fields["parent_execution_id"] = parent_execution_id
         self.emit("saga-started", fields)
+        first = first_position(definition.nodes)
         self.publish_position(definition, execution_id, first.node, 0)
+
+    def start(
+        self,
+        definition: SagaDefinition,
+        saga_input: Any,
+        execution_id: str,
+        parent_execution_id: str | None = None,
+    ) -> None:
+        self.create(definition, saga_input, execution_id, parent_execution_id)
+        self.launch(definition, execution_id, parent_execution_id)
 
     # -- publishing -------------------------------------------------------------------
     def publish_position(
@@ -199,10 +220,19 @@ class Executor(StepFailures):
         if verdict is Admission.REJECT_IN_FLIGHT and redelivered and record:
             assert record.lease_expires_at is not None and position.spec is not None
             wait = (record.lease_expires_at - now).total_seconds() + 1
+            logger.warning(
+                "execution %s: redelivered message for step %r held back %.0f s, until the "
+                "lease of the attempt in flight ends (its worker may be the one that died)",
+                message.execution_id,
+                position.record_name,
+                wait,
+            )
             self.publisher.publish_node(definition.name, position.spec, message, countdown=wait)
             return
         if verdict is not Admission.RUN:
             self.refused(message, verdict)
+            return
+        if self._exhausted(definition, position, message, record):
             return
         attempt = self._claim(definition, position, message, record)
         if attempt is None:
@@ -220,11 +250,6 @@ class Executor(StepFailures):
         spec = position.spec
         assert spec is not None
         now = get_clock().now()
-        lease = (
-            spec.timeout + self.settings.lease_margin
-            if spec.timeout
-            else self.settings.lease_seconds
-        )
         return forward.claim_step(
             self.db,
             execution_id=message.execution_id,
@@ -234,7 +259,7 @@ class Executor(StepFailures):
             definition_hash=definition.hash,
             idempotency_key=record_key(message.execution_id, position.record_name, "forward"),
             compensatable=spec.compensatable,
-            lease_expires_at=now + timedelta(seconds=lease),
+            lease_expires_at=now + timedelta(seconds=self.settings.lease_seconds),
             now=now,
             existing=record,
         )
@@ -260,26 +285,31 @@ class Executor(StepFailures):
         }
         self.emit("saga-step-started", fields)
         loop = (position.iteration, position.item, position.for_each)
-        try:
-            ctx = step_context(
-                self.db, definition, spec, name, execution_id, key, attempt, snapshot, loop
-            )
-        except SQLAlchemyError:
-            raise  # the store failed, not the step: the claim waits for its lease or a retry
-        except Exception as error:
-            self._step_failed(definition, position, message, attempt, error)
-            return
-        try:
-            blob = pack(
-                invoke_step(definition.name, spec, ctx),
-                what=f"result of step {name!r} of saga {definition.name!r}",
-                limit=self.settings.max_payload_bytes,
-            )
-        except Exception as error:
-            # Everything the step does counts as its attempt: an error here must settle it,
-            # or the run would wait for its lease to expire.
-            self._step_failed(definition, position, message, attempt, error)
-            return
+        renew = functools.partial(
+            forward.renew_step_lease, self.db, execution_id=execution_id, name=name, attempt=attempt
+        )
+        what = f"step {name!r} of execution {execution_id}"
+        with keep_lease(lambda expiry: renew(lease_expires_at=expiry), self.lease, what):
+            try:
+                ctx = step_context(
+                    self.db, definition, spec, name, execution_id, key, attempt, snapshot, loop
+                )
+            except SQLAlchemyError:
+                raise  # the store failed, not the step: the claim waits for its lease or a retry
+            except Exception as error:
+                self._step_failed(definition, position, message, attempt, error)
+                return
+            try:
+                blob = pack(
+                    invoke_step(definition.name, spec, ctx),
+                    what=f"result of step {name!r} of saga {definition.name!r}",
+                    limit=self.settings.max_payload_bytes,
+                )
+            except (Exception, SystemExit) as error:
+                # Everything the step does counts as its attempt, ``sys.exit()`` included:
+                # an error here must settle it, or the run would wait for its lease.
+                self._step_failed(definition, position, message, attempt, error)
+                return
         step_advance = advance(definition.nodes, message.node, message.sub, position.length)
         self.step_completed(definition, name, message, attempt, blob, step_advance, fields)
 
@@ -293,14 +323,12 @@ class Executor(StepFailures):
         step_advance: Advance,
         fields: dict[str, Any],
     ) -> None:
-        """Record ``name`` completed and move the run on (a parallel member: join first)."""
+        """Record ``name`` completed and move the run on (a parallel member: join first).
+        The result exists only in this process: its record is retried through store outages
+        (guarantee 20) rather than left to a lease that would run the body again."""
         target = definition.nodes[message.node]
         if not isinstance(target, ParallelNode):
-            # The result exists only in this process now: retry its record here rather than
-            # let the run wait for the lease to expire and the body to run again.
-            if keep_cause(
-                self.settings.store_retry_delays,
-                None,
+            if write_outcome(
                 lambda: forward.record_step_completed(
                     self.db,
                     execution_id=message.execution_id,
@@ -312,22 +340,19 @@ class Executor(StepFailures):
                     advance=step_advance,
                     now=get_clock().now(),
                 ),
+                budget=self.settings.outcome_retry_budget,
+                what=f"the result of step {name!r} of execution {message.execution_id}",
+                landed=lambda: self.landed(
+                    message.execution_id, name, attempt, StepStatus.COMPLETED
+                ),
+                if_landed=True,
             ):
                 self.emit("saga-step-completed", fields)
                 self.advanced(definition, message.execution_id, step_advance)
             return
-        group = forward.record_step_settled(
-            self.db,
-            execution_id=message.execution_id,
-            name=name,
-            attempt=attempt,
-            node=message.node,
-            sub=message.sub,
-            members=[s.name for s in target.steps],
-            compensations=compensations_of(definition),
-            now=get_clock().now(),
-            advance=step_advance,
-            result_blob=blob,
+        members = [s.name for s in target.steps]
+        group = self.settle(
+            definition, message, name, attempt, members, step_advance, result_blob=blob
         )
         if group is None:
             return

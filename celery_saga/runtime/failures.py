@@ -13,14 +13,16 @@ from celery_saga.decisions.retry import backoff_delay
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import ParallelNode
 from celery_saga.errors import PayloadError, SchemaValidationError
+from celery_saga.records import StepRecord, StepStatus
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.keys import record_key
 from celery_saga.runtime.navigation import Position
 from celery_saga.runtime.ports import RuntimeParts
-from celery_saga.runtime.store_retry import keep_cause
+from celery_saga.runtime.store_retry import write_outcome
 from celery_saga.runtime.unwinder import Unwinder, compensations_of
-from celery_saga.store import forward
+from celery_saga.store import forward, queries, recovery
+from celery_saga.store.forward import GroupResult
 
 logger = logging.getLogger("celery_saga")
 
@@ -28,13 +30,73 @@ logger = logging.getLogger("celery_saga")
 class StepFailures(RuntimeParts):
     unwinder: Unwinder
 
+    @property
+    def lease(self) -> float:
+        return self.settings.lease_seconds
+
+    def landed(self, execution_id: str, name: str, attempt: int, status: StepStatus) -> bool:
+        """Whether an earlier try of this attempt's outcome write committed: asked before
+        retrying a write whose reply was lost with its connection."""
+        record = queries.load_step(self.db, execution_id, name)
+        return record is not None and record.status is status and record.attempts == attempt
+
+    def settle(
+        self,
+        definition: SagaDefinition,
+        message: NodeMessage,
+        name: str,
+        attempt: int,
+        members: list[str],
+        step_advance: Advance,
+        *,
+        result_blob: bytes | None = None,
+        error: str | None = None,
+        cause: BaseException | None = None,
+    ) -> GroupResult | None:
+        """Record a parallel member's result or a step's final failure, retried through
+        store outages; the last member to settle decides for the node (guarantee 20)."""
+        status = StepStatus.FAILED if error is not None else StepStatus.COMPLETED
+
+        def landed() -> bool:
+            if not self.landed(message.execution_id, name, attempt, status):
+                return False
+            # Ours committed but what it decided is unknown here: the timer sweep sends
+            # whatever the run's record says is next.
+            recovery.mark_message_owed(
+                self.db, execution_id=message.execution_id, now=get_clock().now()
+            )
+            return True
+
+        unknown: GroupResult | None = GroupResult(settled=False)
+        return write_outcome(
+            lambda: forward.record_step_settled(
+                self.db,
+                execution_id=message.execution_id,
+                name=name,
+                attempt=attempt,
+                node=message.node,
+                sub=message.sub,
+                members=members,
+                compensations=compensations_of(definition),
+                now=get_clock().now(),
+                advance=step_advance,
+                result_blob=result_blob,
+                error=error,
+            ),
+            budget=self.settings.outcome_retry_budget,
+            what=f"the outcome of step {name!r} of execution {message.execution_id}",
+            landed=landed,
+            if_landed=unknown,
+            cause=cause,
+        )
+
     def _step_failed(
         self,
         definition: SagaDefinition,
         position: Position,
         message: NodeMessage,
         attempt: int,
-        error: Exception,
+        error: BaseException,
     ) -> None:
         spec, name = position.spec, position.record_name
         assert spec is not None
@@ -68,6 +130,39 @@ class StepFailures(RuntimeParts):
         self.settle_failure(definition, message, name, attempt, members, reason, error)
         self.emit("saga-step-failed", fields)
 
+    def _exhausted(
+        self,
+        definition: SagaDefinition,
+        position: Position,
+        message: NodeMessage,
+        record: StepRecord | None,
+    ) -> bool:
+        """An attempt that never settled (its worker died, or it ran past its lease) counts
+        like one that raised: after ``retry + 1`` executions the step fails instead of being
+        claimed again (guarantee 27)."""
+        spec = position.spec
+        if record is None or spec is None or record.status is not StepStatus.RUNNING:
+            return False
+        # ``retry`` attempts may fail by raising; one lost attempt more is allowed, so a
+        # crash never costs a step with ``retry=1`` its only run (guarantee 27: retry + 1).
+        if record.attempts <= spec.retry:
+            return False
+        reason = (
+            f"WorkerLostError: attempt {record.attempts} of step {record.name!r} never "
+            "finished (its worker stopped, or it outlived its lease) and no attempt is left"
+        )
+        logger.warning("saga %r execution %s: %s", definition.name, message.execution_id, reason)
+        target = definition.nodes[message.node]
+        members = (
+            [s.name for s in target.steps]
+            if isinstance(target, ParallelNode)
+            else [position.record_name]
+        )
+        self.settle_failure(
+            definition, message, position.record_name, record.attempts, members, reason, None
+        )
+        return True
+
     def settle_failure(
         self,
         definition: SagaDefinition,
@@ -76,26 +171,13 @@ class StepFailures(RuntimeParts):
         attempt: int,
         members: list[str],
         reason: str,
-        error: Exception | None,
+        error: BaseException | None,
     ) -> None:
         """Record the step ``name`` failed for good; the last member to settle fails the run
-        and begins its unwind. A store that keeps refusing re-raises ``error``."""
-        group = keep_cause(
-            self.settings.store_retry_delays,
-            error,
-            lambda: forward.record_step_settled(
-                self.db,
-                execution_id=message.execution_id,
-                name=name,
-                attempt=attempt,
-                node=message.node,
-                sub=message.sub,
-                members=members,
-                compensations=compensations_of(definition),
-                now=get_clock().now(),
-                advance=Advance(message.node, message.sub, False, False),
-                error=reason,
-            ),
+        and begins its unwind. A store that stays unreachable re-raises ``error``."""
+        stay = Advance(message.node, message.sub, False, False)
+        group = self.settle(
+            definition, message, name, attempt, members, stay, error=reason, cause=error
         )
         if group is not None and group.settled and group.unwind is not None:
             self.unwinder.begin(

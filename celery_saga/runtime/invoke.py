@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import inspect
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from celery_saga.definition.nodes import StepSpec
-from celery_saga.errors import SchemaValidationError, StepTimeoutError
+from celery_saga.errors import SchemaValidationError
 from celery_saga.runtime.context import SagaContext
 from celery_saga.runtime.describe import describe_error
+from celery_saga.runtime.limits import run_with_timeout
 
 _CONTEXT_NAMES = ("ctx", "context")
 
@@ -76,32 +76,6 @@ def call_arguments(
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         return available
     return {name: value for name, value in available.items() if name in parameters}
-
-
-def run_with_timeout(function: Callable[[], Any], timeout: float | None, what: str) -> Any:
-    """Run ``function``; past ``timeout`` seconds give up on it and raise StepTimeoutError.
-
-    The body keeps running in its daemon thread (Python cannot kill a thread); under the
-    prefork pool the message's hard time limit is what finally stops it.
-    """
-    if timeout is None:
-        return function()
-    outcome: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            outcome["value"] = function()
-        except BaseException as error:  # handed back to the caller's thread
-            outcome["error"] = error
-
-    thread = threading.Thread(target=target, name=f"saga:{what}", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        raise StepTimeoutError(f"{what} timed out after {timeout:g}s")
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome.get("value")
 
 
 def apply_schema(schema: Any, value: Any, what: str) -> Any:

@@ -45,21 +45,32 @@ class EventSink(Protocol):
 class Settings:
     """Engine-wide knobs (read from the Celery app's ``saga_*`` settings).
 
-    ``lease_seconds``: how long a claimed step is protected from a duplicate message when it
-    declares no timeout; ``compensation_timeout``: the default reversal timeout
-    (guarantee 7); ``max_payload_bytes``: largest encoded input or result;
-    ``store_retry_delays``: pauses between retries of a failure record that the store refused;
-    ``lease_margin``: added to a step's or reversal's timeout to form its lease;
-    ``recover_after``: how long a live run may go without progress before the recovery sweep
-    republishes its next message (keep it above every step's ``backoff_max``).
+    ``lease_seconds``: how long a claim on a step or reversal protects it from a duplicate
+    message; renewed every third of it while the body runs, so it bounds how soon a lost
+    worker's step is picked up again, not how long a body may run;
+    ``compensation_timeout``: the default reversal timeout (guarantee 7);
+    ``max_payload_bytes``: largest encoded input or result; ``hard_limit_grace``: seconds
+    between a timeout's soft time limit and the hard limit that stops the pool process
+    (plus ``outcome_retry_budget``, so the hard limit never cuts an outcome write short);
+    ``recover_after``: how long a live run may go without progress before the recovery
+    sweep republishes its next message (keep it above every step's ``backoff_max``);
+    ``store_retry_budget``: how long a call that has done nothing yet (the public API, a
+    claim) retries a store that cannot be reached; ``outcome_retry_budget``: how long the
+    record of something already done (a step's result, a reversal's outcome) is retried
+    before the engine gives up on it (guarantee 20).
     """
 
-    lease_seconds: float = 300.0
+    lease_seconds: float = 30.0
     compensation_timeout: float = 30.0
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
-    store_retry_delays: tuple[float, ...] = (0.05, 0.2, 0.5, 1.0, 2.0)
-    lease_margin: float = 30.0
-    recover_after: float = 60.0
+    hard_limit_grace: float = 10.0
+    recover_after: float = 45.0
+    store_retry_budget: float = 15.0
+    outcome_retry_budget: float = 120.0
+
+    @property
+    def heartbeat_interval(self) -> float:
+        return self.lease_seconds / 3
 
 
 class Catalog:

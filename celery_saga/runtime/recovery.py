@@ -16,8 +16,10 @@ from celery_saga.decisions.recovery import (
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import ParallelNode
 from celery_saga.runtime.clock import get_clock
+from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.executor import Executor
 from celery_saga.store import queries, recovery, unwind
+from celery_saga.store.transient import retry_transient
 
 logger = logging.getLogger("celery_saga")
 
@@ -48,6 +50,59 @@ class Recoverer:
             if len(rows) < page:
                 break
             after = rows[-1]
+        return acted
+
+    def owe_message(self, execution_id: str, error: Exception) -> None:
+        """The broker refused a message whose transition is recorded: mark the run so the
+        timer sweep sends it once the broker is back (seconds, not ``recover_after``)."""
+        db = self.executor.db
+        try:
+            retry_transient(
+                lambda: recovery.mark_message_owed(
+                    db, execution_id=execution_id, now=get_clock().now()
+                ),
+                budget=self.executor.settings.store_retry_budget,
+                what=f"marking execution {execution_id} as owed a message",
+            )
+        except Exception:
+            logger.error(
+                "execution %s: a message could not be sent (%s) nor marked as owed; the "
+                "recovery sweep will send it after saga_recover_after",
+                execution_id,
+                describe_error(error),
+            )
+            return
+        logger.warning(
+            "execution %s: a message could not be sent (%s); the timer sweep will send it "
+            "when the broker is reachable",
+            execution_id,
+            describe_error(error),
+        )
+
+    def send_owed(self, page: int = 200) -> int:
+        """Send the next message of every run marked as owed one; returns how many."""
+        db = self.executor.db
+        now = get_clock().now()
+        acted = 0
+        for execution_id, version in recovery.list_owed(db, now=now, limit=page):
+            if not recovery.claim_owed(
+                db, execution_id=execution_id, seen_version=version, now=now
+            ):
+                continue
+            execution, steps = queries.load_snapshot(db, execution_id)
+            definition = self.executor.registry(execution.saga_name) if execution else None
+            if execution is None or definition is None:
+                continue
+            action = decide_recovery(execution, steps, definition.reversible, now, timedelta(0))
+            if action.kind in (RecoveryKind.NOTHING, RecoveryKind.RECOVER_CHILD):
+                continue
+            logger.info(
+                "sending the owed message of execution %s: %s", execution_id, action.kind.value
+            )
+            self._carry_out(
+                definition, execution_id, execution.cursor, execution.cursor_sub, action
+            )
+            acted += 1
         return acted
 
     def _recover_one(self, execution_id: str, now: datetime, stale_after: timedelta) -> int:

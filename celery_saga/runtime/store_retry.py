@@ -1,37 +1,52 @@
-"""Retrying a store write the database refused (a lock timeout, a dropped connection)."""
+"""Writing down what already happened through store outages (guarantees 19, 20, 26).
+
+Once a step's body or a reversal has run, its record is the only thing that stops it from
+running again. That write is retried for ``outcome_retry_budget`` seconds; before each
+retry the store is asked whether an earlier try committed after all (its reply may have
+been lost with the connection), so a retry never reports a write of ours as someone
+else's.
+"""
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TypeVar
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from celery_saga.runtime.describe import describe_error
+from celery_saga.store.transient import retry_transient
 
-logger = logging.getLogger("celery_saga")
 T = TypeVar("T")
 
 
-def keep_cause(delays: Sequence[float], cause: Exception | None, write: Callable[[], T]) -> T:
-    """Run ``write``, retrying after each of ``delays`` while the store refuses it.
+def write_outcome(
+    write: Callable[[], T],
+    *,
+    budget: float,
+    what: str,
+    landed: Callable[[], bool],
+    if_landed: T,
+    cause: BaseException | None = None,
+) -> T:
+    """Run the conditional ``write``, retrying transient store errors for ``budget`` s.
 
-    With ``cause`` (a step's error being recorded) a store that keeps refusing raises
-    ``cause`` itself, so the step's error is never replaced by the store's (guarantee 19);
-    without one, the last store error. The writes retried are conditional, so a retry after
-    a write that did commit changes nothing and reports the claim as lost.
+    Before a retry, ``landed()`` says whether an earlier try committed after all; if so
+    the write is not repeated and ``if_landed`` is returned. With ``cause`` (a step's error
+    being recorded), a store that stays unreachable raises ``cause`` itself, so the step's
+    error is never replaced by the store's (guarantee 19); without one, the last store error.
     """
-    for delay in (*delays, None):
-        try:
-            return write()
-        except SQLAlchemyError as store_error:
-            what = f"the failure record of {describe_error(cause)}" if cause else "an outcome"
-            logger.warning("store refused %s: %s", what, describe_error(store_error))
-            if delay is None:
-                if cause is None:
-                    raise
-                raise cause from store_error
-            time.sleep(delay)
-    raise AssertionError("unreachable")
+    tried = False
+
+    def once() -> T:
+        nonlocal tried
+        if tried and landed():
+            return if_landed
+        tried = True
+        return write()
+
+    try:
+        return retry_transient(once, budget=budget, what=what)
+    except SQLAlchemyError as store_error:
+        if cause is None:
+            raise
+        raise cause from store_error

@@ -3,6 +3,7 @@ the first definitive failure (guarantees 1-9, 20)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from datetime import timedelta
 from typing import Any
@@ -25,9 +26,11 @@ from celery_saga.runtime.child_unwind import ChildUnwind
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.contexts import loop_arguments, run_context
 from celery_saga.runtime.describe import describe_error
-from celery_saga.runtime.invoke import call_arguments, run_with_timeout
+from celery_saga.runtime.heartbeat import keep_lease
+from celery_saga.runtime.invoke import call_arguments
 from celery_saga.runtime.keys import record_key
-from celery_saga.runtime.ports import RuntimeParts
+from celery_saga.runtime.limits import run_with_timeout
+from celery_saga.runtime.reversal_outcome import ReversalOutcomes
 from celery_saga.store import queries, unwind
 
 logger = logging.getLogger("celery_saga")
@@ -38,8 +41,12 @@ def compensations_of(definition: SagaDefinition | None) -> frozenset[str]:
     return frozenset() if definition is None else definition.reversible
 
 
-class Unwinder(RuntimeParts):
+class Unwinder(ReversalOutcomes):
     """Runs one reversal per compensate message and decides the next move."""
+
+    @property
+    def lease(self) -> float:
+        return self.settings.lease_seconds
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -87,10 +94,18 @@ class Unwinder(RuntimeParts):
                     now=get_clock().now(),
                 )
             assert plan is None or plan.record is not None
-            self.emit(
-                "saga-compensation-stuck",
-                {**fields, "step": plan.record.name if plan and plan.record else None},
+            step = plan.record.name if plan and plan.record else None
+            logger.warning(
+                "execution %s of saga %r parked compensation_stuck at the reversal of step %r "
+                "(%s): %s (to continue: celery saga resume %s, or abandon)",
+                execution_id,
+                definition.name,
+                step,
+                plan.kind.value if plan else "halted",
+                plan.record.compensation_reason if plan and plan.record else "",
+                execution_id,
             )
+            self.emit("saga-compensation-stuck", {**fields, "step": step})
         self.settled(definition, execution_id)
 
     def publish_reversal(
@@ -153,6 +168,12 @@ class Unwinder(RuntimeParts):
             record, planned, attempt, lease is not None and lease > now
         )
         if verdict is Admission.REJECT_IN_FLIGHT and redelivered and record and lease:
+            logger.warning(
+                "execution %s: redelivered reversal of step %r held back until the lease of "
+                "the attempt in flight ends (its worker may be the one that died)",
+                execution_id,
+                step_name,
+            )
             self._publish(
                 definition,
                 execution_id,
@@ -184,7 +205,7 @@ class Unwinder(RuntimeParts):
             execution_id=execution_id,
             name=record.name,
             attempts_before=record.compensation_attempts,
-            lease_expires_at=now + timedelta(seconds=timeout + self.settings.lease_margin),
+            lease_expires_at=now + timedelta(seconds=self.settings.lease_seconds),
             now=now,
         ):
             logger.info("compensate %s/%s refused: claimed elsewhere", execution_id, record.name)
@@ -200,21 +221,32 @@ class Unwinder(RuntimeParts):
             "forward_key": record.idempotency_key,
         }
         self.emit("saga-compensation-started", fields)
-        try:
-            ctx = self._context(definition, execution, steps, record, key, attempt)
-            kwargs = call_arguments(
-                spec.compensation, ctx, spec.compensation_args, extra={"result": record.result}
-            )
-            run_with_timeout(
-                lambda: spec.compensation(**kwargs),
-                timeout,
-                f"compensation of step {record.name!r} of saga {definition.name!r}",
-            )
-        except SQLAlchemyError:
-            raise  # reading the context failed, not the reversal: its claim expires
-        except Exception as error:
-            self._reversal_failed(definition, spec, record, attempt, error, fields)
-            return
+        renew = functools.partial(
+            unwind.renew_compensation_lease,
+            self.db,
+            execution_id=execution_id,
+            name=record.name,
+            attempt=attempt,
+        )
+        what = f"the reversal of step {record.name!r} of execution {execution_id}"
+        with keep_lease(lambda expiry: renew(lease_expires_at=expiry), self.lease, what):
+            try:
+                ctx = self._context(definition, execution, steps, record, key, attempt)
+            except SQLAlchemyError:
+                raise  # reading the context failed, not the reversal: its claim expires
+            try:
+                kwargs = call_arguments(
+                    spec.compensation, ctx, spec.compensation_args, extra={"result": record.result}
+                )
+                run_with_timeout(
+                    lambda: spec.compensation(**kwargs),
+                    timeout,
+                    f"compensation of step {record.name!r} of saga {definition.name!r}",
+                )
+            except (Exception, SystemExit) as error:
+                # The handler's own errors, database errors of its own included.
+                self._reversal_failed(definition, spec, record, attempt, error, fields)
+                return
         plan = self.record_outcome(
             definition, execution_id, record.name, attempt, CompensationOutcome.COMPENSATED, None
         )
@@ -261,7 +293,7 @@ class Unwinder(RuntimeParts):
         spec: StepSpec,
         record: StepRecord,
         attempt: int,
-        error: Exception,
+        error: BaseException,
         fields: dict[str, object],
     ) -> None:
         reason = describe_error(error)
@@ -292,51 +324,22 @@ class Unwinder(RuntimeParts):
         self.emit("saga-compensation-failed", {**fields, "error": reason})
         self.follow(definition, execution_id, plan)
 
-    def record_outcome(
-        self,
-        definition: SagaDefinition,
-        execution_id: str,
-        name: str,
-        attempt: int,
-        outcome: CompensationOutcome,
-        reason: str | None,
-    ) -> UnwindStep | None:
-        """Persist a reversal's outcome; if the store refuses, park the run (guarantee 20):
-        an unrecorded reversal is one that would run again."""
-        try:
-            return unwind.record_compensation(
-                self.db,
-                execution_id=execution_id,
-                name=name,
-                attempt=attempt,
-                outcome=outcome,
-                reason=reason,
-                compensations=compensations_of(definition),
-                now=get_clock().now(),
-            )
-        except SQLAlchemyError as store_error:
-            why = (
-                f"the outcome ({outcome.value}) of the reversal of step {name!r} could not be "
-                f"recorded: {describe_error(store_error)}"
-            )
-            logger.error("parking execution %s: %s", execution_id, why)
-            try:
-                unwind.park_unwind(
-                    self.db, execution_id=execution_id, reason=why, now=get_clock().now()
-                )
-            except SQLAlchemyError:
-                logger.exception("could not park execution %s either", execution_id)
-            self.emit(
-                "saga-compensation-stuck",
-                {"execution_id": execution_id, "saga": definition.name, "step": name},
-            )
-            self.settled(definition, execution_id)
-            return None
-
     # -- operator exits ---------------------------------------------------------------
     def resume(self, definition: SagaDefinition, execution_id: str) -> None:
-        """Reopen a parked unwind (and first the parked children it halted on)."""
+        """Reopen a parked unwind (and first the parked children it halted on). The
+        reversal that failed, or whose outcome could not be recorded, runs again under its
+        own idempotency key; the log line names it."""
         unwind.require_stuck(self.db, execution_id, "resume_compensation")
+        _, steps = queries.load_snapshot(self.db, execution_id)
+        for record in steps:
+            unsettled = record.compensation_status is None and record.compensation_attempts
+            if record.compensation_status is CompensationOutcome.FAILED or unsettled:
+                logger.warning(
+                    "resume_compensation %s: the reversal of step %r runs again under the key %s",
+                    execution_id,
+                    record.name,
+                    record_key(execution_id, record.name, "compensate"),
+                )
         self.children.resume_children(execution_id)
         unwind.resume_compensation(self.db, execution_id, get_clock().now())
         self.emit(

@@ -77,6 +77,10 @@ class Database:
             # Every conditional write re-reads committed rows; REPEATABLE READ (MySQL's
             # default) would show a join an old snapshot of its sibling steps.
             options.update(isolation_level="READ COMMITTED", pool_recycle=1800)
+            if "connect_timeout" not in parsed.query:
+                # A host that drops packets must not hang a connect for minutes: the retry
+                # budgets count in seconds (store/transient.py).
+                options["connect_args"] = {"connect_timeout": 10}
         self.engine = create_engine(url, **options)
         # A single statement is atomic on its own: against a server, running it outside
         # BEGIN/COMMIT saves two round trips. SQLite keeps its serialised transactions.

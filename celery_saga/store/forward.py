@@ -143,6 +143,19 @@ def _held_by(execution_id: str, name: str, attempt: int) -> Any:
     )
 
 
+def renew_step_lease(
+    db: Database, *, execution_id: str, name: str, attempt: int, lease_expires_at: datetime
+) -> bool:
+    """Extend the lease of a step this attempt still holds (the heartbeat's write)."""
+    with db.single_statement() as connection:
+        result = connection.execute(
+            update(step_records)
+            .where(_held_by(execution_id, name, attempt))
+            .values(lease_expires_at=to_db_time(lease_expires_at))
+        )
+        return bool(result.rowcount == 1)
+
+
 def advance_values(advance: Advance, now: datetime) -> dict[str, Any]:
     """The execution columns that move a run to ``advance``."""
     if advance.finished:

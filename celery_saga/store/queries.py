@@ -85,6 +85,16 @@ def load_steps(connection: Connection, execution_id: str) -> list[StepRecord]:
     return [step_from_row(r) for r in connection.execute(query).mappings()]
 
 
+def load_step(db: Database, execution_id: str, name: str) -> StepRecord | None:
+    """One step record, in one read (to learn whether a write whose reply was lost landed)."""
+    rows = db.read(
+        select(step_records).where(
+            step_records.c.execution_id == execution_id, step_records.c.name == name
+        )
+    )
+    return step_from_row(rows[0]) if rows else None
+
+
 def load_execution(db: Database, execution_id: str) -> ExecutionRecord | None:
     """The execution row alone, in one read."""
     rows = db.read(select(executions).where(executions.c.id == execution_id))

@@ -1,4 +1,9 @@
-"""Finding runs that stopped moving, and claiming one for a single sweeper."""
+"""Finding runs that stopped moving, and claiming one for a single sweeper.
+
+A live run (running or compensating) whose ``wake_at`` is set has a message owed: its last
+transition was recorded but the message it implies could not be sent (the broker was
+down) or it is unknown what was sent. The timer sweep, every few seconds, sends it.
+"""
 
 from __future__ import annotations
 
@@ -55,5 +60,47 @@ def claim_stale(db: Database, *, execution_id: str, seen_version: int, now: date
                 _recoverable(),
             )
             .values(version=executions.c.version + 1, updated_at=to_db_time(now))
+        )
+        return bool(result.rowcount == 1)
+
+
+def _live() -> Any:
+    return executions.c.state.in_((ExecutionState.RUNNING.value, ExecutionState.COMPENSATING.value))
+
+
+def mark_message_owed(db: Database, *, execution_id: str, now: datetime) -> bool:
+    """Ask the timer sweep to send the next message of a live run from ``now`` on."""
+    with db.single_statement() as connection:
+        result = connection.execute(
+            update(executions)
+            .where(executions.c.id == execution_id, _live())
+            .values(wake_at=to_db_time(now))
+        )
+        return bool(result.rowcount == 1)
+
+
+def list_owed(db: Database, *, now: datetime, limit: int) -> list[tuple[str, int]]:
+    """(id, version) of live runs owed a message, oldest mark first."""
+    query = (
+        select(executions.c.id, executions.c.version)
+        .where(_live(), executions.c.wake_at <= to_db_time(now))
+        .order_by(executions.c.wake_at, executions.c.id)
+        .limit(limit)
+    )
+    return [(row["id"], row["version"]) for row in db.read(query)]
+
+
+def claim_owed(db: Database, *, execution_id: str, seen_version: int, now: datetime) -> bool:
+    """Clear the mark for exactly one sweeper (compare-and-set on the version it read)."""
+    with db.single_statement() as connection:
+        result = connection.execute(
+            update(executions)
+            .where(
+                executions.c.id == execution_id,
+                executions.c.version == seen_version,
+                executions.c.wake_at.is_not(None),
+                _live(),
+            )
+            .values(wake_at=None, version=executions.c.version + 1, updated_at=to_db_time(now))
         )
         return bool(result.rowcount == 1)

@@ -69,6 +69,23 @@ def claim_compensation(
         return result.rowcount == 1
 
 
+def renew_compensation_lease(
+    db: Database, *, execution_id: str, name: str, attempt: int, lease_expires_at: datetime
+) -> bool:
+    """Extend the lease of a reversal this attempt still holds (the heartbeat's write)."""
+    with db.single_statement() as connection:
+        result = connection.execute(
+            update(step_records)
+            .where(
+                _step(execution_id, name),
+                step_records.c.compensation_status.is_(None),
+                step_records.c.compensation_attempts == attempt,
+            )
+            .values(compensation_lease_expires_at=to_db_time(lease_expires_at))
+        )
+        return bool(result.rowcount == 1)
+
+
 def _settle_compensation(
     connection: Connection, execution_id: str, name: str, attempt: int, **changes: Any
 ) -> None:

@@ -1,7 +1,7 @@
 """The beat entries the extension installs, and the sweep a starting worker requests.
 
 ``celery-saga-fire-timers`` (every ``saga_timer_interval`` s, default 5) fails runs whose
-``wait_for`` deadline passed; ``celery-saga-recover`` (``saga_recover_interval``, 30)
+``wait_for`` deadline passed; ``celery-saga-recover`` (``saga_recover_interval``, 15)
 republishes what lost messages left undone; ``celery-saga-cleanup`` and
 ``celery-saga-archive`` (``saga_cleanup_interval`` / ``saga_archive_interval``, 3600) remove
 or archive terminal runs older than ``saga_cleanup_after`` / ``saga_archive_after`` seconds,
@@ -32,7 +32,7 @@ def _seconds(app: Celery, setting: str, default: float | None) -> float | None:
 def install_beat_entries(app: Celery) -> None:
     entries: dict[str, tuple[str, float | None]] = {
         "celery-saga-fire-timers": (FIRE_TIMERS_TASK, _seconds(app, "saga_timer_interval", 5.0)),
-        "celery-saga-recover": (RECOVER_TASK, _seconds(app, "saga_recover_interval", 30.0)),
+        "celery-saga-recover": (RECOVER_TASK, _seconds(app, "saga_recover_interval", 15.0)),
     }
     if app.conf.get("saga_cleanup_after") is not None:
         interval = _seconds(app, "saga_cleanup_interval", 3600.0)

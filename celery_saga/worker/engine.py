@@ -5,18 +5,19 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from celery import Celery
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from celery_saga.definition.builder import Saga, SagaDefinition
 from celery_saga.errors import (
     DefinitionError,
     ExecutionNotFoundError,
     SagaError,
+    StoreUnavailableError,
     UnknownSagaError,
 )
 from celery_saga.records import Execution, ExecutionState, RollbackStatus
@@ -25,12 +26,15 @@ from celery_saga.runtime.executor import Executor
 from celery_saga.runtime.ports import Catalog, Settings
 from celery_saga.runtime.recovery import Recoverer
 from celery_saga.store import queries, retention
+from celery_saga.store.codec import pack, unpack
 from celery_saga.store.database import Database
+from celery_saga.store.transient import describe_store_error, is_transient, retry_transient
 from celery_saga.worker.beat import install_beat_entries, request_sweep_when_ready
 from celery_saga.worker.events import EventHub, Listener
 from celery_saga.worker.publisher import CeleryPublisher
 from celery_saga.worker.tasks import register_tasks
 
+T = TypeVar("T")
 DEFAULT_STORE_URL = "sqlite:///celery_saga.sqlite3"
 #: States in which a run does nothing more until someone acts: done, or waiting for a
 #: signal or an operator.
@@ -44,14 +48,19 @@ SETTLED_STATES = (
 
 def _settings_from(app: Celery) -> Settings:
     conf, defaults = app.conf, Settings()
+
+    def number(name: str) -> float:
+        value = conf.get(f"saga_{name}")
+        return float(getattr(defaults, name) if value is None else value)
+
     return Settings(
-        lease_seconds=float(conf.get("saga_lease_seconds") or defaults.lease_seconds),
-        compensation_timeout=float(
-            conf.get("saga_compensation_timeout") or defaults.compensation_timeout
-        ),
-        max_payload_bytes=int(conf.get("saga_max_payload_bytes") or defaults.max_payload_bytes),
-        lease_margin=float(conf.get("saga_lease_margin") or defaults.lease_margin),
-        recover_after=float(conf.get("saga_recover_after") or defaults.recover_after),
+        lease_seconds=number("lease_seconds"),
+        compensation_timeout=number("compensation_timeout"),
+        max_payload_bytes=int(number("max_payload_bytes")),
+        hard_limit_grace=number("hard_limit_grace"),
+        recover_after=number("recover_after"),
+        store_retry_budget=number("store_retry_budget"),
+        outcome_retry_budget=number("outcome_retry_budget"),
     )
 
 
@@ -128,10 +137,16 @@ class SagaEngine:
         self.events = EventHub(app)
         self.settings = _settings_from(app)
         self.catalog = Catalog()
-        self.executor = Executor(
-            self.db, self.catalog, CeleryPublisher(app), self.events, self.settings
+        publisher = CeleryPublisher(
+            app,
+            # The hard limit must not kill a process that is still recording what its body
+            # did through a store outage (guarantee 20): it leaves room for that budget.
+            hard_limit_grace=self.settings.hard_limit_grace + self.settings.outcome_retry_budget,
+            compensation_timeout=self.settings.compensation_timeout,
         )
+        self.executor = Executor(self.db, self.catalog, publisher, self.events, self.settings)
         self.recoverer = Recoverer(self.executor)
+        publisher.on_unsent = self.recoverer.owe_message
         register_tasks(app, self)
         install_beat_entries(app)
         request_sweep_when_ready(app)
@@ -140,7 +155,21 @@ class SagaEngine:
     # -- schema and definitions -------------------------------------------------------
     def ensure_schema(self) -> None:
         """Apply the store's migrations once per process (no-op when already current)."""
-        self.db.migrate()
+        self._store("migrating the saga store", self.db.migrate)
+
+    def _store(self, what: str, call: Callable[[], T]) -> T:
+        """Run a public call's store work, retried through connection failures for
+        ``saga_store_retry_budget`` s; past it, ``StoreUnavailableError`` (guarantee 26)."""
+        budget = self.settings.store_retry_budget
+        try:
+            return retry_transient(call, budget=budget, what=what)
+        except SQLAlchemyError as error:
+            if not is_transient(error):
+                raise
+            raise StoreUnavailableError(
+                f"{what}: the saga store could not be reached within {budget:g} s "
+                f"({describe_store_error(error)})"
+            ) from error
 
     def register(self, *sagas: Saga) -> list[SagaDefinition]:
         """Seal and register definitions; re-registering an identical one is a no-op."""
@@ -187,19 +216,50 @@ class SagaEngine:
                 f"got {execution_id!r}"
             )
         new_id = execution_id or str(uuid.uuid4())
+        saga_input = {} if input is None else input
         self.ensure_schema()
         try:
-            self.executor.start(definition, {} if input is None else input, new_id)
+            self._store(
+                f"starting saga {saga!r}",
+                lambda: self.executor.create(definition, saga_input, new_id),
+            )
         except IntegrityError:
-            raise SagaError(f"an execution with id {new_id!r} already exists") from None
+            self._adopt(definition, saga_input, new_id)
+            return SagaHandle(self, new_id)
+        self.executor.launch(definition, new_id)
         return SagaHandle(self, new_id)
+
+    def _adopt(self, definition: SagaDefinition, saga_input: Any, execution_id: str) -> None:
+        """``start`` with an id that is taken: the same saga and input is the same run
+        (a caller retrying, or our own INSERT whose reply was lost), anything else an error.
+        A run that has not moved yet gets its first message again; admission drops the
+        spare if the first one was sent (guarantee 28)."""
+        existing = self._store(
+            "reading an existing execution",
+            lambda: queries.load_snapshot(self.db, execution_id),
+        )
+        record, steps = existing
+        if (
+            record is None
+            or record.saga_name != definition.name
+            or record.input != unpack(pack(saga_input, limit=self.settings.max_payload_bytes))
+        ):
+            raise SagaError(
+                f"an execution with id {execution_id!r} already exists with a different saga "
+                "or input; start it with another id"
+            )
+        if record.state is ExecutionState.RUNNING and not steps:
+            self.executor.launch(definition, execution_id)
 
     def handle(self, execution_id: str) -> SagaHandle:
         return SagaHandle(self, execution_id)
 
     def get(self, execution_id: str) -> Execution:
         self.ensure_schema()
-        record, steps = queries.load_snapshot(self.db, execution_id)
+        record, steps = self._store(
+            f"reading execution {execution_id!r}",
+            lambda: queries.load_snapshot(self.db, execution_id),
+        )
         if record is None:
             raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
         return Execution(record, tuple(steps))
@@ -223,31 +283,47 @@ class SagaEngine:
             except (ValueError, UnicodeDecodeError):
                 raise SagaError(f"{cursor!r} is not a cursor returned by list()") from None
         names = [saga] if isinstance(saga, str) else list(saga or [])
+        states = _enum_values(ExecutionState, state, "state")
+        rollback = _enum_values(RollbackStatus, rollback_status, "rollback status")
         self.ensure_schema()
-        return queries.list_executions(
-            self.db,
-            saga_names=names,
-            states=_enum_values(ExecutionState, state, "state"),
-            rollback_statuses=_enum_values(RollbackStatus, rollback_status, "rollback status"),
-            after=after,
-            limit=limit,
+        return self._store(
+            "listing executions",
+            lambda: queries.list_executions(
+                self.db,
+                saga_names=names,
+                states=states,
+                rollback_statuses=rollback,
+                after=after,
+                limit=limit,
+            ),
         )
 
     def _definition_of(self, execution_id: str) -> SagaDefinition:
         self.ensure_schema()
-        record = queries.load_execution(self.db, execution_id)
+        record = self._store(
+            f"reading execution {execution_id!r}",
+            lambda: queries.load_execution(self.db, execution_id),
+        )
         if record is None:
             raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
         return self.definition(record.saga_name)
 
     def resume_compensation(self, execution_id: str) -> None:
         """Retry the failed reversal of a ``compensation_stuck`` run and continue the unwind."""
-        self.executor.unwinder.resume(self._definition_of(execution_id), execution_id)
+        definition = self._definition_of(execution_id)
+        self._store(
+            f"resuming the compensation of {execution_id!r}",
+            lambda: self.executor.unwinder.resume(definition, execution_id),
+        )
 
     def abandon_compensation(self, execution_id: str) -> int:
         """Give up a parked unwind: outstanding steps are marked skipped and the run ends
         ``failed`` with rollback ``stuck``. Returns how many steps were skipped."""
-        return self.executor.unwinder.abandon(self._definition_of(execution_id), execution_id)
+        definition = self._definition_of(execution_id)
+        return self._store(
+            f"abandoning the compensation of {execution_id!r}",
+            lambda: self.executor.unwinder.abandon(definition, execution_id),
+        )
 
     def signal(self, execution_id: str, event: str, payload: Any = None) -> bool:
         """Deliver ``event`` (with an optional storable ``payload``) to a run.
@@ -262,20 +338,29 @@ class SagaEngine:
         if not isinstance(event, str) or not event:
             raise SagaError(f"a signal needs an event name, got {event!r}")
         definition = self._definition_of(execution_id)
-        return self.executor.waits.signal(definition, execution_id, event, payload)
+        return self._store(
+            f"signalling {event!r} to {execution_id!r}",
+            lambda: self.executor.waits.signal(definition, execution_id, event, payload),
+        )
 
     def recover(self, stale_after: float | None = None) -> int:
         """Run one recovery sweep now: republish the next message of every live run idle for
         ``stale_after`` seconds (default ``saga_recover_after``). Beat runs it on its own."""
         self.ensure_schema()
         seconds = self.settings.recover_after if stale_after is None else stale_after
-        return self.recoverer.sweep(timedelta(seconds=seconds))
+        return self._store(
+            "the recovery sweep", lambda: self.recoverer.sweep(timedelta(seconds=seconds))
+        )
 
     def fire_timers(self) -> int:
-        """Fail (and unwind) every run whose ``wait_for`` deadline has passed; returns how
-        many were acted on. Beat runs it every ``saga_timer_interval`` seconds."""
+        """Fail (and unwind) every run whose ``wait_for`` deadline has passed, and send the
+        messages a broker outage left owed; returns how many runs were acted on. Beat runs
+        it every ``saga_timer_interval`` seconds."""
         self.ensure_schema()
-        return self.executor.waits.fire_expired()
+        return self._store(
+            "the timer sweep",
+            lambda: self.executor.waits.fire_expired() + self.recoverer.send_owed(),
+        )
 
     def cleanup(self, older_than: float | timedelta) -> int:
         """Delete terminal runs not updated for ``older_than`` (inclusive), with their child
@@ -291,7 +376,10 @@ class SagaEngine:
         age = _age(older_than, "archive(older_than)" if archive else "cleanup(older_than)")
         self.ensure_schema()
         now = get_clock().now()
-        return retention.retire(self.db, cutoff=now - age, now=now, archive=archive)
+        return self._store(
+            "archiving" if archive else "cleaning up",
+            lambda: retention.retire(self.db, cutoff=now - age, now=now, archive=archive),
+        )
 
     # -- events -----------------------------------------------------------------------
     def on(self, event: str, listener: Listener) -> Listener:

@@ -10,9 +10,11 @@ that lacked it would run the body without admission.)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
+from kombu.exceptions import OperationalError as BrokerUnreachable
 
 from celery_saga.decisions.admission import NodeMessage
 from celery_saga.definition.nodes import StepSpec
@@ -29,9 +31,42 @@ def is_celery_task(target: Any) -> bool:
     return hasattr(target, "apply_async") and isinstance(getattr(target, "name", None), str)
 
 
+#: What a publish raises when the broker cannot be reached (after kombu's own retries).
+BROKER_ERRORS = (BrokerUnreachable, OSError)
+
+
 class CeleryPublisher:
-    def __init__(self, app: Celery) -> None:
+    """Sends the engine's messages. A message the broker refuses is handed to ``on_unsent``
+    (execution id, error): the transition it follows is already recorded, so the engine
+    marks the run as owed a message instead of failing the task that recorded it."""
+
+    def __init__(
+        self,
+        app: Celery,
+        on_unsent: Callable[[str, Exception], None] | None = None,
+        hard_limit_grace: float = 10.0,
+        compensation_timeout: float = 30.0,
+    ) -> None:
         self.app = app
+        self.on_unsent = on_unsent
+        self.hard_limit_grace = hard_limit_grace
+        self.compensation_timeout = compensation_timeout
+
+    def _limits(self, options: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+        """A step's ``timeout`` becomes the message's soft time limit, with a hard limit
+        ``hard_limit_grace`` later, so the pool stops the body (see runtime/limits.py)."""
+        if timeout:
+            options["soft_time_limit"] = timeout
+            options["time_limit"] = timeout + self.hard_limit_grace
+        return options
+
+    def _send(self, execution_id: str, name: str, **options: Any) -> None:
+        try:
+            self.app.send_task(name, **options)
+        except BROKER_ERRORS as error:
+            if self.on_unsent is None:
+                raise
+            self.on_unsent(execution_id, error)
 
     def _options(self, target: Any, readable_name: str) -> dict[str, Any]:
         if not is_celery_task(target):
@@ -56,7 +91,8 @@ class CeleryPublisher:
     ) -> None:
         target = spec.action if spec else None
         name = label or (f"{saga_name}.{spec.name}" if spec else saga_name)
-        self.app.send_task(
+        self._send(
+            message.execution_id,
             NODE_TASK,
             args=[
                 message.execution_id,
@@ -67,7 +103,7 @@ class CeleryPublisher:
                 message.attempt,
             ],
             countdown=countdown,
-            **self._options(target, name),
+            **self._limits(self._options(target, name), spec.timeout if spec else None),
         )
 
     def publish_compensation(
@@ -80,9 +116,11 @@ class CeleryPublisher:
         countdown: float | None = None,
     ) -> None:
         target = spec.compensation if spec else None
-        self.app.send_task(
+        timeout = (spec.compensation_timeout if spec else None) or self.compensation_timeout
+        self._send(
+            execution_id,
             COMPENSATE_TASK,
             args=[execution_id, step_name, attempt],
             countdown=countdown,
-            **self._options(target, f"{saga_name}.{step_name}.compensate"),
+            **self._limits(self._options(target, f"{saga_name}.{step_name}.compensate"), timeout),
         )

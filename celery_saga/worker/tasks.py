@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import SQLAlchemyError
 
 from celery_saga.decisions.admission import NodeMessage
+from celery_saga.runtime.limits import restore_soft_limit
+from celery_saga.store.transient import describe_store_error, is_transient
 from celery_saga.worker.publisher import (
     ARCHIVE_TASK,
     CLEANUP_TASK,
@@ -18,6 +21,8 @@ from celery_saga.worker.publisher import (
     NODE_TASK,
     RECOVER_TASK,
 )
+
+logger = logging.getLogger("celery_saga")
 
 if TYPE_CHECKING:
     from celery_saga.worker.engine import SagaEngine
@@ -72,18 +77,39 @@ def register_tasks(app: Celery, engine: SagaEngine) -> None:
         return engine.archive(float(app.conf.saga_archive_after))
 
 
+#: A message that met an unreachable store before doing anything is sent again after
+#: these pauses (then left to the sweeps): an outage of minutes costs no run its progress.
+_STORE_RETRY_COUNTDOWNS = (1, 2, 4, 8, 15)
+_STORE_RETRY_MAX = 40
+
+
 @contextmanager
 def _retry_on_lost_connection(task: Any) -> Iterator[None]:
-    """A database connection dropped under us (server restart, failover): send the same
-    message again shortly instead of leaving the run to the recovery sweep."""
+    """The store could not be reached (refused, dropped, shut down) after the in-process
+    retries: send the same message again shortly instead of leaving the run to the
+    recovery sweep. Admission makes the resend harmless if the first one got through."""
     try:
         yield
-    except DBAPIError as error:
-        if not error.connection_invalidated:
+    except SQLAlchemyError as error:
+        if not is_transient(error):
             raise
-        raise task.retry(countdown=1, max_retries=5, exc=error) from error
+        retries = task.request.retries or 0
+        countdown = _STORE_RETRY_COUNTDOWNS[min(retries, len(_STORE_RETRY_COUNTDOWNS) - 1)]
+        logger.warning(
+            "%s: the saga store is unreachable (%s); this message is sent again in %d s",
+            task.name,
+            describe_store_error(error),
+            countdown,
+        )
+        raise task.retry(countdown=countdown, max_retries=_STORE_RETRY_MAX, exc=error) from error
+    finally:
+        restore_soft_limit()
 
 
 def _redelivered(task: Any) -> bool:
-    """The broker is handing this message out again (its consumer died before acking)."""
+    """The broker is handing this message out again (its consumer died before acking), or
+    we sent it again after the store failed under it: either way its own claim may be the
+    live lease it meets, so it waits for that lease instead of being dropped."""
+    if task.request.retries:
+        return True
     return bool((task.request.delivery_info or {}).get("redelivered"))

@@ -1,0 +1,112 @@
+"""Keeping a claim's lease alive while its body runs (guarantee 27).
+
+A lease says "a worker is on it": a duplicate or recovered message finding a live lease
+leaves the step alone. Renewed every third of its length by one daemon thread per process,
+a lease outlives any healthy body however long, and lapses within ``lease_seconds`` of the
+worker dying, so the step is picked up again promptly instead of after a fixed guess.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from celery_saga.runtime.clock import get_clock
+from celery_saga.runtime.describe import describe_error
+
+logger = logging.getLogger("celery_saga")
+
+#: ``renew(new_expiry)`` extends the lease if this attempt still holds it; False if not.
+Renewal = Callable[[datetime], bool]
+
+
+@dataclass
+class _Claim:
+    renew: Renewal
+    lease: float
+    due: float
+    what: str
+
+
+class Heartbeat:
+    """Renews the leases of the claims registered with ``keep`` until they end."""
+
+    def __init__(self, interval_fraction: float = 1 / 3) -> None:
+        self._fraction = interval_fraction
+        self._claims: dict[int, _Claim] = {}
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+
+    @contextmanager
+    def keep(self, renew: Renewal, lease: float, what: str) -> Iterator[None]:
+        """Renew the lease of ``what`` while the block runs."""
+        with self._lock:
+            token = next(self._ids)
+            due = time.monotonic() + lease * self._fraction
+            self._claims[token] = _Claim(renew, lease, due, what)
+            self._ensure_thread()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._claims.pop(token, None)
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="saga-heartbeat", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                due = [(t, c) for t, c in self._claims.items() if c.due <= now]
+                for _, claim in due:
+                    claim.due = now + claim.lease * self._fraction
+                pause = min((c.due for c in self._claims.values()), default=now + 1.0) - now
+            for token, claim in due:
+                self._renew(token, claim)
+            with self._lock:
+                self._wake.wait(timeout=max(0.05, min(pause, 1.0)))
+
+    def _renew(self, token: int, claim: _Claim) -> None:
+        expiry = get_clock().now() + timedelta(seconds=claim.lease)
+        try:
+            held = claim.renew(expiry)
+        except Exception as error:
+            # The store is unreachable: try again at the next beat; the lease runs on.
+            logger.warning("could not renew the lease of %s: %s", claim.what, describe_error(error))
+            return
+        if not held:
+            logger.warning(
+                "the lease of %s was lost while its body ran (claimed again elsewhere?)",
+                claim.what,
+            )
+            with self._lock:
+                self._claims.pop(token, None)
+
+
+_heartbeat = Heartbeat()
+
+
+def _reset_after_fork() -> None:
+    # The parent's thread does not exist in a forked child; the child starts its own.
+    global _heartbeat
+    _heartbeat = Heartbeat()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def keep_lease(renew: Renewal, lease: float, what: str) -> AbstractContextManager[None]:
+    """Renew a lease while the ``with`` block runs (one thread per process does it)."""
+    return _heartbeat.keep(renew, lease, what)

@@ -1,0 +1,121 @@
+"""Recording what a reversal did, through store outages (guarantees 2, 20).
+
+A reversal that ran but whose outcome is not recorded is one the engine would run again.
+So the outcome is retried for ``outcome_retry_budget`` seconds; only past that is the run
+parked, with a reason saying the outcome is unknown, and only a park that was stored is
+announced. A resume then re-runs that reversal under the same idempotency key.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from celery_saga.decisions.unwind import UnwindStep
+from celery_saga.definition.builder import SagaDefinition
+from celery_saga.records import CompensationOutcome
+from celery_saga.runtime.clock import get_clock
+from celery_saga.runtime.keys import record_key
+from celery_saga.runtime.ports import RuntimeParts
+from celery_saga.runtime.store_retry import write_outcome
+from celery_saga.store import queries, recovery, unwind
+from celery_saga.store.transient import describe_store_error, retry_transient
+
+logger = logging.getLogger("celery_saga")
+
+
+class ReversalOutcomes(RuntimeParts):
+    def record_outcome(
+        self,
+        definition: SagaDefinition,
+        execution_id: str,
+        name: str,
+        attempt: int,
+        outcome: CompensationOutcome,
+        reason: str | None,
+    ) -> UnwindStep | None:
+        """Persist a reversal's outcome and return the unwind's next move (None: nothing
+        for this worker to do, the claim was lost, or the run was parked)."""
+        already: UnwindStep | None = None
+        try:
+            return write_outcome(
+                lambda: unwind.record_compensation(
+                    self.db,
+                    execution_id=execution_id,
+                    name=name,
+                    attempt=attempt,
+                    outcome=outcome,
+                    reason=reason,
+                    compensations=definition.reversible,
+                    now=get_clock().now(),
+                ),
+                budget=self.settings.outcome_retry_budget,
+                what=f"the outcome of the reversal of step {name!r} of execution {execution_id}",
+                landed=lambda: self._landed(execution_id, name, attempt, outcome),
+                if_landed=already,
+            )
+        except SQLAlchemyError as store_error:
+            self._park_unknown(definition, execution_id, name, outcome, store_error)
+            return None
+
+    def _landed(
+        self, execution_id: str, name: str, attempt: int, outcome: CompensationOutcome
+    ) -> bool:
+        record = queries.load_step(self.db, execution_id, name)
+        if record is None or record.compensation_status is not outcome:
+            return False
+        if record.compensation_attempts != attempt:
+            return False
+        # Ours committed, but the next move it decided is unknown here: the timer sweep
+        # carries on with whatever the record says is next.
+        recovery.mark_message_owed(self.db, execution_id=execution_id, now=get_clock().now())
+        return True
+
+    def _park_unknown(
+        self,
+        definition: SagaDefinition,
+        execution_id: str,
+        name: str,
+        outcome: CompensationOutcome,
+        store_error: SQLAlchemyError,
+    ) -> None:
+        key = record_key(execution_id, name, "compensate")
+        why = (
+            f"the outcome ({outcome.value}) of the reversal of step {name!r} could not be "
+            f"recorded within {self.settings.outcome_retry_budget:g} s "
+            f"({describe_store_error(store_error)}); it is unknown to the store whether it "
+            f"ran: resume_compensation runs it again under the key {key}"
+        )
+        try:
+            parked = retry_transient(
+                lambda: unwind.park_unwind(
+                    self.db, execution_id=execution_id, reason=why, now=get_clock().now()
+                ),
+                budget=self.settings.outcome_retry_budget,
+                what=f"parking execution {execution_id}",
+            )
+        except SQLAlchemyError as error:
+            logger.error(
+                "execution %s: %s; it could not be parked either (%s): its claim stays until "
+                "its lease ends, then the reversal runs again under the key %s",
+                execution_id,
+                why,
+                describe_store_error(error),
+                key,
+            )
+            raise
+        if not parked:
+            return
+        logger.warning(
+            "execution %s of saga %r parked compensation_stuck: %s (to continue: "
+            "celery saga resume %s)",
+            execution_id,
+            definition.name,
+            why,
+            execution_id,
+        )
+        self.emit(
+            "saga-compensation-stuck",
+            {"execution_id": execution_id, "saga": definition.name, "step": name, "reason": why},
+        )

@@ -1,0 +1,102 @@
+"""Which store errors are worth retrying, and the retry loop every store round trip uses.
+
+A store that drops connections (restart, failover, a network cut, an admin shutdown) or
+refuses new ones comes back; an error in what we asked (a constraint, a bad value, a
+missing table) does not. Only the first kind is retried, for a budget of seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from sqlalchemy import exc
+
+logger = logging.getLogger("celery_saga")
+T = TypeVar("T")
+
+#: Pauses between tries grow from the first to the cap; the cap keeps the write that ends an
+#: outage close behind the restore (a sweep must not get there first).
+FIRST_DELAY = 0.05
+MAX_DELAY = 1.0
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether ``error`` says the store could not be reached or dropped us (worth a retry).
+
+    SQLAlchemy flags a dropped connection (``connection_invalidated``) but not a failed
+    connect, which arrives as a plain ``OperationalError``; on a server database every
+    ``OperationalError`` / ``InterfaceError`` is about the connection or the server's state
+    (refused, reset, shutdown, deadlock, lock timeout). On SQLite only a busy database is.
+    """
+    if isinstance(error, exc.DBAPIError) and error.connection_invalidated:
+        return True
+    if isinstance(error, (exc.DisconnectionError, exc.TimeoutError)):
+        return True
+    if isinstance(error, (exc.OperationalError, exc.InterfaceError)):
+        if isinstance(error.orig, sqlite3.Error):
+            text = str(error.orig).lower()
+            return "locked" in text or "busy" in text
+        return True
+    return False
+
+
+def retry_transient(
+    call: Callable[[], T],
+    *,
+    budget: float,
+    what: str,
+    sleep: Callable[[float], None] = time.sleep,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> T:
+    """Run ``call``; while it fails with a transient store error, try again with capped
+    backoff until ``budget`` seconds have passed, then raise the last error.
+
+    ``call`` must be safe to repeat: a read, or a conditional write whose second run after
+    a commit whose reply was lost changes nothing (callers check what landed).
+    """
+    started = monotonic()
+    delay = FIRST_DELAY
+    failures = 0
+    while True:
+        try:
+            result = call()
+        except exc.SQLAlchemyError as error:
+            if not is_transient(error):
+                raise
+            failures += 1
+            waited = monotonic() - started
+            if waited + delay > budget:
+                logger.error(
+                    "store unreachable for %s after %.1f s (%d tries), giving up: %s",
+                    what,
+                    waited,
+                    failures,
+                    describe_store_error(error),
+                )
+                raise
+            if failures == 1:
+                logger.warning(
+                    "store unreachable for %s, retrying: %s", what, describe_store_error(error)
+                )
+            sleep(delay)
+            delay = min(delay * 2, MAX_DELAY)
+            continue
+        if failures:
+            logger.warning(
+                "store reachable again for %s after %.1f s (%d tries)",
+                what,
+                monotonic() - started,
+                failures,
+            )
+        return result
+
+
+def describe_store_error(error: BaseException) -> str:
+    """The driver's error on one line (SQLAlchemy's adds the statement and a link)."""
+    origin = getattr(error, "orig", None) or error
+    lines = str(origin).strip().splitlines()
+    return f"{type(origin).__name__}: {lines[0]}" if lines else type(origin).__name__
