@@ -19,6 +19,7 @@ from celery_saga import Saga, SagaContext, SagaEngine, compensated_by, path, ste
 from celery_saga.decisions.admission import NodeMessage
 from celery_saga.definition.nodes import StepSpec
 from celery_saga.worker.publisher import CeleryPublisher
+from tests.faults import request_cut
 
 test_metadata = MetaData()
 ledger = Table(
@@ -68,6 +69,21 @@ class DuplicatingPublisher(CeleryPublisher):
             )
 
 
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("this error cannot describe itself")
+
+
+def _misbehave(plan: dict[str, Any]) -> None:
+    """Ways a body can end that are not an ordinary exception (guarantee 27)."""
+    if plan.get("exit"):
+        raise SystemExit(plan["exit"])
+    if plan.get("hard_exit"):
+        os._exit(plan["hard_exit"])
+    if plan.get("unprintable"):
+        raise Unprintable()
+
+
 class TestApp:
     """One app + engine + ledger, built for a given broker, store and queue."""
 
@@ -86,7 +102,6 @@ class TestApp:
             worker_prefetch_multiplier=1,
             # Crash tests shorten leases so a killed worker's claim expires quickly.
             saga_lease_seconds=float(os.environ.get("SAGA_TEST_LEASE", "20")),
-            saga_lease_margin=float(os.environ.get("SAGA_TEST_LEASE", "20")),
             saga_compensation_timeout=4,
             # Crash tests run a real `celery beat` with short sweeps.
             saga_recover_after=float(os.environ.get("SAGA_TEST_RECOVER_AFTER", "60")),
@@ -95,14 +110,24 @@ class TestApp:
         )
         self.engine = SagaEngine(self.app)
         if duplicate:
-            self.engine.executor.publisher = DuplicatingPublisher(self.app)
+            single = self.engine.executor.publisher
+            assert isinstance(single, CeleryPublisher)
+            self.engine.executor.publisher = DuplicatingPublisher(
+                self.app,
+                on_unsent=single.on_unsent,
+                hard_limit_grace=single.hard_limit_grace,
+                compensation_timeout=single.compensation_timeout,
+            )
             self.engine.executor.unwinder.publisher = self.engine.executor.publisher
         # NullPool: worker processes fork after import, and a pooled connection inherited
         # by two pool children would interleave their statements on one socket.
+        # Fault tests reach the store through a proxy they cut; the ledger (the steps'
+        # effects) goes straight to the database so a cut never fails a body.
+        ledger_url = os.environ.get("SAGA_TEST_LEDGER") or store
         self.sql = (
-            create_engine(store, isolation_level="AUTOCOMMIT", poolclass=NullPool)
-            if "sqlite" not in store
-            else create_engine(store, connect_args={"timeout": 30}, poolclass=NullPool)
+            create_engine(ledger_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+            if "sqlite" not in ledger_url
+            else create_engine(ledger_url, connect_args={"timeout": 30}, poolclass=NullPool)
         )
         if reset:
             test_metadata.drop_all(self.sql)
@@ -149,10 +174,15 @@ class TestApp:
     # -- behaviour driven by the saga input ----------------------------------------------
     def forward(self, ctx: SagaContext) -> Any:
         plan = ctx.input.get("plan", {}).get(ctx.step_name, {})
+        if plan.get("mark_begin"):
+            self.write(ctx, "forward_begin", f"attempt={ctx.attempt}")
         time.sleep(plan.get("sleep", 0) + (plan.get("first_sleep", 0) if ctx.attempt == 1 else 0))
         self.write(ctx, "forward", f"attempt={ctx.attempt}")
+        _misbehave(plan)
         if plan.get("fail_attempts", 0) >= ctx.attempt or plan.get("fail"):
             raise ValueError(f"{ctx.step_name} refused order {ctx.input.get('order')}")
+        if plan.get("cut_after"):
+            request_cut(int(os.environ["SAGA_TEST_FAULT_CONTROL"]), plan["cut_after"])
         return {"step": ctx.step_name, "attempt": ctx.attempt}
 
     def reverse(self, ctx: SagaContext) -> None:
@@ -164,6 +194,8 @@ class TestApp:
             self.write(ctx, "compensate_failed")
             raise ConnectionError(f"cannot undo {ctx.step_name}")
         self.write(ctx, "compensate", repr(ctx.forward_result))
+        if plan.get("cut_after_undo"):
+            request_cut(int(os.environ["SAGA_TEST_FAULT_CONTROL"]), plan["cut_after_undo"])
 
     def forward_item(self, ctx: SagaContext) -> Any:
         """A for_each body: records which item and iteration it ran with."""
@@ -233,6 +265,13 @@ class TestApp:
             .step("done", fwd),
             Saga("misrouted").branch("size", lambda ctx: "huge", path("small", step("x", fwd))),
             Saga("hanging").step("a", fwd, compensate=rev, compensation_retry=1).step("b", fwd),
+            Saga("long").step("marathon", fwd),
+            Saga("timed")
+            .step("prep", fwd, compensate=rev)
+            .step("slow", fwd, compensate=rev, timeout=2, retry=2, backoff=0.05),
+            Saga("exiting")
+            .step("prep", fwd, compensate=rev)
+            .step("quit", fwd, compensate=rev, retry=2, backoff=0.05),
         )
         self._define_control_flow()
 
