@@ -31,7 +31,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from celery_saga import ExecutionState  # noqa: E402
-from tests.conftest import _spawn_workers, _test_database_url, _wait_ready, stop_workers  # noqa: E402
+from tests.conftest import (  # noqa: E402
+    _spawn_workers,
+    _test_database_url,
+    _wait_ready,
+    spawn_beat,
+    stop_workers,
+)
 from tests.faults import CuttableProxy  # noqa: E402
 from tests.sagaapp import TestApp  # noqa: E402
 
@@ -78,7 +84,7 @@ def run_fault(fault: Fault, runs: int, unwinding: int, tmp: Path) -> dict[str, A
     os.environ["SAGA_TEST_LEDGER"] = direct
     client = TestApp(AMQP, direct, queue)
     workers, _ = _spawn_workers(env, queue, tmp, count=2)
-    beat = _beat(env, tmp)
+    beat = spawn_beat(env, tmp)
     try:
         _wait_ready(client, 2, workers)
         ids = _start_batch(client, runs, unwinding)
@@ -94,31 +100,6 @@ def run_fault(fault: Fault, runs: int, unwinding: int, tmp: Path) -> dict[str, A
         stop_workers([*workers, beat])
         pg.close()
         mq.close()
-
-
-def _beat(env: dict[str, str], tmp: Path) -> Any:
-    import subprocess
-
-    log = open(tmp / "beat.log", "wb")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "tests.sagaapp:app",
-            "beat",
-            "-s",
-            str(tmp / "beat-schedule"),
-            "--max-interval",
-            "1",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
 
 
 def _start_batch(client: TestApp, runs: int, unwinding: int) -> list[str]:

@@ -136,6 +136,16 @@ def _spawn_workers(
     return workers, logs
 
 
+def spawn_beat(env: dict[str, str], folder: Path) -> subprocess.Popen[bytes]:
+    """A real ``celery beat`` for the test app, sending the sweeps on their schedule."""
+    log = open(folder / "beat.log", "wb")  # noqa: SIM115 - closed with the process
+    command = [sys.executable, "-m", "celery", "-A", "tests.sagaapp:app", "beat"]
+    command += ["-s", str(folder / "beat-schedule"), "--max-interval", "1", "-l", "INFO"]
+    return subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
 def _wait_ready(test_app: TestApp, count: int, workers: list[subprocess.Popen[bytes]]) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

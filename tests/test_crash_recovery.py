@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
@@ -31,6 +30,7 @@ from tests.conftest import (
     _test_database_url,
     _wait_ready,
     require_services,
+    spawn_beat,
     stop_workers,
 )
 from tests.sagaapp import TestApp
@@ -61,32 +61,7 @@ class CrashRig:
             del os.environ["SAGA_TEST_LEASE"]
         self.workers: list[subprocess.Popen[bytes]] = []
         self.generation = 0
-        self.beat = self._start_beat()
-
-    def _start_beat(self) -> subprocess.Popen[bytes]:
-        log = open(self.tmp / "beat.log", "wb")  # noqa: SIM115 - closed with the process
-        command = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "tests.sagaapp:app",
-            "beat",
-            "-s",
-            str(self.tmp / "beat-schedule"),
-            "--max-interval",
-            "1",
-            "-l",
-            "INFO",
-        ]
-        return subprocess.Popen(
-            command,
-            cwd=Path.cwd(),
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        self.beat = spawn_beat(self.env, self.tmp)
 
     def start_worker(self) -> subprocess.Popen[bytes]:
         self.generation += 1

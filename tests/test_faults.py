@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +28,7 @@ from tests.conftest import (
     _test_database_url,
     _wait_ready,
     require_services,
+    spawn_beat,
     stop_workers,
 )
 from tests.faults import CuttableProxy
@@ -76,15 +75,7 @@ class FaultRig:
             os.environ.update(saved)
         self.workers, _ = _spawn_workers(self.env, self.queue, tmp, count=2)
         _wait_ready(self.client, 2, self.workers)
-        self.beat = self._start_beat()
-
-    def _start_beat(self) -> subprocess.Popen[bytes]:
-        log = open(self.tmp / "beat.log", "wb")  # noqa: SIM115 - closed with the process
-        command = [sys.executable, "-m", "celery", "-A", "tests.sagaapp:app", "beat"]
-        command += ["-s", str(self.tmp / "beat-schedule"), "--max-interval", "1", "-l", "INFO"]
-        return subprocess.Popen(
-            command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        self.beat = spawn_beat(self.env, tmp)
 
     def wait_terminal(self, execution_id: str, timeout: float = 120) -> Any:
         deadline = time.monotonic() + timeout
@@ -118,13 +109,6 @@ def rig(tmp_path: Path) -> Iterator[FaultRig]:
         yield fault_rig
     finally:
         fault_rig.close()
-
-
-def _wait_for(condition: Callable[[], bool], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("seconds", [1, 8])

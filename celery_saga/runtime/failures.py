@@ -125,8 +125,7 @@ class StepFailures(RuntimeParts):
         if not final:
             self._schedule_retry(definition, position, message, attempt, reason, fields)
             return
-        target = definition.nodes[message.node]
-        members = [s.name for s in target.steps] if isinstance(target, ParallelNode) else [name]
+        members = _members(definition, message, name)
         self.settle_failure(definition, message, name, attempt, members, reason, error)
         self.emit("saga-step-failed", fields)
 
@@ -152,12 +151,7 @@ class StepFailures(RuntimeParts):
             "finished (its worker stopped, or it outlived its lease) and no attempt is left"
         )
         logger.warning("saga %r execution %s: %s", definition.name, message.execution_id, reason)
-        target = definition.nodes[message.node]
-        members = (
-            [s.name for s in target.steps]
-            if isinstance(target, ParallelNode)
-            else [position.record_name]
-        )
+        members = _members(definition, message, position.record_name)
         self.settle_failure(
             definition, message, position.record_name, record.attempts, members, reason, None
         )
@@ -227,3 +221,9 @@ class StepFailures(RuntimeParts):
             )
         else:
             self.unwinder.begin(definition, execution_id, plan, reason)
+
+
+def _members(definition: SagaDefinition, message: NodeMessage, name: str) -> list[str]:
+    """The records that settle the node together: a parallel group's, or just this one."""
+    target = definition.nodes[message.node]
+    return [s.name for s in target.steps] if isinstance(target, ParallelNode) else [name]

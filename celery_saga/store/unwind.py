@@ -69,6 +69,15 @@ def claim_compensation(
         return result.rowcount == 1
 
 
+def _reversal_held_by(execution_id: str, name: str, attempt: int) -> Any:
+    """The reversal has no outcome yet and this attempt's claim is the latest."""
+    return (
+        _step(execution_id, name)
+        & step_records.c.compensation_status.is_(None)
+        & (step_records.c.compensation_attempts == attempt)
+    )
+
+
 def renew_compensation_lease(
     db: Database, *, execution_id: str, name: str, attempt: int, lease_expires_at: datetime
 ) -> bool:
@@ -76,11 +85,7 @@ def renew_compensation_lease(
     with db.single_statement() as connection:
         result = connection.execute(
             update(step_records)
-            .where(
-                _step(execution_id, name),
-                step_records.c.compensation_status.is_(None),
-                step_records.c.compensation_attempts == attempt,
-            )
+            .where(_reversal_held_by(execution_id, name, attempt))
             .values(compensation_lease_expires_at=to_db_time(lease_expires_at))
         )
         return bool(result.rowcount == 1)
@@ -91,11 +96,7 @@ def _settle_compensation(
 ) -> None:
     result = connection.execute(
         update(step_records)
-        .where(
-            _step(execution_id, name),
-            step_records.c.compensation_status.is_(None),
-            step_records.c.compensation_attempts == attempt,
-        )
+        .where(_reversal_held_by(execution_id, name, attempt))
         .values(compensation_lease_expires_at=None, **changes)
     )
     if result.rowcount != 1:
