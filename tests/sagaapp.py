@@ -268,7 +268,7 @@ class TestApp:
             Saga("long").step("marathon", fwd),
             Saga("timed")
             .step("prep", fwd, compensate=rev)
-            .step("slow", fwd, compensate=rev, timeout=2, retry=2, backoff=0.05),
+            .step("slow", fwd, compensate=rev, timeout=5, retry=2, backoff=0.05),
             Saga("exiting")
             .step("prep", fwd, compensate=rev)
             .step("quit", fwd, compensate=rev, retry=2, backoff=0.05),
