@@ -194,6 +194,8 @@ class TestApp:
             self.write(ctx, "compensate_failed")
             raise ConnectionError(f"cannot undo {ctx.step_name}")
         self.write(ctx, "compensate", repr(ctx.forward_result))
+        if plan.get("undo_hard_exit"):
+            os._exit(plan["undo_hard_exit"])
         if plan.get("cut_after_undo"):
             request_cut(int(os.environ["SAGA_TEST_FAULT_CONTROL"]), plan["cut_after_undo"])
 

@@ -221,3 +221,22 @@ def test_start_during_a_broker_outage_stores_and_runs_one_business_process(
         assert rig.ledger(execution_id, "forward")[f"{execution_id}:s1:0:forward"] == 1
     finally:
         rig.close()
+
+
+def test_a_reversal_whose_worker_keeps_dying_parks_the_run_after_its_attempts(
+    tmp_path: Path,
+) -> None:
+    rig = FaultRig(tmp_path, lease="3", recover_after="3", sweep="1")
+    try:
+        plan = {"quit": {"fail": True}, "prep": {"undo_hard_exit": 1}}
+        run = rig.client.engine.start("exiting", {"order": 78, "plan": plan})
+        deadline = time.monotonic() + 120
+        while run.get().state is not ExecutionState.COMPENSATION_STUCK:
+            assert time.monotonic() < deadline, run.get()
+            time.sleep(0.5)
+        execution = run.get()
+        # compensation_retry=3: three attempts that may fail, and one more for a lost worker.
+        assert rig.ledger(run.id, "compensate")[f"{run.id}:prep:0:compensate"] == 4
+        assert "WorkerLostError" in (execution.step("prep").compensation_reason or "")
+    finally:
+        rig.close()

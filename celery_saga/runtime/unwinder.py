@@ -187,7 +187,29 @@ class Unwinder(ReversalOutcomes):
             return
         spec = definition.find_step(step_name)
         assert spec is not None and spec.compensation is not None
+        if lease is not None and record.compensation_attempts > spec.compensation_retry:
+            self._lost_too_often(definition, record)
+            return
         self._reverse(definition, execution, steps, spec, record)
+
+    def _lost_too_often(self, definition: SagaDefinition, record: StepRecord) -> None:
+        """A reversal whose attempts never finished (its worker died each time) halts the
+        unwind after ``compensation_retry + 1`` of them, like one that kept failing."""
+        attempt = record.compensation_attempts
+        reason = (
+            f"WorkerLostError: attempt {attempt} of the reversal of step {record.name!r} "
+            "never finished (its worker stopped) and no attempt is left"
+        )
+        logger.warning("execution %s: %s", record.execution_id, reason)
+        plan = self.record_outcome(
+            definition,
+            record.execution_id,
+            record.name,
+            attempt,
+            CompensationOutcome.FAILED,
+            reason,
+        )
+        self.follow(definition, record.execution_id, plan)
 
     def _reverse(
         self,
