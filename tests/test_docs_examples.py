@@ -38,21 +38,3 @@ def test_the_pages_example_runs_and_prints_what_it_says(page: str, tmp_path: Pat
         if shown and not shown.group(1).startswith(("e.g.", "(")):
             assert shown.group(1).split(":")[0] in printed, (shown.group(1), printed)
 
-
-def test_the_example_project_runs_its_four_timelines(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "example_project"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={"PYTHONPATH": str(DOCS.parent), "PATH": "/usr/bin:/bin"},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = done.stdout
-    assert out.count("state=completed") == 1
-    assert out.count("state=failed  rollback=completed") == 3
-    assert "state=compensation_stuck  rollback=stuck" in out
-    assert "WaitTimeoutError: saga 'order' waited 2 s" in out
-    assert "signal     'approved' received" in out
-    assert "  | compensated capture" in out, "the nested payment saga was unwound"
