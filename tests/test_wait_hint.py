@@ -67,7 +67,7 @@ def test_a_quiet_run_is_reported_once_as_a_warning_before_the_timeout(
 
 def test_only_the_queue_without_a_consumer_is_named(shop: SagaEngine) -> None:
     default_queue = shop.app.conf.task_default_queue
-    with embedded_worker(shop.app, queues=[default_queue], hostname=f"{default_queue}@h"):
+    with embedded_worker(shop.app, queues=[default_queue]):
         run = shop.start("pay", {"order_id": "A1"})
         with pytest.raises(TimeoutError) as raised:
             run.wait(timeout=1.5)
@@ -81,9 +81,10 @@ def test_a_slow_step_on_a_consumed_queue_gets_no_hint(
     monkeypatch.setattr(engine_module, "QUIET_SECONDS", 0.3)
     with embedded_worker(shop.app, queues=[shop.app.conf.task_default_queue]):
         run = shop.start("slow", {"order_id": "S1"})
-        with caplog.at_level(logging.WARNING, logger="celery_saga"), pytest.raises(
-            TimeoutError
-        ) as raised:
+        with (
+            caplog.at_level(logging.WARNING, logger="celery_saga"),
+            pytest.raises(TimeoutError) as raised,
+        ):
             run.wait(timeout=1.5)
         assert run.wait(timeout=10).state is ExecutionState.COMPLETED
     assert "no worker" not in str(raised.value)
