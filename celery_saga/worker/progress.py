@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 
@@ -18,6 +18,9 @@ from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import node_steps
 from celery_saga.records import Execution, ExecutionState
 from celery_saga.worker.publisher import CeleryPublisher
+
+if TYPE_CHECKING:
+    from celery_saga.worker.engine import SagaEngine
 
 logger = logging.getLogger("celery_saga")
 
@@ -62,7 +65,7 @@ def saga_queues(app: Celery, definition: SagaDefinition, execution: Execution) -
     """The queues the run's next messages go to: the current node's steps while running
     forward, every step's (and the engine's own) queue while unwinding."""
     publisher = CeleryPublisher(app)
-    default = app.conf.get("saga_queue") or app.conf.task_default_queue
+    engine_queue = publisher.queue_for(None)
     nodes = list(definition.nodes)
     cursor = execution.record.cursor
     if execution.state is ExecutionState.RUNNING and 0 <= cursor < len(nodes):
@@ -74,12 +77,11 @@ def saga_queues(app: Celery, definition: SagaDefinition, execution: Execution) -
         if execution.state is ExecutionState.COMPENSATING:
             targets += [spec.compensation for spec in specs if spec.compensation is not None]
         for target in targets or [None]:
-            routed = publisher._options(target, "-").get("queue") or default
-            queue = str(getattr(routed, "name", routed))  # the router may give a Queue
+            queue = publisher.queue_for(target)
             if queue not in queues:
                 queues.append(queue)
-    if default not in queues and execution.state is ExecutionState.COMPENSATING:
-        queues.append(default)
+    if engine_queue not in queues and execution.state is ExecutionState.COMPENSATING:
+        queues.append(engine_queue)
     return queues
 
 
@@ -112,7 +114,7 @@ def no_consumer_hint(
     )
 
 
-def stall_hint(engine: Any, execution: Execution, quiet_for: float) -> str:
+def stall_hint(engine: SagaEngine, execution: Execution, quiet_for: float) -> str:
     """For ``SagaHandle.wait``: the no-consumer sentence, logged once as a warning, or ""
     when the run is not one a worker should be moving or every queue has a consumer (then
     the same question is not asked again during this wait)."""
