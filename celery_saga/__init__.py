@@ -1,5 +1,7 @@
 """Saga semantics for Celery: durable multi-step workflows with reverse-order compensation."""
 
+from importlib.metadata import PackageNotFoundError, version
+
 from celery_saga.definition.builder import Saga, SagaDefinition, compensated_by, path, step
 from celery_saga.errors import (
     BranchPathError,
@@ -33,6 +35,11 @@ from celery_saga.runtime.context import SagaContext
 from celery_saga.store.queries import Page
 from celery_saga.worker.engine import SagaEngine, SagaHandle
 
+try:
+    __version__ = version("celery-saga-engine")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
+
 __all__ = [
     "BranchPathError",
     "Clock",
@@ -65,6 +72,7 @@ __all__ = [
     "UnknownEventError",
     "UnknownSagaError",
     "WaitTimeoutError",
+    "__version__",
     "compensated_by",
     "get_clock",
     "path",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -14,11 +15,14 @@ from typing import Any
 from celery_saga import Execution, ExecutionState, get_clock
 from celery_saga.worker.embedded import embedded_worker
 from example_project.app import app, engine
+from example_project.failures import FailureLog
 from example_project.sagas import APPROVAL_TIMEOUT
 from example_project.tasks import WAREHOUSE
 
 #: Gate events seen in this process (the embedded worker runs here), per execution.
 GATE: dict[str, list[tuple[datetime, str]]] = defaultdict(list)
+#: The engine's log lines about the demo's intentional failures, per execution.
+FAILURES = FailureLog()
 _SHOWN = {
     "saga-waiting": "waiting    for 'approved'",
     "saga-signal-received": "signal     'approved' received",
@@ -32,6 +36,7 @@ def _on_gate(event: str, fields: dict[str, Any]) -> None:
 
 def _events(execution: Execution, indent: str = "") -> list[tuple[datetime, str]]:
     events = [(moment, indent + text) for moment, text in GATE[execution.id]]
+    events += [(moment, f"{indent}{line}") for moment, line in FAILURES.lines[execution.id]]
     for s in execution.steps:
         assert s.started_at is not None
         events.append((s.started_at, f"{indent}start      {s.name}"))
@@ -90,6 +95,7 @@ def main() -> None:
     options = parser.parse_args()
     for event in _SHOWN:
         engine.on(event, _on_gate)
+    logging.getLogger("celery_saga").addFilter(FAILURES)
     started = time.monotonic()
     items = ["book", "lamp"]
     with worker(not options.no_worker):

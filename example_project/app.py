@@ -25,6 +25,7 @@ app.conf.update(
     broker_transport_options={"polling_interval": 0.01},
     saga_store_url=os.environ.get("SAGA_STORE_URL", "sqlite:///example_saga.sqlite3"),
     worker_hijack_root_logger=False,
+    broker_connection_retry_on_startup=True,  # Celery 5.3 warns when this is left unset
     saga_timer_interval=1,  # the embedded beat fires wait deadlines within a second
 )
 engine = SagaEngine(app)

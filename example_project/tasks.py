@@ -6,6 +6,7 @@ from typing import Any
 
 from celery_saga import SagaContext, compensated_by
 from example_project.app import app
+from example_project.failures import ShippingRefused, WarehouseUnreachable
 
 #: Flipped by the demo to make the warehouse refuse (and later accept) a stock release.
 WAREHOUSE = {"accepts_releases": True}
@@ -14,7 +15,7 @@ WAREHOUSE = {"accepts_releases": True}
 @app.task
 def release_item(order_id: str, item: str, result: dict[str, Any]) -> None:
     if not WAREHOUSE["accepts_releases"]:
-        raise ConnectionError(f"warehouse API unreachable (releasing {item})")
+        raise WarehouseUnreachable(f"warehouse API unreachable (releasing {item})")
 
 
 @compensated_by(release_item)
@@ -47,5 +48,5 @@ def refund(ctx: SagaContext) -> None:
 @app.task
 def ship_order(order_id: str, fail_shipping: bool = False) -> str:
     if fail_shipping:
-        raise RuntimeError(f"carrier rejected order {order_id}")
+        raise ShippingRefused(f"carrier rejected order {order_id}")
     return f"SHIP-{order_id}"

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import celery
 from celery import Celery
 from celery.beat import EmbeddedService
 from celery.contrib.testing.worker import start_worker
@@ -42,8 +43,7 @@ def embedded_worker(
             loglevel=loglevel,
             perform_ping_check=False,
             shutdown_timeout=10,
-            hostname=options.pop("hostname", "embedded@localhost"),
-            **options,
+            **_worker_options(options),
         ) as worker:
             if scheduler is not None:
                 scheduler.start()
@@ -52,3 +52,11 @@ def embedded_worker(
             finally:
                 if scheduler is not None:
                     scheduler.stop()
+
+
+def _worker_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Celery before 5.5 names the test worker itself and refuses a ``hostname``."""
+    hostname = options.pop("hostname", "embedded@localhost")
+    if tuple(celery.VERSION[:2]) >= (5, 5):
+        options["hostname"] = hostname
+    return options

@@ -31,6 +31,7 @@ from celery_saga.store.database import Database
 from celery_saga.store.transient import describe_store_error, is_transient, retry_transient
 from celery_saga.worker.beat import install_beat_entries, request_sweep_when_ready
 from celery_saga.worker.events import EventHub, Listener
+from celery_saga.worker.progress import QUIET_SECONDS, ProgressWatch, stall_hint
 from celery_saga.worker.publisher import CeleryPublisher
 from celery_saga.worker.tasks import register_tasks
 
@@ -103,17 +104,28 @@ class SagaHandle:
         states: Iterable[ExecutionState] = SETTLED_STATES,
     ) -> Execution:
         """Poll until the run is in one of ``states`` (default: completed, failed, parked
-        as compensation_stuck, or waiting for a signal); for scripts and tests."""
+        as compensation_stuck, or waiting for a signal); for scripts and tests.
+
+        A run that does not change for ``QUIET_SECONDS`` (5 s) while only a worker can move
+        it makes ``wait`` ask the workers which queues they consume: if none consumes the
+        queue of the run's next message, a warning names it, and so does the
+        ``TimeoutError``."""
         wanted = tuple(states)
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
+        watch, hint = ProgressWatch(changed_at=started), None
         while True:
             execution = self.get()
             if execution.state in wanted:
                 return execution
-            if time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"execution {self.id!r} still {execution.state.value} after {timeout:g}s"
-                )
+            now = time.monotonic()
+            quiet_for = watch.observe(execution, now)
+            timed_out = now >= deadline
+            if hint is None and (quiet_for >= QUIET_SECONDS or (timed_out and quiet_for > 0)):
+                hint = stall_hint(self.engine, execution, quiet_for)
+            if timed_out:
+                message = f"execution {self.id!r} still {execution.state.value} after {timeout:g}s"
+                raise TimeoutError(f"{message}; {hint}" if hint else message)
             time.sleep(interval)
 
     def __repr__(self) -> str:

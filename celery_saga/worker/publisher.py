@@ -81,6 +81,14 @@ class CeleryPublisher:
                 options[limit] = value
         return options
 
+    def queue_for(self, target: Any) -> str:
+        """The name of the queue a message for ``target`` (a task, a plain callable or
+        None for the engine's own nodes) is sent to."""
+        routed = self._options(target, "-").get("queue")
+        if routed is None:
+            return str(self.app.conf.task_default_queue)
+        return str(getattr(routed, "name", routed))  # the router may give a Queue
+
     def publish_node(
         self,
         saga_name: str,

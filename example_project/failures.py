@@ -1,0 +1,54 @@
+"""The demo's failures on purpose, and how they are shown: one line under their timeline.
+
+The engine logs every failed attempt with its traceback, as a worker should. In the demo
+those failures are the point, so a filter takes the records of ``IntentionalFailure``s off
+the log: an attempt that will be retried becomes a ``retry`` line of its timeline, and a
+final one is already the timeline's ``failed`` or ``compensation_failed`` line. Any other
+error still reaches the log with its traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import defaultdict
+from datetime import datetime, timezone
+
+_ATTEMPT = re.compile(
+    r"^saga '[^']*' execution (?P<execution>\S+): (?P<reversal>reversal of )?"
+    r"step '(?P<step>[^']+)' attempt (?P<attempt>\d+) failed: (?P<reason>.*)$",
+    re.DOTALL,
+)
+
+
+class IntentionalFailure(Exception):
+    """Raised by the demo's tasks on purpose (a carrier refusing, a warehouse down)."""
+
+
+class ShippingRefused(IntentionalFailure, RuntimeError):
+    pass
+
+
+class WarehouseUnreachable(IntentionalFailure, ConnectionError):
+    pass
+
+
+class FailureLog(logging.Filter):
+    """Takes the engine's records of intentional failures off the log, keeping the retried
+    ones per execution as ``(time, line)``; lets every other record through unchanged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: dict[str, list[tuple[datetime, str]]] = defaultdict(list)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        found = _ATTEMPT.match(record.getMessage())
+        if not isinstance(error, IntentionalFailure) or found is None:
+            return True
+        if record.levelno < logging.ERROR:  # ERROR: the last attempt, shown by its outcome
+            what = found["step"] + (" compensation" if found["reversal"] else "")
+            line = f"retry      {what}  (attempt {found['attempt']}: {found['reason']})"
+            moment = datetime.fromtimestamp(record.created, timezone.utc)
+            self.lines[found["execution"]].append((moment, line))
+        return False
