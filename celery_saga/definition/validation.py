@@ -15,15 +15,43 @@ from celery_saga.definition.nodes import (
     StepSpec,
     SubSagaNode,
     WaitNode,
+    iteration_name,
     node_steps,
 )
 from celery_saga.errors import DefinitionError
+from celery_saga.limits import NAME_LENGTH, text_problem
 
 #: ``name:<digits>`` is how loop iterations are recorded, so a step may not be named that way.
 _ITERATION_SUFFIX = re.compile(r":\d+$")
 RESERVED_STEP_NAMES = frozenset({"input", "results", "signals"})
 #: Longer waits belong to ``wait_for``; past this a thread join overflows.
 MAX_SECONDS = 366 * 24 * 3600
+
+
+def shown(name: str) -> str:
+    """A name for an error message, cut short when it is too long to read."""
+    return repr(name) if len(name) <= 60 else f"{name[:40]!r}..."
+
+
+def check_stored_name(where: str, what: str, name: str, column: str) -> None:
+    """Refuse a name its store column cannot hold (guarantee 29)."""
+    problem = text_problem(name, NAME_LENGTH, column)
+    if problem is not None:
+        raise DefinitionError(f"{where}{what} {shown(name)} {problem}")
+
+
+def check_iteration_names(saga: str, specs: Sequence[StepSpec], max_iterations: int) -> None:
+    """A loop body step is recorded once per iteration as ``name:<index>``; the last
+    index ``max_iterations`` allows must still fit ``saga_steps.name``."""
+    for spec in specs:
+        last = iteration_name(spec.name, max_iterations - 1)
+        if len(last) > NAME_LENGTH:
+            raise DefinitionError(
+                f"saga {saga!r}: loop step {shown(spec.name)} is recorded per iteration as "
+                f"'<name>:<index>', up to {len(last)} characters with "
+                f"max_iterations={max_iterations}; saga_steps.name holds at most "
+                f"{NAME_LENGTH}: shorten the name or lower max_iterations"
+            )
 
 
 def _check_positive(saga: str, step: str, field: str, value: float | None) -> None:
@@ -78,6 +106,7 @@ def validate_step(saga: str, spec: StepSpec) -> None:
     name = spec.name
     if not isinstance(name, str) or not name.strip():
         raise DefinitionError(f"saga {saga!r}: a step needs a non-empty string name, got {name!r}")
+    check_stored_name(f"saga {saga!r}: ", "step name", name, "saga_steps.name")
     if name in RESERVED_STEP_NAMES or name.startswith("__"):
         raise DefinitionError(f"saga {saga!r}: step name {name!r} is reserved")
     if _ITERATION_SUFFIX.search(name):

@@ -76,9 +76,7 @@ def _resume(
             executions.c.state == ExecutionState.WAITING.value,
             executions.c.cursor == gate,
         )
-        .values(
-            wake_at=None, version=executions.c.version + 1, updated_at=to_db_time(now), **moved
-        )
+        .values(wake_at=None, version=executions.c.version + 1, updated_at=to_db_time(now), **moved)
     )
     return bool(result.rowcount == 1)
 

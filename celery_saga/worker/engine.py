@@ -13,12 +13,14 @@ from celery import Celery
 from sqlalchemy.exc import IntegrityError
 
 from celery_saga.definition.builder import Saga, SagaDefinition
+from celery_saga.definition.sub_sagas import check_no_cycle
 from celery_saga.errors import (
     DefinitionError,
     ExecutionNotFoundError,
     SagaError,
     UnknownSagaError,
 )
+from celery_saga.limits import listed_saga_names, lookup_id, storable_cursor_id
 from celery_saga.records import Execution, ExecutionState, RollbackStatus
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.executor import Executor
@@ -29,6 +31,7 @@ from celery_saga.store.database import Database
 from celery_saga.worker.beat import install_beat_entries, request_sweep_when_ready
 from celery_saga.worker.events import EventHub, Listener
 from celery_saga.worker.publisher import CeleryPublisher
+from celery_saga.worker.start_checks import refuse_before_start
 from celery_saga.worker.tasks import register_tasks
 
 DEFAULT_STORE_URL = "sqlite:///celery_saga.sqlite3"
@@ -156,6 +159,7 @@ class SagaEngine:
                 raise DefinitionError(
                     f"a different saga named {definition.name!r} is already registered"
                 )
+        check_no_cycle(self.catalog, sealed)
         for definition in sealed:
             self.catalog.add(definition)
         return sealed
@@ -171,6 +175,7 @@ class SagaEngine:
     def start(self, saga: str, input: Any = None, *, execution_id: str | None = None) -> SagaHandle:
         """Start a run of the registered saga ``saga`` with ``input``."""
         definition = self.definition(saga)
+        refuse_before_start(self.catalog, definition, execution_id)
         if input is not None and not isinstance(input, Mapping):
             raise SagaError(
                 f"the input of saga {saga!r} must be a mapping (dict) of named values, "
@@ -199,7 +204,7 @@ class SagaEngine:
 
     def get(self, execution_id: str) -> Execution:
         self.ensure_schema()
-        record, steps = queries.load_snapshot(self.db, execution_id)
+        record, steps = queries.load_snapshot(self.db, lookup_id(execution_id))
         if record is None:
             raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
         return Execution(record, tuple(steps))
@@ -219,10 +224,13 @@ class SagaEngine:
         after = None
         if cursor is not None:
             try:
-                after = queries.decode_cursor(cursor)
+                if not isinstance(cursor, str):
+                    raise ValueError(cursor)
+                stamp, last_id = queries.decode_cursor(cursor)
+                after = (stamp, storable_cursor_id(last_id))
             except (ValueError, UnicodeDecodeError):
                 raise SagaError(f"{cursor!r} is not a cursor returned by list()") from None
-        names = [saga] if isinstance(saga, str) else list(saga or [])
+        names = listed_saga_names(saga)
         self.ensure_schema()
         return queries.list_executions(
             self.db,
@@ -235,7 +243,7 @@ class SagaEngine:
 
     def _definition_of(self, execution_id: str) -> SagaDefinition:
         self.ensure_schema()
-        record = queries.load_execution(self.db, execution_id)
+        record = queries.load_execution(self.db, lookup_id(execution_id))
         if record is None:
             raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
         return self.definition(record.saga_name)
