@@ -88,6 +88,12 @@ def test_a_cycle_through_a_renamed_sub_saga_record_is_refused(engine: SagaEngine
         engine.register(looped)
 
 
+def test_a_sub_saga_given_as_a_builder_is_refused_asking_for_its_name() -> None:
+    child = Saga("child").step("c", work)
+    with pytest.raises(DefinitionError, match=r"pass sub_saga\('child'\) and register both"):
+        Saga("parent").sub_saga(child)  # type: ignore[arg-type]
+
+
 def test_sub_sagas_shared_without_a_cycle_are_accepted(engine: SagaEngine) -> None:
     engine.register(_parent("leaf"), _parent("left", "leaf"), _parent("right", "leaf"))
     engine.register(_parent("top", "left", "right", "leaf"))

@@ -269,6 +269,11 @@ class Saga:
         """Run the registered saga ``saga`` as a child of this run. ``input(ctx)`` builds the
         child's input (default: this run's input); ``name`` is the child's record name here
         (default: ``saga``)."""
+        if isinstance(saga, Saga):
+            raise DefinitionError(
+                f"saga {self.name!r}: sub_saga takes the child saga's name, got the builder of "
+                f"{saga.name!r}; pass sub_saga({saga.name!r}) and register both sagas"
+            )
         if not isinstance(saga, str) or not saga.strip():
             raise DefinitionError(f"saga {self.name!r}: sub_saga needs a saga name, got {saga!r}")
         check_stored_name(f"saga {self.name!r}: ", "sub_saga", saga, "saga_executions.saga_name")
