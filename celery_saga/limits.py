@@ -3,7 +3,7 @@
 A value that no column can store (too long, a NUL character PostgreSQL refuses, text that is
 not valid UTF-8) is refused with a ``SagaError`` naming the limit, instead of a driver error
 half-way through a write, or a name that one backend stores and another cannot.
-``tests/test_stored_limits.py`` holds these numbers to ``store/tables.py``.
+``test_the_limits_are_the_store_columns`` holds these numbers to ``store/tables.py``.
 """
 
 from __future__ import annotations
@@ -34,16 +34,14 @@ def text_problem(value: object, length: int, column: str = "its column") -> str 
     return None
 
 
-def lookup_id(execution_id: object) -> str:
-    """``execution_id`` for a lookup; a value no stored id can equal is simply not found
-    (no query is sent: a driver would raise its own error for some of them)."""
+def check_lookup_id(execution_id: object) -> None:
+    """A value no stored id can equal is simply not found, and no query is sent for it
+    (drivers raise their own errors for some: PostgreSQL for a NUL or a non-str)."""
     problem = text_problem(execution_id, EXECUTION_ID_LENGTH, "saga_executions.id")
     if problem is not None:
         raise ExecutionNotFoundError(
             f"no saga execution with id {execution_id!r:.100}: an execution id {problem}"
         )
-    assert isinstance(execution_id, str)
-    return execution_id
 
 
 def check_new_execution_id(execution_id: object) -> None:

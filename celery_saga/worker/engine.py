@@ -20,7 +20,7 @@ from celery_saga.errors import (
     SagaError,
     UnknownSagaError,
 )
-from celery_saga.limits import listed_saga_names, lookup_id, storable_cursor_id
+from celery_saga.limits import check_lookup_id, listed_saga_names, storable_cursor_id
 from celery_saga.records import Execution, ExecutionState, RollbackStatus
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.executor import Executor
@@ -203,8 +203,9 @@ class SagaEngine:
         return SagaHandle(self, execution_id)
 
     def get(self, execution_id: str) -> Execution:
+        check_lookup_id(execution_id)
         self.ensure_schema()
-        record, steps = queries.load_snapshot(self.db, lookup_id(execution_id))
+        record, steps = queries.load_snapshot(self.db, execution_id)
         if record is None:
             raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
         return Execution(record, tuple(steps))
@@ -242,8 +243,9 @@ class SagaEngine:
         )
 
     def _definition_of(self, execution_id: str) -> SagaDefinition:
+        check_lookup_id(execution_id)
         self.ensure_schema()
-        record = queries.load_execution(self.db, lookup_id(execution_id))
+        record = queries.load_execution(self.db, execution_id)
         if record is None:
             raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
         return self.definition(record.saga_name)
