@@ -234,6 +234,34 @@ def test_names_exactly_at_their_limits_run_on_every_store(store_url: str) -> Non
     engine.db.dispose()
 
 
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (
+            lambda: Saga("s").step("charge", work).step("Charge", work),
+            r"step names 'charge' and 'Charge' differ only in case",
+        ),
+        (
+            lambda: Saga("s").step("charge", work).parallel("g", step("charge ", work)),
+            r"step names 'charge' and 'charge ' differ only in case or trailing spaces",
+        ),
+        (
+            lambda: Saga("s").step("a", work).sub_saga("child", name="A"),
+            r"step names 'a' and 'A' differ",
+        ),
+        (
+            lambda: Saga("s").wait_for("go").step("a", work).wait_for("GO"),
+            r"wait_for events 'go' and 'GO' differ only in case",
+        ),
+    ],
+)
+def test_names_mysql_would_take_for_one_another_are_refused(build: Any, message: str) -> None:
+    # On MySQL/MariaDB they would share one unique key: the second step's claim would be
+    # refused for ever, and one gate's signal would pass the other.
+    with pytest.raises(DefinitionError, match=message):
+        build().seal()
+
+
 # -- paths and parallel groups hold steps ---------------------------------------------------
 
 

@@ -75,6 +75,19 @@ def test_an_id_no_run_can_have_is_not_found_by_every_lookup(direct: SagaEngine, 
     assert direct.get(waiting).state is ExecutionState.WAITING
 
 
+def test_an_id_differing_only_in_case_or_trailing_spaces_names_no_run(
+    direct: SagaEngine,
+) -> None:
+    saga, _ = _gate(direct)
+    run = direct.start(saga, execution_id=f"order-{uuid.uuid4().hex[:8]}")
+    before = _rows(direct)
+    for other in (run.id.upper(), run.id + " "):
+        for call in (direct.get, lambda value: direct.signal(value, "go")):
+            with pytest.raises(ExecutionNotFoundError, match="no saga execution with id"):
+                call(other)
+    assert _rows(direct) == before
+
+
 @pytest.mark.parametrize("bad", ["run\x00one", "\ud800", "x" * 65, "", "a:b", 7], ids=repr)
 def test_start_with_an_id_no_column_can_store_is_refused_and_stores_nothing(
     direct: SagaEngine, bad: Any

@@ -158,24 +158,45 @@ def record_names(node: Node) -> tuple[str, ...]:
     return tuple(spec.name for spec in node_steps(node))
 
 
+def _compared(name: str) -> str:
+    """A name as MySQL/MariaDB's default collation compares it: ignoring case and trailing
+    spaces. Two records whose names compare equal there would share one unique key."""
+    return name.casefold().rstrip(" ")
+
+
+def _seen_before(saga: str, what: str, name: str, seen: dict[str, str]) -> bool:
+    """Whether ``name`` is in ``seen`` already; a name equal to it only once ``_compared``
+    is refused here."""
+    key = _compared(name)
+    other = seen.get(key)
+    if other is None:
+        seen[key] = name
+        return False
+    if other != name:
+        raise DefinitionError(
+            f"saga {saga!r}: {what} {shown(other)} and {shown(name)} differ only in case or "
+            "trailing spaces, which MySQL and MariaDB do not tell apart; rename one"
+        )
+    return True
+
+
 def validate_saga(saga: str, nodes: Sequence[Node]) -> None:
     """Whole-graph checks: not empty, unique step names and events, at most one pivot."""
     if not any(not isinstance(node, PivotNode) for node in nodes):
         raise DefinitionError(f"saga {saga!r} has no steps")
     if sum(isinstance(node, PivotNode) for node in nodes) > 1:
         raise DefinitionError(f"saga {saga!r} has more than one pivot")
-    seen: set[str] = set()
-    events: set[str] = set()
+    seen: dict[str, str] = {}
+    events: dict[str, str] = {}
     for node in nodes:
         _check_node(saga, node)
         for name in record_names(node):
-            if name in seen:
+            if _seen_before(saga, "step names", name, seen):
                 raise DefinitionError(f"saga {saga!r}: step name {name!r} is used twice")
-            seen.add(name)
-        if isinstance(node, WaitNode):
-            if node.event in events:
-                raise DefinitionError(
-                    f"saga {saga!r}: two wait_for gates wait for {node.event!r}; a signal "
-                    "could not tell them apart, so give each gate its own event"
-                )
-            events.add(node.event)
+        if isinstance(node, WaitNode) and _seen_before(
+            saga, "wait_for events", node.event, events
+        ):
+            raise DefinitionError(
+                f"saga {saga!r}: two wait_for gates wait for {node.event!r}; a signal "
+                "could not tell them apart, so give each gate its own event"
+            )

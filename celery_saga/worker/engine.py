@@ -206,7 +206,7 @@ class SagaEngine:
         check_lookup_id(execution_id)
         self.ensure_schema()
         record, steps = queries.load_snapshot(self.db, execution_id)
-        if record is None:
+        if record is None or record.id != execution_id:  # MySQL finds 'a1' for 'A1 '
             raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
         return Execution(record, tuple(steps))
 
@@ -246,7 +246,7 @@ class SagaEngine:
         check_lookup_id(execution_id)
         self.ensure_schema()
         record = queries.load_execution(self.db, execution_id)
-        if record is None:
+        if record is None or record.id != execution_id:  # MySQL finds 'a1' for 'A1 '
             raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
         return self.definition(record.saga_name)
 
