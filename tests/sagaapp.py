@@ -327,6 +327,12 @@ class TestApp:
             .step("z0", fwd, compensate=rev)
             .sub_saga("committed_child", input=child_input)
             .step("z1", fwd),
+            # A gate in every position: alone, last, and last inside a child that is itself
+            # the parent's last node (so one signal completes both runs).
+            Saga("gate_only").wait_for("go"),
+            Saga("gate_last").step("a", fwd, compensate=rev).wait_for("go"),
+            Saga("gate_last_child").step("c", fwd, compensate=rev).wait_for("done"),
+            Saga("gate_last_parent").step("p", fwd, compensate=rev).sub_saga("gate_last_child"),
         )
 
 

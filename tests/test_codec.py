@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import math
+import time
 import uuid
 from decimal import Decimal
 from fractions import Fraction
@@ -17,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from celery_saga import PayloadError
-from celery_saga.store.codec import DEFAULT_MAX_PAYLOAD_BYTES, pack, unpack
+from celery_saga.store.codec import DEFAULT_MAX_PAYLOAD_BYTES, MAX_NESTING, pack, unpack
 
 UTC_PLUS_0530 = dt.timezone(dt.timedelta(hours=5, minutes=30))
 UTC_MINUS_0945 = dt.timezone(dt.timedelta(hours=-9, minutes=-45))
@@ -188,6 +189,67 @@ def test_payload_error_is_a_saga_error() -> None:
 def test_dict_with_tuple_keys_is_refused_before_anything_is_written() -> None:
     with pytest.raises(PayloadError, match="tuple"):
         pack({"grid": {(1, 2): "cell"}})
+
+
+# -- nesting, cycles and shared containers -------------------------------------------------
+
+
+def nested(depth: int) -> Any:
+    """``depth`` lists, each the only member of the one around it."""
+    value: Any = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def test_nesting_up_to_the_limit_round_trips_and_one_level_more_is_refused() -> None:
+    assert same(round_trip(nested(MAX_NESTING)), nested(MAX_NESTING))
+    with pytest.raises(PayloadError, match=f"input of saga 'x'.*more than {MAX_NESTING} levels"):
+        pack(nested(MAX_NESTING + 1), what="input of saga 'x'")
+
+
+def test_nesting_far_past_the_recursion_limit_is_a_payload_error() -> None:
+    with pytest.raises(PayloadError, match="levels deep"):
+        pack({"deep": nested(50_000)})
+
+
+@pytest.mark.parametrize("shape", ["list", "dict", "through a tuple", "deep inside"])
+def test_a_value_that_contains_itself_is_refused(shape: str) -> None:
+    looped: Any
+    if shape == "list":
+        looped = [1]
+        looped.append(looped)
+    elif shape == "dict":
+        looped = {"a": 1}
+        looped["self"] = looped
+    elif shape == "through a tuple":
+        inner: list[Any] = []
+        looped = {"t": (1, inner)}
+        inner.append(looped)
+    else:
+        holder: dict[str, Any] = {}
+        looped = {"x": [[{"y": holder}]]}
+        holder["back"] = looped["x"]
+    with pytest.raises(PayloadError, match=r"payload of signal 'go'.*contains itself"):
+        pack(looped, what="payload of signal 'go'")
+
+
+def test_a_container_shared_without_a_cycle_is_stored_once_per_use() -> None:
+    shared = {"sku": "A1"}
+    assert round_trip({"first": shared, "second": [shared, shared]}) == {
+        "first": {"sku": "A1"},
+        "second": [{"sku": "A1"}, {"sku": "A1"}],
+    }
+
+
+def test_sharing_that_multiplies_past_the_limit_is_refused_without_packing_it() -> None:
+    doubled: Any = []
+    for _ in range(64):  # 2**64 elements once packed: packing would never end
+        doubled = [doubled, doubled]
+    started = time.monotonic()
+    with pytest.raises(PayloadError, match="more than 1000 values; the limit is 1000"):
+        pack(doubled, limit=1000)
+    assert time.monotonic() - started < 5
 
 
 # -- size limit ------------------------------------------------------------------------

@@ -27,7 +27,9 @@ from celery_saga.definition.nodes import (
     split_iteration,
 )
 from celery_saga.definition.validation import (
+    check_iteration_names,
     check_max_iterations,
+    check_stored_name,
     validate_saga,
     validate_step,
     wait_seconds,
@@ -106,9 +108,21 @@ class Path:
     steps: tuple[StepSpec, ...]
 
 
+def _only_specs(where: str, items: Sequence[Any]) -> tuple[StepSpec, ...]:
+    """The members of a path or a parallel group: each must be a ``step(...)`` spec."""
+    for item in items:
+        if not isinstance(item, StepSpec):
+            hint = " (wrap it: step(name, task))" if callable(item) else ""
+            raise DefinitionError(
+                f"{where} got {item!r:.80} ({type(item).__name__}){hint}; it holds only "
+                "step(...) specs"
+            )
+    return tuple(items)
+
+
 def path(name: str, *steps: StepSpec) -> Path:
     """One named path of a ``branch``."""
-    return Path(name, steps)
+    return Path(name, _only_specs(f"path {name!r}", steps))
 
 
 @dataclass(frozen=True)
@@ -182,6 +196,7 @@ class Saga:
     def __init__(self, name: str) -> None:
         if not isinstance(name, str) or not name.strip():
             raise DefinitionError(f"a saga needs a non-empty string name, got {name!r}")
+        check_stored_name("", "saga name", name, "saga_executions.saga_name")
         self.name = name
         self._nodes: list[Node] = []
         self._sealed: SagaDefinition | None = None
@@ -204,6 +219,7 @@ class Saga:
 
     def parallel(self, name: str, *steps: StepSpec) -> Saga:
         """Run ``steps`` concurrently; the group fails if any member fails."""
+        _only_specs(f"saga {self.name!r}: parallel group {name!r}", steps)
         for spec in steps:
             validate_step(self.name, spec)
         return self._add(ParallelNode(name, tuple(steps)))
@@ -212,6 +228,12 @@ class Saga:
         """Run the path whose name ``selector(context)`` returns."""
         mapping: dict[str, tuple[StepSpec, ...]] = {}
         for item in paths:
+            if not isinstance(item, Path):
+                raise DefinitionError(
+                    f"saga {self.name!r}: branch {name!r} got {item!r:.80} "
+                    f"({type(item).__name__}); it takes path(name, step(...), ...) items"
+                )
+            _only_specs(f"saga {self.name!r}: path {item.name!r} of branch {name!r}", item.steps)
             if item.name in mapping:
                 raise DefinitionError(
                     f"saga {self.name!r}: branch {name!r} defines path {item.name!r} twice"
@@ -234,11 +256,11 @@ class Saga:
     def wait_for(self, event: str, *, timeout: float | timedelta | None = None) -> Saga:
         """Park the run until ``engine.signal(id, event, payload)``; after ``timeout``
         (seconds or a timedelta; ``None`` waits for ever) the run fails and is unwound."""
-        if not isinstance(event, str) or not event.strip() or len(event) > 200:
+        if not isinstance(event, str) or not event.strip():
             raise DefinitionError(
-                f"saga {self.name!r}: wait_for needs an event name of 1-200 characters, "
-                f"got {event!r}"
+                f"saga {self.name!r}: wait_for needs a non-empty event name, got {event!r}"
             )
+        check_stored_name(f"saga {self.name!r}: ", "event name", event, "saga_signals.event")
         return self._add(WaitNode(event, wait_seconds(self.name, event, timeout)))
 
     def sub_saga(
@@ -247,8 +269,14 @@ class Saga:
         """Run the registered saga ``saga`` as a child of this run. ``input(ctx)`` builds the
         child's input (default: this run's input); ``name`` is the child's record name here
         (default: ``saga``)."""
+        if isinstance(saga, Saga):
+            raise DefinitionError(
+                f"saga {self.name!r}: sub_saga takes the child saga's name, got the builder of "
+                f"{saga.name!r}; pass sub_saga({saga.name!r}) and register both sagas"
+            )
         if not isinstance(saga, str) or not saga.strip():
             raise DefinitionError(f"saga {self.name!r}: sub_saga needs a saga name, got {saga!r}")
+        check_stored_name(f"saga {self.name!r}: ", "sub_saga", saga, "saga_executions.saga_name")
         if input is not None and not callable(input):
             raise DefinitionError(
                 f"saga {self.name!r}: the input of sub_saga {saga!r} must be callable"
@@ -301,6 +329,7 @@ class Saga:
         loop_name = name or spec.name
         validate_step(self.name, spec)
         check_max_iterations(self.name, loop_name, max_iterations)
+        check_iteration_names(self.name, specs, max_iterations)
         return self._add(ForEachNode(loop_name, items, spec, max_iterations))
 
     def _loop(
@@ -320,6 +349,7 @@ class Saga:
         for spec in specs:
             validate_step(self.name, spec)
         check_max_iterations(self.name, loop_name, max_iterations)
+        check_iteration_names(self.name, specs, max_iterations)
         return self._add(LoopNode(loop_name, kind, condition, specs, max_iterations))
 
     def seal(self) -> SagaDefinition:

@@ -15,15 +15,43 @@ from celery_saga.definition.nodes import (
     StepSpec,
     SubSagaNode,
     WaitNode,
+    iteration_name,
     node_steps,
 )
 from celery_saga.errors import DefinitionError
+from celery_saga.limits import NAME_LENGTH, text_problem
 
 #: ``name:<digits>`` is how loop iterations are recorded, so a step may not be named that way.
 _ITERATION_SUFFIX = re.compile(r":\d+$")
 RESERVED_STEP_NAMES = frozenset({"input", "results", "signals"})
 #: Longer waits belong to ``wait_for``; past this a thread join overflows.
 MAX_SECONDS = 366 * 24 * 3600
+
+
+def shown(name: str) -> str:
+    """A name for an error message, cut short when it is too long to read."""
+    return repr(name) if len(name) <= 60 else f"{name[:40]!r}..."
+
+
+def check_stored_name(where: str, what: str, name: str, column: str) -> None:
+    """Refuse a name its store column cannot hold (guarantee 29)."""
+    problem = text_problem(name, NAME_LENGTH, column)
+    if problem is not None:
+        raise DefinitionError(f"{where}{what} {shown(name)} {problem}")
+
+
+def check_iteration_names(saga: str, specs: Sequence[StepSpec], max_iterations: int) -> None:
+    """A loop body step is recorded once per iteration as ``name:<index>``; the last
+    index ``max_iterations`` allows must still fit ``saga_steps.name``."""
+    for spec in specs:
+        last = iteration_name(spec.name, max_iterations - 1)
+        if len(last) > NAME_LENGTH:
+            raise DefinitionError(
+                f"saga {saga!r}: loop step {shown(spec.name)} is recorded per iteration as "
+                f"'<name>:<index>', up to {len(last)} characters with "
+                f"max_iterations={max_iterations}; saga_steps.name holds at most "
+                f"{NAME_LENGTH}: shorten the name or lower max_iterations"
+            )
 
 
 def _check_positive(saga: str, step: str, field: str, value: float | None) -> None:
@@ -78,6 +106,7 @@ def validate_step(saga: str, spec: StepSpec) -> None:
     name = spec.name
     if not isinstance(name, str) or not name.strip():
         raise DefinitionError(f"saga {saga!r}: a step needs a non-empty string name, got {name!r}")
+    check_stored_name(f"saga {saga!r}: ", "step name", name, "saga_steps.name")
     if name in RESERVED_STEP_NAMES or name.startswith("__"):
         raise DefinitionError(f"saga {saga!r}: step name {name!r} is reserved")
     if _ITERATION_SUFFIX.search(name):
@@ -129,24 +158,45 @@ def record_names(node: Node) -> tuple[str, ...]:
     return tuple(spec.name for spec in node_steps(node))
 
 
+def _compared(name: str) -> str:
+    """A name as MySQL/MariaDB's default collation compares it: ignoring case and trailing
+    spaces. Two records whose names compare equal there would share one unique key."""
+    return name.casefold().rstrip(" ")
+
+
+def _seen_before(saga: str, what: str, name: str, seen: dict[str, str]) -> bool:
+    """Whether ``name`` is in ``seen`` already; a name equal to it only once ``_compared``
+    is refused here."""
+    key = _compared(name)
+    other = seen.get(key)
+    if other is None:
+        seen[key] = name
+        return False
+    if other != name:
+        raise DefinitionError(
+            f"saga {saga!r}: {what} {shown(other)} and {shown(name)} differ only in case or "
+            "trailing spaces, which MySQL and MariaDB do not tell apart; rename one"
+        )
+    return True
+
+
 def validate_saga(saga: str, nodes: Sequence[Node]) -> None:
     """Whole-graph checks: not empty, unique step names and events, at most one pivot."""
     if not any(not isinstance(node, PivotNode) for node in nodes):
         raise DefinitionError(f"saga {saga!r} has no steps")
     if sum(isinstance(node, PivotNode) for node in nodes) > 1:
         raise DefinitionError(f"saga {saga!r} has more than one pivot")
-    seen: set[str] = set()
-    events: set[str] = set()
+    seen: dict[str, str] = {}
+    events: dict[str, str] = {}
     for node in nodes:
         _check_node(saga, node)
         for name in record_names(node):
-            if name in seen:
+            if _seen_before(saga, "step names", name, seen):
                 raise DefinitionError(f"saga {saga!r}: step name {name!r} is used twice")
-            seen.add(name)
-        if isinstance(node, WaitNode):
-            if node.event in events:
-                raise DefinitionError(
-                    f"saga {saga!r}: two wait_for gates wait for {node.event!r}; a signal "
-                    "could not tell them apart, so give each gate its own event"
-                )
-            events.add(node.event)
+        if isinstance(node, WaitNode) and _seen_before(
+            saga, "wait_for events", node.event, events
+        ):
+            raise DefinitionError(
+                f"saga {saga!r}: two wait_for gates wait for {node.event!r}; a signal "
+                "could not tell them apart, so give each gate its own event"
+            )

@@ -61,25 +61,54 @@ def _decode_ext(code: int, data: bytes) -> Any:
     return msgpack.ExtType(code, data)
 
 
-def _check_keys(value: Any) -> None:
-    """msgpack would store a tuple key as an array that can never be read back as a key."""
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if isinstance(key, tuple):
-                raise PayloadError(
-                    f"dictionary key {key!r} is a tuple, which cannot be "
-                    "read back as a key; use a str or int key"
-                )
-            _check_keys(item)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            _check_keys(item)
+#: Deeper nesting is refused: far beyond any real payload, well inside what msgpack packs
+#: and unpacks, and the walk below never recurses, so Python's recursion limit is never met.
+MAX_NESTING = 256
+
+
+def _check_shape(value: Any, limit: int) -> None:
+    """Refuse what msgpack would store wrongly or never finish: tuple keys (stored as arrays,
+    never read back as keys), cycles, nesting deeper than ``MAX_NESTING``, and more values
+    than ``limit`` bytes (each encodes to at least one byte), which a structure sharing
+    one list many times can reach long before its packing would end."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    holding: set[int] = set()  # containers on the path from the root to the current item
+    seen = 0
+    while stack:
+        item, depth = stack.pop()
+        if depth < 0:  # the marker that leaves a container
+            holding.discard(id(item))
+            continue
+        seen += 1
+        if seen > limit:
+            raise PayloadError(f"it holds more than {limit} values; the limit is {limit} bytes")
+        if not isinstance(item, (dict, list, tuple)):
+            continue
+        if id(item) in holding:
+            raise PayloadError(
+                f"it contains itself (a {type(item).__name__} holding a reference to itself "
+                "or to a container around it); a cycle cannot be stored"
+            )
+        if depth > MAX_NESTING:
+            raise PayloadError(f"it is nested more than {MAX_NESTING} levels deep")
+        holding.add(id(item))
+        stack.append((item, -1))
+        if isinstance(item, dict):
+            for key, member in item.items():
+                if isinstance(key, tuple):
+                    raise PayloadError(
+                        f"dictionary key {key!r} is a tuple, which cannot be "
+                        "read back as a key; use a str or int key"
+                    )
+                stack.extend(((key, depth + 1), (member, depth + 1)))
+        else:
+            stack.extend((member, depth + 1) for member in item)
 
 
 def pack(value: Any, *, what: str = "value", limit: int = DEFAULT_MAX_PAYLOAD_BYTES) -> bytes:
     """Encode ``value``; ``what`` names it in the error (e.g. "input of saga 'order'")."""
     try:
-        _check_keys(value)
+        _check_shape(value, limit)
         packed: bytes = msgpack.packb(
             value, default=_encode_ext, use_bin_type=True, strict_types=False
         )

@@ -64,7 +64,11 @@ def _received(connection: Connection, execution_id: str, event: str) -> Any:
 def _resume(
     connection: Connection, execution_id: str, gate: int, advance: Advance, now: datetime
 ) -> bool:
-    """Parked at ``gate`` -> running past it; the WHERE clause makes it the only resume."""
+    """Parked at ``gate`` -> running past it, or completed when the gate was the last node;
+    the WHERE clause makes it the only resume."""
+    # The move's own state (completed past a final gate) wins over running: see
+    # tests/test_gates.py::test_a_gate_in_any_position_is_passed_by_its_signal.
+    moved = {"state": ExecutionState.RUNNING.value, **advance_values(advance, now)}
     result = connection.execute(
         update(executions)
         .where(
@@ -72,13 +76,7 @@ def _resume(
             executions.c.state == ExecutionState.WAITING.value,
             executions.c.cursor == gate,
         )
-        .values(
-            state=ExecutionState.RUNNING.value,
-            wake_at=None,
-            version=executions.c.version + 1,
-            updated_at=to_db_time(now),
-            **advance_values(advance, now),
-        )
+        .values(wake_at=None, version=executions.c.version + 1, updated_at=to_db_time(now), **moved)
     )
     return bool(result.rowcount == 1)
 

@@ -13,6 +13,7 @@ from celery import Celery
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from celery_saga.definition.builder import Saga, SagaDefinition
+from celery_saga.definition.sub_sagas import check_no_cycle
 from celery_saga.errors import (
     DefinitionError,
     ExecutionNotFoundError,
@@ -20,6 +21,7 @@ from celery_saga.errors import (
     StoreUnavailableError,
     UnknownSagaError,
 )
+from celery_saga.limits import check_lookup_id, listed_saga_names, storable_cursor_id
 from celery_saga.records import Execution, ExecutionState, RollbackStatus
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.executor import Executor
@@ -33,6 +35,7 @@ from celery_saga.worker.beat import install_beat_entries, request_sweep_when_rea
 from celery_saga.worker.events import EventHub, Listener
 from celery_saga.worker.progress import QUIET_SECONDS, ProgressWatch, stall_hint
 from celery_saga.worker.publisher import CeleryPublisher
+from celery_saga.worker.start_checks import refuse_before_start
 from celery_saga.worker.tasks import register_tasks
 
 T = TypeVar("T")
@@ -197,6 +200,7 @@ class SagaEngine:
                 raise DefinitionError(
                     f"a different saga named {definition.name!r} is already registered"
                 )
+        check_no_cycle(self.catalog, sealed)
         for definition in sealed:
             self.catalog.add(definition)
         return sealed
@@ -212,20 +216,11 @@ class SagaEngine:
     def start(self, saga: str, input: Any = None, *, execution_id: str | None = None) -> SagaHandle:
         """Start a run of the registered saga ``saga`` with ``input``."""
         definition = self.definition(saga)
+        refuse_before_start(self.catalog, definition, execution_id)
         if input is not None and not isinstance(input, Mapping):
             raise SagaError(
                 f"the input of saga {saga!r} must be a mapping (dict) of named values, "
                 f"got {type(input).__name__}"
-            )
-        if execution_id is not None and (
-            not isinstance(execution_id, str)
-            or ":" in execution_id
-            or not 0 < len(execution_id) <= 64
-        ):
-            # No colon: it leads every idempotency key, which must parse unambiguously.
-            raise SagaError(
-                "execution_id must be a string of 1-64 characters without ':', "
-                f"got {execution_id!r}"
             )
         new_id = execution_id or str(uuid.uuid4())
         saga_input = {} if input is None else input
@@ -253,6 +248,7 @@ class SagaEngine:
         record, steps = existing
         if (
             record is None
+            or record.id != execution_id  # MySQL finds 'a1' for 'A1'
             or record.saga_name != definition.name
             or record.input != unpack(pack(saga_input, limit=self.settings.max_payload_bytes))
         ):
@@ -267,12 +263,13 @@ class SagaEngine:
         return SagaHandle(self, execution_id)
 
     def get(self, execution_id: str) -> Execution:
+        check_lookup_id(execution_id)
         self.ensure_schema()
         record, steps = self._store(
             f"reading execution {execution_id!r}",
             lambda: queries.load_snapshot(self.db, execution_id),
         )
-        if record is None:
+        if record is None or record.id != execution_id:  # MySQL finds 'a1' for 'A1 '
             raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
         return Execution(record, tuple(steps))
 
@@ -291,10 +288,13 @@ class SagaEngine:
         after = None
         if cursor is not None:
             try:
-                after = queries.decode_cursor(cursor)
+                if not isinstance(cursor, str):
+                    raise ValueError(cursor)
+                stamp, last_id = queries.decode_cursor(cursor)
+                after = (stamp, storable_cursor_id(last_id))
             except (ValueError, UnicodeDecodeError):
                 raise SagaError(f"{cursor!r} is not a cursor returned by list()") from None
-        names = [saga] if isinstance(saga, str) else list(saga or [])
+        names = listed_saga_names(saga)
         states = _enum_values(ExecutionState, state, "state")
         rollback = _enum_values(RollbackStatus, rollback_status, "rollback status")
         self.ensure_schema()
@@ -311,12 +311,13 @@ class SagaEngine:
         )
 
     def _definition_of(self, execution_id: str) -> SagaDefinition:
+        check_lookup_id(execution_id)
         self.ensure_schema()
         record = self._store(
             f"reading execution {execution_id!r}",
             lambda: queries.load_execution(self.db, execution_id),
         )
-        if record is None:
+        if record is None or record.id != execution_id:  # MySQL finds 'a1' for 'A1 '
             raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
         return self.definition(record.saga_name)
 
