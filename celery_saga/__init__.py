@@ -33,7 +33,8 @@ from celery_saga.records import (
 from celery_saga.runtime.clock import Clock, SystemClock, get_clock, set_clock
 from celery_saga.runtime.context import SagaContext
 from celery_saga.store.queries import Page
-from celery_saga.worker.engine import SagaEngine, SagaHandle
+from celery_saga.worker.engine import SagaEngine
+from celery_saga.worker.handle import SagaHandle
 
 try:
     __version__ = version("celery-saga-engine")

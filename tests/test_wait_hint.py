@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from celery_saga import ExecutionState, Saga, SagaEngine
-from celery_saga.worker import engine as engine_module
+from celery_saga.worker import handle as handle_module
 from celery_saga.worker.embedded import embedded_worker
 from tests.conftest import unconsumed_app
 
@@ -55,7 +55,7 @@ def test_timeout_names_the_queue_nobody_consumes(shop: SagaEngine) -> None:
 def test_a_quiet_run_is_reported_once_as_a_warning_before_the_timeout(
     shop: SagaEngine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(engine_module, "QUIET_SECONDS", 0.2)
+    monkeypatch.setattr(handle_module, "QUIET_SECONDS", 0.2)
     run = shop.start("pay", {"order_id": "A1"})
     with caplog.at_level(logging.WARNING, logger="celery_saga"), pytest.raises(TimeoutError):
         run.wait(timeout=2.5)
@@ -78,7 +78,7 @@ def test_only_the_queue_without_a_consumer_is_named(shop: SagaEngine) -> None:
 def test_a_slow_step_on_a_consumed_queue_gets_no_hint(
     shop: SagaEngine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(engine_module, "QUIET_SECONDS", 0.3)
+    monkeypatch.setattr(handle_module, "QUIET_SECONDS", 0.3)
     with embedded_worker(shop.app, queues=[shop.app.conf.task_default_queue]):
         run = shop.start("slow", {"order_id": "S1"})
         with (
@@ -94,7 +94,7 @@ def test_a_slow_step_on_a_consumed_queue_gets_no_hint(
 def test_a_run_waiting_for_a_signal_is_quiet_on_purpose(
     shop: SagaEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(engine_module, "QUIET_SECONDS", 0.2)
+    monkeypatch.setattr(handle_module, "QUIET_SECONDS", 0.2)
     with embedded_worker(shop.app, queues=[shop.app.conf.task_default_queue]):
         run = shop.start("gated")
         assert run.wait(timeout=10).state is ExecutionState.WAITING

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
@@ -33,21 +32,13 @@ from celery_saga.store.database import Database
 from celery_saga.store.transient import describe_store_error, is_transient, retry_transient
 from celery_saga.worker.beat import install_beat_entries, request_sweep_when_ready
 from celery_saga.worker.events import EventHub, Listener
-from celery_saga.worker.progress import QUIET_SECONDS, ProgressWatch, stall_hint
+from celery_saga.worker.handle import SagaHandle
 from celery_saga.worker.publisher import CeleryPublisher
 from celery_saga.worker.start_checks import refuse_before_start
 from celery_saga.worker.tasks import register_tasks
 
 T = TypeVar("T")
 DEFAULT_STORE_URL = "sqlite:///celery_saga.sqlite3"
-#: States in which a run does nothing more until someone acts: done, or waiting for a
-#: signal or an operator.
-SETTLED_STATES = (
-    ExecutionState.COMPLETED,
-    ExecutionState.FAILED,
-    ExecutionState.COMPENSATION_STUCK,
-    ExecutionState.WAITING,
-)
 
 
 def _settings_from(app: Celery) -> Settings:
@@ -89,50 +80,6 @@ def _enum_values(kind: type[Any], values: Any, what: str) -> list[Any]:
     except ValueError:
         allowed = ", ".join(member.value for member in kind)
         raise SagaError(f"unknown {what} in {items!r}; expected one of: {allowed}") from None
-
-
-class SagaHandle:
-    """A started execution: its id, and helpers to read it or block until it settles."""
-
-    def __init__(self, engine: SagaEngine, execution_id: str) -> None:
-        self.engine, self.id = engine, execution_id
-
-    def get(self) -> Execution:
-        return self.engine.get(self.id)
-
-    def wait(
-        self,
-        timeout: float = 30.0,
-        interval: float = 0.05,
-        states: Iterable[ExecutionState] = SETTLED_STATES,
-    ) -> Execution:
-        """Poll until the run is in one of ``states`` (default: completed, failed, parked
-        as compensation_stuck, or waiting for a signal); for scripts and tests.
-
-        A run that does not change for ``QUIET_SECONDS`` (5 s) while only a worker can move
-        it makes ``wait`` ask the workers which queues they consume: if none consumes the
-        queue of the run's next message, a warning names it, and so does the
-        ``TimeoutError``."""
-        wanted = tuple(states)
-        started = time.monotonic()
-        deadline = started + timeout
-        watch, hint = ProgressWatch(changed_at=started), None
-        while True:
-            execution = self.get()
-            if execution.state in wanted:
-                return execution
-            now = time.monotonic()
-            quiet_for = watch.observe(execution, now)
-            timed_out = now >= deadline
-            if hint is None and (quiet_for >= QUIET_SECONDS or (timed_out and quiet_for > 0)):
-                hint = stall_hint(self.engine, execution, quiet_for)
-            if timed_out:
-                message = f"execution {self.id!r} still {execution.state.value} after {timeout:g}s"
-                raise TimeoutError(f"{message}; {hint}" if hint else message)
-            time.sleep(interval)
-
-    def __repr__(self) -> str:
-        return f"SagaHandle({self.id!r})"
 
 
 class SagaEngine:

@@ -1,0 +1,66 @@
+"""``SagaHandle``: a started run, to read it or block until it settles."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from celery_saga.records import Execution, ExecutionState
+from celery_saga.worker.progress import QUIET_SECONDS, ProgressWatch, stall_hint
+
+if TYPE_CHECKING:
+    from celery_saga.worker.engine import SagaEngine
+
+#: States in which a run does nothing more until someone acts: done, or waiting for a
+#: signal or an operator.
+SETTLED_STATES = (
+    ExecutionState.COMPLETED,
+    ExecutionState.FAILED,
+    ExecutionState.COMPENSATION_STUCK,
+    ExecutionState.WAITING,
+)
+
+
+class SagaHandle:
+    """A started execution: its id, and helpers to read it or block until it settles."""
+
+    def __init__(self, engine: SagaEngine, execution_id: str) -> None:
+        self.engine, self.id = engine, execution_id
+
+    def get(self) -> Execution:
+        return self.engine.get(self.id)
+
+    def wait(
+        self,
+        timeout: float = 30.0,
+        interval: float = 0.05,
+        states: Iterable[ExecutionState] = SETTLED_STATES,
+    ) -> Execution:
+        """Poll until the run is in one of ``states`` (default: completed, failed, parked
+        as compensation_stuck, or waiting for a signal); for scripts and tests.
+
+        A run that does not change for ``QUIET_SECONDS`` (5 s) while only a worker can move
+        it makes ``wait`` ask the workers which queues they consume: if none consumes the
+        queue of the run's next message, a warning names it, and so does the
+        ``TimeoutError``."""
+        wanted = tuple(states)
+        started = time.monotonic()
+        deadline = started + timeout
+        watch, hint = ProgressWatch(changed_at=started), None
+        while True:
+            execution = self.get()
+            if execution.state in wanted:
+                return execution
+            now = time.monotonic()
+            quiet_for = watch.observe(execution, now)
+            timed_out = now >= deadline
+            if hint is None and (quiet_for >= QUIET_SECONDS or (timed_out and quiet_for > 0)):
+                hint = stall_hint(self.engine, execution, quiet_for)
+            if timed_out:
+                message = f"execution {self.id!r} still {execution.state.value} after {timeout:g}s"
+                raise TimeoutError(f"{message}; {hint}" if hint else message)
+            time.sleep(interval)
+
+    def __repr__(self) -> str:
+        return f"SagaHandle({self.id!r})"
