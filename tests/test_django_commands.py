@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import uuid
+from typing import Any
 
 import pytest
 
@@ -68,3 +69,34 @@ def test_manage_py_saga_names_a_missing_celery_app(harness: Harness) -> None:
     # The sagaapp module builds its app only with a broker set: without it, nothing to find.
     assert done.returncode == 1
     assert "SAGA_CELERY_APP = 'tests.sagaapp:app' cannot be imported" in done.stderr
+
+
+#: The app call_command() operates on: SAGA_CELERY_APP names this attribute.
+APP: Any = None
+
+
+def test_call_command_runs_the_same_commands_and_refusals_raise_command_error(
+    harness: Harness, capsys: pytest.CaptureFixture[str]
+) -> None:
+    global APP
+    import django
+    from django.conf import settings
+    from django.core.management import CommandError, call_command
+
+    if not settings.configured:
+        settings.configure(
+            INSTALLED_APPS=["celery_saga.contrib.django"],
+            SAGA_CELERY_APP="tests.test_django_commands:APP",
+        )
+        django.setup()
+    APP = harness.test_app.app
+    run = harness.start("five", {"order": 22})
+    assert run.wait(30).state is ExecutionState.COMPLETED
+    capsys.readouterr()
+    call_command("saga", "list", "--saga", "five", "--limit", "1000", "--json")
+    listed = json.loads(capsys.readouterr().out)
+    assert run.id in {item["id"] for item in listed["items"]}
+    with pytest.raises(CommandError, match="to be compensation_stuck; it is completed"):
+        call_command("saga", "resume", run.id)
+    with pytest.raises(CommandError, match="no saga execution with id 'nope'"):
+        call_command("saga", "show", "nope")

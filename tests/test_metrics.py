@@ -165,3 +165,23 @@ def test_a_prefork_worker_exports_its_childrens_counters(tmp_path: Path) -> None
         )
         == 1
     )
+
+
+def test_the_recovery_sweep_counts_the_runs_it_picks_up(tmp_path: Path, saga_clock: Any) -> None:
+    from celery_saga import SagaEngine
+    from tests.conftest import unconsumed_app
+
+    # Nobody consumes this app's queue: the first message is lost, as after a broker crash.
+    engine = SagaEngine(unconsumed_app("metrics"), store_url=f"sqlite:///{tmp_path}/s.sqlite3")
+    registry = CollectorRegistry()
+    enable_metrics(engine, registry=registry)
+    engine.register(Saga("lost").step("only", lambda ctx: 1))
+    engine.start("lost", {})
+    engine.start("lost", {})
+    assert engine.recover(stale_after=60) == 0
+    saga_clock.advance(61)
+    assert engine.recover(stale_after=60) == 2
+    found = samples(generate_latest(registry).decode())
+    assert value(found, "saga_sweep_recoveries_total", saga="lost") == 2
+    assert value(found, "saga_runs_started_total", saga="lost") == 2
+    engine.db.dispose()

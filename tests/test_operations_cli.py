@@ -183,3 +183,72 @@ def test_archived_runs_stay_readable_through_show_and_list(saga_engine: Any, sag
     sent = invoke("signal", waiting, "go", "--payload", '{"by": "ops"}')
     assert sent.exit_code == 0 and "the run resumed" in sent.output, sent.output
     assert saga_kit.finish(waiting).results["after"] == {"by": "ops"}
+
+
+def test_show_names_groups_and_iterations_and_nests_child_runs(harness: Harness) -> None:
+    parent = harness.start("parent", {"order": 13})
+    fanout = harness.start("fanout", {"order": 14})
+    batch = harness.start("batch", {"items": ["x", "y"]})
+    for run in (parent, fanout, batch):
+        assert run.wait(30).state is ExecutionState.COMPLETED, harness.worker_logs()
+
+    shown = json.loads(_invoke(harness, "show", parent.id, "--json").output)
+    (holder,) = [s for s in shown["steps"] if s["child"]]
+    assert holder["within"]["kind"] == "sub_saga"
+    child = holder["child"]
+    assert (child["saga"], child["parent_execution_id"]) == ("child", parent.id)
+    assert [s["name"] for s in child["steps"]] == ["c1", "c2"]
+    text = _invoke(harness, "show", parent.id).output
+    assert "  | completed  c2" in text and "  | started    saga child" in text
+
+    members = json.loads(_invoke(harness, "show", fanout.id, "--json").output)["steps"]
+    grouped = {s["name"]: s["within"] for s in members}
+    assert grouped["p2"] == {"kind": "parallel", "name": "group"}
+    assert grouped["first"] is None
+
+    packed = json.loads(_invoke(harness, "show", batch.id, "--json").output)["steps"]
+    iterations = [(s["step"], s["iteration"]) for s in packed if s["step"] == "pack"]
+    assert iterations == [("pack", 0), ("pack", 1)]
+    assert packed[1]["within"]["kind"] == "for_each"
+
+
+def test_list_pages_through_every_run_without_gaps(harness: Harness) -> None:
+    for order in range(5):
+        harness.start("failed_eligible", {"order": order}).wait(30)
+    seen: list[str] = []
+    cursor: list[str] = []
+    while True:
+        page = json.loads(
+            _invoke(
+                harness, "list", "--saga", "failed_eligible", "--limit", "2", "--json", *cursor
+            ).output
+        )
+        seen += [item["id"] for item in page["items"]]
+        if not page["next_cursor"]:
+            break
+        cursor = ["--cursor", page["next_cursor"]]
+    everything = _listed(harness, "--saga", "failed_eligible")
+    assert seen == list(everything) and len(seen) >= 5
+
+
+def test_db_commands_show_and_move_the_store_schema(saga_celery_app: Any) -> None:
+    from celery_saga.store import schema
+
+    head = schema.head_revision()
+    obj = SimpleNamespace(app=saga_celery_app)  # no engine yet: the app's saga_store_url
+
+    def invoke(*args: str, input: str | None = None) -> Result:
+        return CliRunner().invoke(saga, ["db", *args], obj=obj, input=input)
+
+    assert "store revision: none (empty store)" in invoke("current").output
+    assert invoke("upgrade").output.strip() == f"store revision: none -> {head}"
+    assert "(up to date)" in invoke("current").output
+    declined = invoke("downgrade", "0001", input="n\n")
+    assert declined.exit_code == 1 and f"store revision: {head};" in invoke("current").output
+    moved = invoke("downgrade", "0001", "--yes")
+    assert moved.output.strip() == f"store revision: {head} -> 0001"
+    assert "behind: run `saga db upgrade`" in invoke("current").output
+    unknown = invoke("upgrade", "9999")
+    assert unknown.exit_code == 1
+    assert unknown.output.strip().startswith("Error: unknown store revision '9999'")
+    assert invoke("upgrade").output.strip() == f"store revision: 0001 -> {head}"

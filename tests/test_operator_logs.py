@@ -96,3 +96,29 @@ def test_sweeps_send_no_task_events_while_steps_do(harness: Harness) -> None:
     names = {e.get("name") for e in captured if e["type"] == "task-received"}
     assert "sagaapp.s1" in names, names
     assert sweep.id not in ids
+
+
+def test_a_migration_logs_one_line_only_when_it_changes_the_schema(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    from celery_saga.store import schema
+    from celery_saga.store.database import Database
+
+    caplog.set_level(logging.DEBUG)
+    url = f"sqlite:///{tmp_path}/fresh.sqlite3"
+    first = Database(url)
+    first.migrate()
+    head = schema.head_revision()
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert lines == [f"saga store schema migrated from empty to {head}"]
+    caplog.clear()
+    second = Database(url)  # another worker starting on the same store
+    second.migrate()
+    assert [r for r in caplog.records if r.levelno >= logging.INFO] == []
+    schema.move(second, "0001", down=True)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO] == [
+        f"saga store schema migrated from {head} to 0001"
+    ]
+    assert schema.current_revision(second) == "0001"
+    first.dispose()
+    second.dispose()

@@ -13,7 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from celery_saga.definition.nodes import WaitNode
 from celery_saga.records import Execution, ExecutionState, RollbackStatus, StepRecord
+from celery_saga.store.waits import load_signals
 from celery_saga.testing.clock import ControlledClock
 from celery_saga.worker.engine import SagaEngine
 
@@ -58,8 +60,6 @@ def _reversal_order(record: StepRecord) -> tuple[Any, int]:
 
 
 def timeline_of(engine: SagaEngine, execution_id: str) -> Timeline:
-    from celery_saga.store.waits import load_signals
-
     execution = engine.get(execution_id)
     events = [f"{record.status.value} {record.name}" for record in execution.steps]
     reversed_steps = [r for r in execution.steps if r.compensation_status is not None]
@@ -105,8 +105,6 @@ class SagaKit:
             self.engine.signal(execution_id, event, pending.pop(event))
 
     def _gate_event(self, execution: Execution) -> str | None:
-        from celery_saga.definition.nodes import WaitNode
-
         nodes = self.engine.definition(execution.record.saga_name).nodes
         node = nodes[execution.record.cursor] if execution.record.cursor < len(nodes) else None
         return node.event if isinstance(node, WaitNode) else None
