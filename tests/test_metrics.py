@@ -148,6 +148,7 @@ def test_a_prefork_worker_exports_its_childrens_counters(tmp_path: Path) -> None
         stop_workers(workers)
         with test_app.app.connection_for_write() as connection:
             connection.default_channel.queue_purge(queue)
+        test_app.engine.db.dispose()  # the server's connection slots are shared
     log = "\n".join(p.read_text(errors="replace")[-3000:] for p in logs)
     found = samples(text)
     assert value(found, "saga_runs_completed_total", saga="five") == 3, (text, log)

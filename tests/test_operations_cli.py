@@ -252,3 +252,22 @@ def test_db_commands_show_and_move_the_store_schema(saga_celery_app: Any) -> Non
     assert unknown.exit_code == 1
     assert unknown.output.strip().startswith("Error: unknown store revision '9999'")
     assert invoke("upgrade").output.strip() == f"store revision: 0001 -> {head}"
+
+
+def test_list_filters_by_age(saga_engine: Any, saga_kit: Any) -> None:
+    from celery_saga import Saga
+
+    saga_engine.register(Saga("aged").step("only", lambda ctx: 1))
+    old = saga_kit.run("aged").execution.id
+    saga_kit.clock.advance(2 * 3600)
+    new = saga_kit.run("aged").execution.id
+    obj = SimpleNamespace(app=saga_engine.app)
+
+    def ids(*args: str) -> list[str]:
+        result = CliRunner().invoke(saga, ["list", "--json", *args], obj=obj)
+        return [item["id"] for item in json.loads(result.output)["items"]]
+
+    assert ids("--older-than", "1h") == [old]
+    assert ids("--newer-than", "1h") == [new]
+    assert ids("--older-than", "2h") == [old]  # inclusive
+    assert ids("--older-than", "3h") == []
