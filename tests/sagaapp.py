@@ -337,12 +337,18 @@ class TestApp:
 
 
 def from_environment() -> TestApp:
-    return TestApp(
+    test_app = TestApp(
         broker=os.environ["SAGA_TEST_BROKER"],
         store=os.environ["SAGA_TEST_STORE"],
         queue=os.environ["SAGA_TEST_QUEUE"],
         duplicate=os.environ.get("SAGA_TEST_DUPLICATE") == "1",
     )
+    if os.environ.get("SAGA_TEST_METRICS_PORT"):
+        from celery_saga.metrics import enable_metrics
+
+        port = int(os.environ["SAGA_TEST_METRICS_PORT"])
+        enable_metrics(test_app.engine, port=port, address="127.0.0.1")
+    return test_app
 
 
 if "SAGA_TEST_BROKER" in os.environ:

@@ -125,6 +125,10 @@ class Recoverer:
         if action.kind is RecoveryKind.RECOVER_CHILD and child is not None:
             return self._recover_one(child.id, now, stale_after)
         logger.warning("recovering execution %s: %s", execution_id, action.kind.value)
+        self.executor.emit(
+            "saga-recovered",
+            {"execution_id": execution_id, "saga": definition.name, "action": action.kind.value},
+        )
         self._carry_out(definition, execution_id, execution.cursor, execution.cursor_sub, action)
         return 1
 

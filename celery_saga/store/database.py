@@ -138,6 +138,8 @@ class Database:
             from alembic import command
             from alembic.config import Config
 
+            from celery_saga.store import schema
+
             config = Config()
             config.set_main_option("script_location", str(_MIGRATIONS))
             config.set_main_option("version_table", VERSION_TABLE)
@@ -148,11 +150,14 @@ class Database:
                 with self.engine.begin() as connection:
                     self._lock_migrations(connection)
                     config.attributes["connection"] = connection
+                    before = schema.revision_on(connection)
                     command.upgrade(config, "head")
+                    after = schema.revision_on(connection)
                     if self.dialect in ("mysql", "mariadb"):
                         connection.execute(text("SELECT RELEASE_LOCK('celery_saga_migrate')"))
             finally:
                 alembic_logger.setLevel(level)
+            schema.log_change(before, after)  # once, and only when the schema moved
             self._migrated = True
 
     def _lock_migrations(self, connection: Connection) -> None:

@@ -1,42 +1,12 @@
-"""Helpers for testing sagas: a controllable clock (guarantee 25)."""
+"""Helpers for testing sagas: a controllable clock (guarantee 25), an in-process engine on
+SQLite, and a helper that runs a saga to its end and returns its timeline.
 
-from __future__ import annotations
+Installed as a pytest plugin (``pytest11`` entry point): the fixtures ``saga_clock``,
+``saga_celery_app``, ``saga_engine`` and ``saga_kit`` are there in every test of a project
+that has this package installed. See ``docs/testing.md``.
+"""
 
-import random
-import threading
-from datetime import datetime, timedelta, timezone
+from celery_saga.testing.clock import ControlledClock
+from celery_saga.testing.kit import SagaKit, Timeline, timeline_of
 
-
-class ControlledClock:
-    """A clock that moves only when told to, with seeded randomness.
-
-    Install it with ``celery_saga.set_clock(ControlledClock(seed=7))``: every timestamp,
-    lease, deadline and backoff jitter the engine computes then comes from it, so a run can
-    be replayed exactly.
-    """
-
-    def __init__(self, start: datetime | None = None, seed: int = 0) -> None:
-        self._now = start or datetime(2030, 1, 1, tzinfo=timezone.utc)
-        if self._now.tzinfo is None:
-            raise ValueError("ControlledClock needs a timezone-aware start time")
-        self._random = random.Random(seed)
-        self._lock = threading.Lock()
-
-    def now(self) -> datetime:
-        with self._lock:
-            return self._now
-
-    def random(self) -> float:
-        with self._lock:
-            return self._random.random()
-
-    def advance(self, seconds: float) -> datetime:
-        """Move time forward and return the new now."""
-        if seconds < 0:
-            raise ValueError("time only moves forward")
-        with self._lock:
-            self._now += timedelta(seconds=seconds)
-            return self._now
-
-
-__all__ = ["ControlledClock"]
+__all__ = ["ControlledClock", "SagaKit", "Timeline", "timeline_of"]

@@ -114,6 +114,18 @@ class SagaEngine:
         request_sweep_when_ready(app)
         app.saga_engine = self
 
+    @classmethod
+    def of(cls, app: Celery) -> SagaEngine:
+        """The engine attached to ``app``: ``SagaEngine(app)`` registers itself on the app,
+        so commands, Django and exporters given only the app find the same engine."""
+        engine = getattr(app, "saga_engine", None)
+        if not isinstance(engine, cls):
+            raise SagaError(
+                f"the Celery app {app.main!r} has no SagaEngine; create one with "
+                "SagaEngine(app) in the module that defines the app (or one it imports)"
+            )
+        return engine
+
     # -- schema and definitions -------------------------------------------------------
     def ensure_schema(self) -> None:
         """Apply the store's migrations once per process (no-op when already current)."""

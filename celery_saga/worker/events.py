@@ -35,6 +35,7 @@ EVENT_TYPES = frozenset(
         "saga-signal-received",
         "saga-resumed",
         "saga-wait-expired",
+        "saga-recovered",
     }
 )
 

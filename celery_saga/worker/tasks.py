@@ -13,6 +13,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from celery_saga.decisions.admission import NodeMessage
 from celery_saga.runtime.limits import restore_soft_limit
 from celery_saga.store.transient import describe_store_error, is_transient
+from celery_saga.worker import outcome
+from celery_saga.worker.housekeeping import quiet_housekeeping_logs
 from celery_saga.worker.publisher import (
     ARCHIVE_TASK,
     CLEANUP_TASK,
@@ -35,10 +37,16 @@ _TASK_OPTIONS: dict[str, Any] = {
     "reject_on_worker_lost": True,
     "ignore_result": True,
     "shared": False,
+    "throws": (outcome.StepFailed,),
 }
+#: Sweeps: no task events (Flower's list), per-run log lines at DEBUG when idle.
+_SWEEP_OPTIONS: dict[str, Any] = {"ignore_result": True, "shared": False, "send_events": False}
 
 
 def register_tasks(app: Celery, engine: SagaEngine) -> None:
+    outcome.watch(engine.events)
+    quiet_housekeeping_logs()
+
     @app.task(name=NODE_TASK, **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
     def saga_node(
         task: Any,
@@ -50,29 +58,31 @@ def register_tasks(app: Celery, engine: SagaEngine) -> None:
         attempt: int,
     ) -> None:
         message = NodeMessage(execution_id, node, sub, member, attempt)
-        with _retry_on_lost_connection(task):
+        with _retry_on_lost_connection(task), outcome.observed() as seen:
             engine.ensure_schema()
             engine.executor.run_node(message, saga_name, redelivered=_redelivered(task))
+        seen.raise_outcome()  # after the outcome is stored: Celery shows what the step did
 
     @app.task(name=COMPENSATE_TASK, **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
     def saga_compensate(task: Any, execution_id: str, step_name: str, attempt: int) -> None:
-        with _retry_on_lost_connection(task):
+        with _retry_on_lost_connection(task), outcome.observed() as seen:
             engine.ensure_schema()
             engine.executor.unwinder.run(execution_id, step_name, attempt, _redelivered(task))
+        seen.raise_outcome()
 
-    @app.task(name=RECOVER_TASK, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
+    @app.task(name=RECOVER_TASK, **_SWEEP_OPTIONS)  # type: ignore[untyped-decorator]
     def saga_recover() -> int:
         return engine.recover()
 
-    @app.task(name=FIRE_TIMERS_TASK, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
+    @app.task(name=FIRE_TIMERS_TASK, **_SWEEP_OPTIONS)  # type: ignore[untyped-decorator]
     def saga_fire_timers() -> int:
         return engine.fire_timers()
 
-    @app.task(name=CLEANUP_TASK, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
+    @app.task(name=CLEANUP_TASK, **_SWEEP_OPTIONS)  # type: ignore[untyped-decorator]
     def saga_cleanup() -> int:
         return engine.cleanup(float(app.conf.saga_cleanup_after))
 
-    @app.task(name=ARCHIVE_TASK, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
+    @app.task(name=ARCHIVE_TASK, **_SWEEP_OPTIONS)  # type: ignore[untyped-decorator]
     def saga_archive() -> int:
         return engine.archive(float(app.conf.saga_archive_after))
 

@@ -1,0 +1,340 @@
+"""``celery -A proj saga ...``: list, inspect and operate saga runs from a shell.
+
+The group is a plain click group: Celery finds it through the ``celery.commands`` entry
+point and hands over its app as ``ctx.obj.app``; ``python manage.py saga`` (the Django
+app in ``celery_saga.contrib.django``) runs the same group with the project's app.
+Every refused command prints one ``Error: ...`` line, exits nonzero and changes nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from celery import Celery
+from sqlalchemy.exc import SQLAlchemyError
+
+from celery_saga.cli import timeline
+from celery_saga.cli.durations import parse_duration
+from celery_saga.cli.output import as_json, table
+from celery_saga.errors import ExecutionNotFoundError, InvalidStateError, SagaError
+from celery_saga.records import ExecutionRecord, ExecutionState, RollbackStatus
+from celery_saga.runtime.clock import get_clock
+from celery_saga.store import inspection
+from celery_saga.worker.engine import SagaEngine
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def app_of(ctx: click.Context) -> Celery:
+    app = getattr(ctx.obj, "app", None)
+    if not isinstance(app, Celery):
+        raise click.UsageError("no Celery app: run it as `celery -A proj saga ...`")
+    return app
+
+
+def engine_of(ctx: click.Context) -> SagaEngine:
+    """The app's engine, after importing the modules the app lists (where sagas live)."""
+    app = app_of(ctx)
+    app.loader.import_default_modules()
+    return SagaEngine.of(app)
+
+
+def operator_command(function: F) -> F:
+    """Turn refusals into one ``Error:`` line and exit status 1."""
+
+    @functools.wraps(function)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except SagaError as error:
+            raise click.ClickException(str(error)) from error
+        except SQLAlchemyError as error:
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error)
+            raise click.ClickException(f"the saga store failed: {first}") from error
+
+    return run  # type: ignore[return-value]
+
+
+@click.group(name="saga")
+@click.pass_context
+def saga(ctx: click.Context, /, **_preload_options: Any) -> None:
+    """Inspect and operate saga runs (list, show, signal, resume, abandon, ...)."""
+
+
+def _short(when: datetime | None) -> str:
+    return "-" if when is None else when.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _row(record: ExecutionRecord) -> list[str]:
+    reason = (record.rollback_reason or record.failure_reason or "").replace("\n", " ")
+    return [
+        record.id,
+        record.saga_name,
+        record.state.value,
+        record.rollback_status.value if record.rollback_status else "-",
+        _short(record.created_at),
+        _short(record.updated_at),
+        reason,
+    ]
+
+
+def _summary(record: ExecutionRecord) -> dict[str, Any]:
+    return {
+        "id": record.id,
+        "saga": record.saga_name,
+        "state": record.state.value,
+        "rollback_status": record.rollback_status.value if record.rollback_status else None,
+        "failure_reason": record.failure_reason,
+        "rollback_reason": record.rollback_reason,
+        "parent_execution_id": record.parent_execution_id,
+        "created_at": record.created_at,
+        "updated_at": record.updated_at,
+    }
+
+
+_STATES = click.Choice([s.value for s in ExecutionState])
+_ROLLBACKS = click.Choice([s.value for s in RollbackStatus])
+
+
+@saga.command(name="list")
+@click.option("--saga", "sagas", multiple=True, help="Only runs of this saga (repeatable).")
+@click.option("--state", "states", multiple=True, type=_STATES, help="Repeatable.")
+@click.option("--rollback", "rollbacks", multiple=True, type=_ROLLBACKS, help="Repeatable.")
+@click.option("--older-than", help="Started at least this long ago (e.g. 30m, 7d).")
+@click.option("--newer-than", help="Started at most this long ago.")
+@click.option("--archived", is_flag=True, help="List archived runs instead of live ones.")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 1000))
+@click.option("--cursor", help="Continue after the page that printed this cursor.")
+@click.option("--json", "as_json_output", is_flag=True, help="Print JSON.")
+@click.pass_context
+@operator_command
+def list_(
+    ctx: click.Context,
+    sagas: tuple[str, ...],
+    states: tuple[str, ...],
+    rollbacks: tuple[str, ...],
+    older_than: str | None,
+    newer_than: str | None,
+    archived: bool,
+    limit: int,
+    cursor: str | None,
+    as_json_output: bool,
+) -> None:
+    """Runs, oldest first, one page at a time."""
+    now = get_clock().now()
+    filters = inspection.Filters(
+        saga_names=sagas,
+        states=[ExecutionState(s) for s in states],
+        rollback_statuses=[RollbackStatus(s) for s in rollbacks],
+        created_before=now - parse_duration(older_than) if older_than else None,
+        created_after=now - parse_duration(newer_than) if newer_than else None,
+    )
+    engine = engine_of(ctx)
+    engine.ensure_schema()
+    try:
+        page = inspection.list_runs(
+            engine.db, filters, archived=archived, limit=limit, cursor=cursor
+        )
+    except (ValueError, UnicodeDecodeError):
+        raise SagaError(f"{cursor!r} is not a cursor printed by `saga list`") from None
+    if as_json_output:
+        items = [_summary(r) for r in page.items]
+        click.echo(as_json({"items": items, "next_cursor": page.next_cursor}))
+        return
+    if not page.items:
+        click.echo("no runs match")
+        return
+    headers = ["ID", "SAGA", "STATE", "ROLLBACK", "CREATED", "UPDATED", "REASON"]
+    for line in table(headers, [_row(r) for r in page.items]):
+        click.echo(line)
+    if page.next_cursor:
+        click.echo(f"more: --cursor {page.next_cursor}")
+
+
+def _loaders(engine: SagaEngine) -> tuple[timeline.LoadRun, timeline.FindDefinition]:
+    return (
+        lambda execution_id: inspection.load_run(engine.db, execution_id),
+        engine.catalog,
+    )
+
+
+def _stored(engine: SagaEngine, execution_id: str) -> inspection.StoredRun:
+    engine.ensure_schema()
+    run = inspection.load_run(engine.db, execution_id)
+    if run is None:
+        raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
+    return run
+
+
+@saga.command()
+@click.argument("execution_id")
+@click.option("--json", "as_json_output", is_flag=True, help="Print JSON.")
+@click.pass_context
+@operator_command
+def show(ctx: click.Context, execution_id: str, as_json_output: bool) -> None:
+    """One run's whole timeline: steps, iterations, reversals, signals, child runs."""
+    engine = engine_of(ctx)
+    load, find = _loaders(engine)
+    described = timeline.describe(_stored(engine, execution_id), load, find)
+    if as_json_output:
+        click.echo(as_json(described))
+    else:
+        click.echo("\n".join(timeline.render(described)))
+
+
+def _live(engine: SagaEngine, execution_id: str) -> ExecutionRecord:
+    run = _stored(engine, execution_id)
+    if run.archived_at is not None:
+        raise InvalidStateError(
+            f"execution {execution_id!r} is archived; archived runs are read-only"
+        )
+    return run.record
+
+
+def _payload(payload: str | None, payload_file: str | None) -> Any:
+    if payload is not None and payload_file is not None:
+        raise click.UsageError("give --payload or --payload-file, not both")
+    if payload_file is not None:
+        try:
+            payload = sys.stdin.read() if payload_file == "-" else Path(payload_file).read_text()
+        except OSError as error:
+            raise SagaError(
+                f"cannot read --payload-file {payload_file!r}: {error.strerror}"
+            ) from None
+    if payload is None:
+        return None
+    try:
+        return json.loads(payload)
+    except json.JSONDecodeError as error:
+        raise SagaError(f"the payload is not valid JSON: {error}") from None
+
+
+@saga.command()
+@click.argument("execution_id")
+@click.argument("event")
+@click.option("--payload", help="The signal's payload as JSON.")
+@click.option("--payload-file", help="Read the JSON payload from a file ('-': stdin).")
+@click.pass_context
+@operator_command
+def signal(
+    ctx: click.Context,
+    execution_id: str,
+    event: str,
+    payload: str | None,
+    payload_file: str | None,
+) -> None:
+    """Deliver EVENT to a run waiting for it (or about to)."""
+    value = _payload(payload, payload_file)
+    engine = engine_of(ctx)
+    _live(engine, execution_id)
+    resumed = engine.signal(execution_id, event, value)
+    click.echo(
+        f"signal {event!r} recorded for {execution_id}; "
+        + ("the run resumed" if resumed else "the run will take it when it reaches the gate")
+    )
+
+
+@saga.command()
+@click.argument("execution_id")
+@click.pass_context
+@operator_command
+def resume(ctx: click.Context, execution_id: str) -> None:
+    """Retry the failed reversal of a compensation_stuck run and continue its unwind."""
+    engine = engine_of(ctx)
+    _live(engine, execution_id)
+    engine.resume_compensation(execution_id)
+    click.echo(f"resumed the unwind of {execution_id}; the workers carry it on")
+
+
+@saga.command()
+@click.argument("execution_id")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_context
+@operator_command
+def abandon(ctx: click.Context, execution_id: str, yes: bool) -> None:
+    """Give up a parked unwind: the run ends failed, outstanding reversals skipped."""
+    engine = engine_of(ctx)
+    record = _live(engine, execution_id)
+    if record.state is not ExecutionState.COMPENSATION_STUCK:
+        raise InvalidStateError(
+            f"abandon needs execution {execution_id!r} (saga {record.saga_name!r}) to be "
+            f"compensation_stuck; it is {record.state.value}"
+        )
+    if not yes:
+        click.confirm(
+            f"Abandon the unwind of {execution_id} (saga {record.saga_name})? Steps not yet "
+            "reversed will never be",
+            abort=True,
+        )
+    skipped = engine.abandon_compensation(execution_id)
+    click.echo(f"abandoned {execution_id}: {skipped} step(s) marked compensation_skipped")
+
+
+@saga.command()
+@click.option("--stale-after", help="Idle time before a run counts as lost (default: setting).")
+@click.pass_context
+@operator_command
+def recover(ctx: click.Context, stale_after: str | None) -> None:
+    """Run one recovery sweep now (beat runs it on its own)."""
+    engine = engine_of(ctx)
+    seconds = parse_duration(stale_after).total_seconds() if stale_after else None
+    click.echo(f"recovered {engine.recover(seconds)} run(s)")
+
+
+@saga.command()
+@click.option("--older-than", required=True, help="Last updated at least this long ago, e.g. 7d.")
+@click.option("--archive", is_flag=True, help="Move them to the archive tables instead.")
+@click.pass_context
+@operator_command
+def cleanup(ctx: click.Context, older_than: str, archive: bool) -> None:
+    """Delete (or archive) terminal runs; parked and waiting runs are never touched."""
+    age = parse_duration(older_than)
+    engine = engine_of(ctx)
+    gone = engine.archive(age) if archive else engine.cleanup(age)
+    click.echo(f"{'archived' if archive else 'deleted'} {gone} run(s) older than {older_than}")
+
+
+@saga.command()
+@click.option("--json", "as_json_output", is_flag=True, help="Print JSON.")
+@click.pass_context
+@operator_command
+def stats(ctx: click.Context, as_json_output: bool) -> None:
+    """Runs by saga and state, parked runs, and the oldest waiting one."""
+    engine = engine_of(ctx)
+    engine.ensure_schema()
+    found = inspection.stats(engine.db)
+    by_state: dict[str, int] = {}
+    for (_, state), runs in found.counts.items():
+        by_state[state] = by_state.get(state, 0) + runs
+    oldest = {
+        "waiting": _summary(found.oldest_waiting) if found.oldest_waiting else None,
+        "parked": _summary(found.oldest_parked) if found.oldest_parked else None,
+    }
+    if as_json_output:
+        sagas: dict[str, dict[str, int]] = {}
+        for (name, state), runs in sorted(found.counts.items()):
+            sagas.setdefault(name, {})[state] = runs
+        parked = by_state.get(ExecutionState.COMPENSATION_STUCK.value, 0)
+        summary = {"by_state": by_state, "by_saga": sagas, "parked": parked}
+        click.echo(as_json({**summary, "archived": found.archived, "oldest": oldest}))
+        return
+    rows = [[n, s, str(c)] for (n, s), c in sorted(found.counts.items())]
+    for line in table(["SAGA", "STATE", "RUNS"], rows):
+        click.echo(line)
+    states = ", ".join(f"{s}={c}" for s, c in sorted(by_state.items())) or "none"
+    click.echo(f"live runs by state: {states}; archived: {found.archived}")
+    click.echo(f"parked (compensation_stuck): {by_state.get('compensation_stuck', 0)}")
+    for label, record in (("waiting", found.oldest_waiting), ("parked", found.oldest_parked)):
+        if record is not None:
+            since = get_clock().now() - record.updated_at
+            click.echo(
+                f"oldest {label}: {record.id} ({record.saga_name}) "
+                f"since {_short(record.updated_at)} ({since.total_seconds():.0f} s)"
+            )

@@ -1,0 +1,22 @@
+"""Durations as operators type them: ``90``, ``45s``, ``30m``, ``12h``, ``7d``, ``2w``."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+from celery_saga.errors import SagaError
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+
+
+def parse_duration(text: str) -> timedelta:
+    """A number of seconds, or a number with one unit of s, m, h, d or w."""
+    match = _DURATION.match(text.lower())
+    if match is None:
+        raise SagaError(
+            f"{text!r} is not a duration; use a number with s, m, h, d or w, e.g. 7d or 30m"
+        )
+    number, unit = match.groups()
+    return timedelta(seconds=float(number) * _UNITS[unit or "s"])

@@ -1,0 +1,176 @@
+"""A run's whole story for ``celery saga show``: pure functions from stored records to a
+JSON-ready dict and to readable lines."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from celery_saga.definition.builder import SagaDefinition
+from celery_saga.definition.nodes import (
+    BranchNode,
+    ForEachNode,
+    LoopNode,
+    ParallelNode,
+    SubSagaNode,
+    split_iteration,
+)
+from celery_saga.records import StepRecord
+from celery_saga.store.inspection import StoredRun
+
+#: How deep ``show`` follows child runs; sub-sagas may nest, a cycle cannot be registered.
+MAX_DEPTH = 8
+LoadRun = Callable[[str], "StoredRun | None"]
+FindDefinition = Callable[[str], "SagaDefinition | None"]
+
+
+def _time(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def _enclosing(definition: SagaDefinition | None, node: int) -> dict[str, str] | None:
+    """The group a step ran in: a parallel group, a branch, a loop, or a sub-saga."""
+    if definition is None or not 0 <= node < len(definition.nodes):
+        return None
+    target = definition.nodes[node]
+    kinds: tuple[tuple[type[Any], str], ...] = (
+        (ParallelNode, "parallel"),
+        (BranchNode, "branch"),
+        (LoopNode, "loop"),
+        (ForEachNode, "for_each"),
+        (SubSagaNode, "sub_saga"),
+    )
+    for kind, label in kinds:
+        if isinstance(target, kind):
+            return {"kind": label, "name": str(getattr(target, "name", ""))}
+    return None
+
+
+def _step(
+    record: StepRecord,
+    definition: SagaDefinition | None,
+    load: LoadRun,
+    find: FindDefinition,
+    depth: int,
+) -> dict[str, Any]:
+    base, iteration = split_iteration(record.name)
+    step: dict[str, Any] = {
+        "name": record.name,
+        "step": base,
+        "iteration": iteration,
+        "node": record.node,
+        "within": _enclosing(definition, record.node),
+        "status": record.status.value,
+        "attempts": record.attempts,
+        "idempotency_key": record.idempotency_key,
+        "started_at": _time(record.started_at),
+        "completed_at": _time(record.completed_at),
+        "error": record.error,
+        "result": record.result,
+        "compensatable": record.compensatable,
+        "compensation": None,
+        "child": None,
+    }
+    if record.compensation_status is not None or record.compensation_attempts:
+        step["compensation"] = {
+            "status": record.compensation_status.value if record.compensation_status else None,
+            "reason": record.compensation_reason,
+            "attempts": record.compensation_attempts,
+            "at": _time(record.compensated_at),
+        }
+    if record.child_execution_id is not None:
+        child = load(record.child_execution_id) if depth < MAX_DEPTH else None
+        step["child"] = (
+            describe(child, load, find, depth + 1)
+            if child is not None
+            else {"id": record.child_execution_id, "missing": True}
+        )
+    return step
+
+
+def describe(run: StoredRun, load: LoadRun, find: FindDefinition, depth: int = 0) -> dict[str, Any]:
+    """Everything stored about ``run`` (and its child runs, nested under their step)."""
+    record = run.record
+    definition = find(record.saga_name)
+    return {
+        "id": record.id,
+        "saga": record.saga_name,
+        "state": record.state.value,
+        "rollback_status": record.rollback_status.value if record.rollback_status else None,
+        "failure_reason": record.failure_reason,
+        "rollback_reason": record.rollback_reason,
+        "parent_execution_id": record.parent_execution_id,
+        "definition_hash": record.definition_hash,
+        "definition_deployed": definition is not None and definition.hash == record.definition_hash,
+        "created_at": _time(record.created_at),
+        "updated_at": _time(record.updated_at),
+        "committed_at": _time(record.committed_at),
+        "wake_at": _time(record.wake_at),
+        "archived_at": _time(run.archived_at),
+        "input": record.input,
+        "signals": [
+            {"event": s.event, "payload": s.payload, "received_at": _time(s.received_at)}
+            for s in run.signals
+        ],
+        "steps": [_step(s, definition, load, find, depth) for s in run.steps],
+    }
+
+
+def _events(run: dict[str, Any], indent: str) -> list[tuple[str, str]]:
+    """(ISO time, line) for every dated thing that happened, child runs indented."""
+    events: list[tuple[str, str]] = [(run["created_at"], f"{indent}started    saga {run['saga']}")]
+    for signal in run["signals"]:
+        events.append((signal["received_at"], f"{indent}signal     {signal['event']!r} received"))
+    for step in run["steps"]:
+        name, within = step["name"], step["within"]
+        where = f"  [{within['kind']} {within['name']}]" if within else ""
+        events.append(
+            (step["started_at"], f"{indent}start      {name}{where}  key={step['idempotency_key']}")
+        )
+        if step["completed_at"]:
+            error = f"  {step['error']}" if step["status"] == "failed" and step["error"] else ""
+            tries = f"  after {step['attempts']} attempts" if step["attempts"] > 1 else ""
+            events.append(
+                (step["completed_at"], f"{indent}{step['status']:<10} {name}{tries}{error}")
+            )
+        reversal = step["compensation"]
+        if reversal and reversal["at"]:
+            reason = f"  {reversal['reason']}" if reversal["reason"] else ""
+            tries = f"  after {reversal['attempts']} attempts" if reversal["attempts"] > 1 else ""
+            line = f"{indent}{reversal['status']:<10} {name}{tries}{reason}"
+            events.append((reversal["at"], line))
+        if step["child"] and not step["child"].get("missing"):
+            events.extend(_events(step["child"], indent + "  | "))
+    return events
+
+
+def render(run: dict[str, Any]) -> list[str]:
+    """The run as text: a header, then its timeline in time order."""
+    rollback = run["rollback_status"] or "-"
+    lines = [
+        f"execution {run['id']}  saga={run['saga']}  state={run['state']}  rollback={rollback}",
+        f"created {run['created_at']}  updated {run['updated_at']}",
+    ]
+    if run["archived_at"]:
+        lines.append(f"archived {run['archived_at']}")
+    if run["parent_execution_id"]:
+        lines.append(f"parent {run['parent_execution_id']}")
+    if run["wake_at"] and run["state"] == "waiting":
+        lines.append(f"waiting until {run['wake_at']}")
+    if not run["definition_deployed"]:
+        lines.append("definition: not deployed in this process (or changed since this run began)")
+    for label in ("failure_reason", "rollback_reason"):
+        if run[label]:
+            lines.append(f"{label}: {run[label]}")
+    if run["state"] == "compensation_stuck":
+        lines.append(
+            "parked: fix the cause, then `saga resume ID` retries the failed reversal; "
+            "`saga abandon ID` gives the unwind up"
+        )
+    start = datetime.fromisoformat(run["created_at"])
+    lines.append("timeline:")
+    for moment, text in sorted(_events(run, ""), key=lambda event: event[0]):
+        offset = (datetime.fromisoformat(moment) - start).total_seconds() * 1000
+        lines.append(f"  +{offset:10.1f} ms  {text}")
+    return lines

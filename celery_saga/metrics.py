@@ -1,0 +1,156 @@
+"""Prometheus metrics for sagas, fed by the engine's event sink (needs the ``prometheus``
+extra).
+
+``enable_metrics(engine, port=9808)`` counts runs started, completed, failed and parked, step
+and reversal outcomes with their durations (labelled by saga and step; loop iterations share
+their step's label), and runs the recovery sweep picked up. With ``port`` an HTTP exporter
+starts in each worker's main process when it initialises (never in ``celery saga`` commands
+or prefork children). Prefork children keep their own counters, so for the prefork pool set
+``PROMETHEUS_MULTIPROC_DIR`` to an empty directory before the worker starts: the children
+then write to it and the exporter serves their sum (prometheus_client's multiprocess mode).
+See ``docs/metrics.md``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+from celery.signals import worker_init
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from celery_saga.definition.nodes import split_iteration
+from celery_saga.worker.engine import SagaEngine
+
+#: Seconds; steps are usually calls to other services, reversals likewise.
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+_STEP_END = {
+    "saga-step-completed": "completed",
+    "saga-step-failed": "failed",
+    "saga-step-retry": "retry",
+}
+_REVERSAL_END = {
+    "saga-step-compensated": "compensated",
+    "saga-compensation-failed": "failed",
+    "saga-compensation-retry": "retry",
+}
+
+
+class SagaMetrics:
+    """An event listener that keeps the counters and histograms; ``registry`` defaults to
+    prometheus_client's global one."""
+
+    def __init__(self, registry: CollectorRegistry | None = None, prefix: str = "saga") -> None:
+        options: dict[str, Any] = {} if registry is None else {"registry": registry}
+        by_saga, by_step = ["saga"], ["saga", "step", "outcome"]
+        self.started = Counter(f"{prefix}_runs_started", "Runs started", by_saga, **options)
+        self.completed = Counter(f"{prefix}_runs_completed", "Runs completed", by_saga, **options)
+        self.failed = Counter(
+            f"{prefix}_runs_failed",
+            "Runs ended failed, by rollback status",
+            ["saga", "rollback_status"],
+            **options,
+        )
+        self.parked = Counter(
+            f"{prefix}_runs_parked", "Unwinds parked as compensation_stuck", by_saga, **options
+        )
+        self.steps = Histogram(
+            f"{prefix}_step_duration_seconds",
+            "Step attempts by outcome (completed, failed, retry)",
+            by_step,
+            buckets=BUCKETS,
+            **options,
+        )
+        self.reversals = Histogram(
+            f"{prefix}_reversal_duration_seconds",
+            "Reversal attempts by outcome (compensated, failed, retry)",
+            by_step,
+            buckets=BUCKETS,
+            **options,
+        )
+        self.recovered = Counter(
+            f"{prefix}_sweep_recoveries", "Runs the recovery sweep picked up", by_saga, **options
+        )
+        # An attempt starts and ends in the same task, so in the same process.
+        self._begun: dict[tuple[str, str, str, Any], float] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, event: str, fields: dict[str, Any]) -> None:
+        saga = str(fields.get("saga", ""))
+        if event == "saga-started":
+            self.started.labels(saga).inc()
+        elif event == "saga-completed":
+            self.completed.labels(saga).inc()
+        elif event == "saga-failed":
+            self.failed.labels(saga, str(fields.get("rollback_status"))).inc()
+        elif event == "saga-compensation-stuck":
+            self.parked.labels(saga).inc()
+        elif event == "saga-recovered":
+            self.recovered.labels(saga).inc()
+        elif event in ("saga-step-started", "saga-compensation-started"):
+            self._begin(event, fields)
+        elif event in _STEP_END:
+            self._end("saga-step-started", fields, self.steps, _STEP_END[event])
+        elif event in _REVERSAL_END:
+            reversal = "saga-compensation-started"
+            self._end(reversal, fields, self.reversals, _REVERSAL_END[event])
+
+    def _key(self, kind: str, fields: dict[str, Any]) -> tuple[str, str, str, Any]:
+        return (
+            kind,
+            str(fields.get("execution_id")),
+            str(fields.get("step")),
+            fields.get("attempt"),
+        )
+
+    def _begin(self, kind: str, fields: dict[str, Any]) -> None:
+        with self._lock:
+            self._begun[self._key(kind, fields)] = time.monotonic()
+
+    def _end(self, kind: str, fields: dict[str, Any], into: Histogram, outcome: str) -> None:
+        with self._lock:
+            began = self._begun.pop(self._key(kind, fields), None)
+        if began is None:
+            return  # started in another process (a parallel group settled by a sibling)
+        step, _ = split_iteration(str(fields.get("step")))
+        into.labels(str(fields.get("saga", "")), step, outcome).observe(time.monotonic() - began)
+
+
+def exporter_registry() -> CollectorRegistry | None:
+    """What the exporter serves: the children's sum in multiprocess mode, else the
+    default registry (None)."""
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not directory:
+        return None
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
+    return registry
+
+
+def enable_metrics(
+    engine: SagaEngine,
+    *,
+    port: int | None = None,
+    address: str = "0.0.0.0",
+    registry: CollectorRegistry | None = None,
+) -> SagaMetrics:
+    """Count ``engine``'s events; with ``port``, export them from each worker of its app."""
+    metrics = SagaMetrics(registry)
+    engine.on("*", metrics)
+    if port is not None:
+
+        def serve(sender: Any = None, **_: Any) -> None:
+            if getattr(sender, "app", None) is engine.app:
+                start_http_server(port, addr=address, registry=exporter_registry() or _default())
+
+        worker_init.connect(serve, weak=False)
+    return metrics
+
+
+def _default() -> CollectorRegistry:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY

@@ -1,0 +1,166 @@
+"""Reads for operators: listing live or archived runs with filters, one run with everything
+that happened to it, and counts for ``stats``. Nothing here writes."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Table, and_, func, or_, select
+
+from celery_saga.records import ExecutionRecord, ExecutionState, RollbackStatus, StepRecord
+from celery_saga.store.codec import unpack
+from celery_saga.store.database import Database, from_db_time, to_db_time
+from celery_saga.store.queries import Page, decode_cursor
+from celery_saga.store.rows import execution_from_row, step_from_row
+from celery_saga.store.tables import (
+    executions,
+    executions_archive,
+    signals,
+    signals_archive,
+    step_records,
+    step_records_archive,
+)
+
+
+@dataclass(frozen=True)
+class Filters:
+    """What ``list`` narrows to; empty sequences and None mean "any"."""
+
+    saga_names: Sequence[str] = ()
+    states: Sequence[ExecutionState] = ()
+    rollback_statuses: Sequence[RollbackStatus] = ()
+    created_before: datetime | None = None  # inclusive
+    created_after: datetime | None = None  # inclusive
+
+
+@dataclass(frozen=True)
+class Signal:
+    event: str
+    payload: Any
+    received_at: datetime
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """One run as stored: its row, steps in start order, signals, and where it lives."""
+
+    record: ExecutionRecord
+    steps: tuple[StepRecord, ...]
+    signals: tuple[Signal, ...]
+    archived_at: datetime | None = None
+
+
+def _tables(archived: bool) -> tuple[Table, Table, Table]:
+    if archived:
+        return executions_archive, step_records_archive, signals_archive
+    return executions, step_records, signals
+
+
+def _encode(record: ExecutionRecord) -> str:
+    # The same form as ``SagaEngine.list`` hands out, so a cursor reads the same anywhere.
+    raw = f"{to_db_time(record.created_at).isoformat()}|{record.id}"
+    return base64.urlsafe_b64encode(raw.encode()).decode()
+
+
+def list_runs(
+    db: Database, filters: Filters, *, archived: bool, limit: int, cursor: str | None
+) -> Page:
+    """One page of runs, oldest first. Raises ``ValueError`` for a foreign cursor."""
+    table = _tables(archived)[0]
+    query = select(table).order_by(table.c.created_at, table.c.id).limit(limit + 1)
+    if filters.saga_names:
+        query = query.where(table.c.saga_name.in_(list(filters.saga_names)))
+    if filters.states:
+        query = query.where(table.c.state.in_([s.value for s in filters.states]))
+    if filters.rollback_statuses:
+        statuses = [s.value for s in filters.rollback_statuses]
+        query = query.where(table.c.rollback_status.in_(statuses))
+    if filters.created_before is not None:
+        query = query.where(table.c.created_at <= to_db_time(filters.created_before))
+    if filters.created_after is not None:
+        query = query.where(table.c.created_at >= to_db_time(filters.created_after))
+    if cursor is not None:
+        stamp, last_id = decode_cursor(cursor)
+        query = query.where(
+            or_(
+                table.c.created_at > stamp,
+                and_(table.c.created_at == stamp, table.c.id > last_id),
+            )
+        )
+    rows = db.read(query)
+    items = tuple(execution_from_row(r) for r in rows[:limit])
+    more = len(rows) > limit
+    return Page(items, _encode(items[-1]) if more and items else None)
+
+
+def load_run(db: Database, execution_id: str) -> StoredRun | None:
+    """The run from the live tables, else from the archive, else None."""
+    for archived in (False, True):
+        run_table, step_table, signal_table = _tables(archived)
+        rows = db.read(select(run_table).where(run_table.c.id == execution_id))
+        if not rows:
+            continue
+        steps = db.read(
+            select(step_table)
+            .where(step_table.c.execution_id == execution_id)
+            .order_by(step_table.c.id)
+        )
+        received = db.read(
+            select(signal_table)
+            .where(signal_table.c.execution_id == execution_id)
+            .order_by(signal_table.c.received_at, signal_table.c.event)
+        )
+        signal_rows = tuple(
+            Signal(r["event"], unpack(r["payload"]), _aware(r["received_at"])) for r in received
+        )
+        return StoredRun(
+            execution_from_row(rows[0]),
+            tuple(step_from_row(r) for r in steps),
+            signal_rows,
+            from_db_time(rows[0]["archived_at"]) if archived else None,
+        )
+    return None
+
+
+def _aware(value: datetime) -> datetime:
+    stamp = from_db_time(value)
+    assert stamp is not None
+    return stamp
+
+
+@dataclass(frozen=True)
+class Stats:
+    #: (saga name, state) -> number of live runs
+    counts: dict[tuple[str, str], int]
+    archived: int
+    oldest_waiting: ExecutionRecord | None
+    oldest_parked: ExecutionRecord | None
+
+
+def _oldest(db: Database, state: ExecutionState) -> ExecutionRecord | None:
+    rows = db.read(
+        select(executions)
+        .where(executions.c.state == state.value)
+        .order_by(executions.c.updated_at, executions.c.id)
+        .limit(1)
+    )
+    return execution_from_row(rows[0]) if rows else None
+
+
+def stats(db: Database) -> Stats:
+    grouped = db.read(
+        select(executions.c.saga_name, executions.c.state, func.count().label("runs")).group_by(
+            executions.c.saga_name, executions.c.state
+        )
+    )
+    archived = db.read(select(func.count().label("runs")).select_from(executions_archive))
+    return Stats(
+        counts={(r["saga_name"], r["state"]): int(r["runs"]) for r in grouped},
+        archived=int(archived[0]["runs"]),
+        oldest_waiting=_oldest(db, ExecutionState.WAITING),
+        oldest_parked=_oldest(db, ExecutionState.COMPENSATION_STUCK),
+    )

@@ -1,0 +1,124 @@
+"""Logs and monitors tell the truth without noise: a failed step logs as failed, a retried
+one as a retry, sweeps that find nothing stay at DEBUG and out of Flower, and migrations
+log only when they run."""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from typing import Any
+
+import pytest
+from celery.app.trace import LOG_RECEIVED, LOG_SUCCESS, info
+
+from celery_saga import ExecutionState
+from celery_saga.worker.housekeeping import quiet_housekeeping_logs
+from celery_saga.worker.publisher import FIRE_TIMERS_TASK, RECOVER_TASK
+from tests.conftest import Harness
+
+
+def _full_logs(harness: Harness) -> str:
+    return "\n".join(p.read_text(errors="replace") for p in harness.logs)
+
+
+def test_a_failed_step_logs_failed_and_a_retried_one_retry(harness: Harness) -> None:
+    if harness.in_process:
+        pytest.skip("reads the log files of real worker processes")
+    plan = {"s3": {"fail_attempts": 1}, "s4": {"fail": True}}
+    run = harness.start("five", {"order": 41, "plan": plan})
+    assert run.wait(30).state is ExecutionState.FAILED, harness.worker_logs()
+    time.sleep(0.5)  # the log line follows the stored outcome
+    logs = _full_logs(harness)
+    failed = re.search(
+        r"five\.s4\[([^\]]+)\] raised expected: StepFailed\(\"step 's4' of saga 'five' "
+        r"attempt 1 failed: ValueError: s4 refused order 41",
+        logs,
+    )
+    assert failed, logs[-3000:]
+    assert f"five.s4[{failed.group(1)}] succeeded" not in logs
+    retried = re.search(
+        r"five\.s3\[[^\]]+\] retry: step 's3' of saga 'five' attempt 1 failed", logs
+    )
+    assert retried, logs[-3000:]
+
+
+def test_the_store_does_not_announce_itself_at_every_worker_start(harness: Harness) -> None:
+    if harness.in_process:
+        pytest.skip("reads the log files of real worker processes")
+    logs = _full_logs(harness)
+    assert "alembic" not in logs.lower() and "Context impl" not in logs
+    # The test process migrated the store first: the workers found nothing to do.
+    assert "saga store schema migrated" not in logs
+    assert f"{RECOVER_TASK}[" not in logs, "an idle start-up sweep logs nothing at INFO"
+
+
+def test_idle_sweeps_log_at_debug_and_busy_ones_at_info(caplog: pytest.LogCaptureFixture) -> None:
+    quiet_housekeeping_logs()
+    caplog.set_level(logging.INFO)
+    received = {"name": FIRE_TIMERS_TASK, "id": "t1", "args": "", "kwargs": "", "eta": None}
+    logging.getLogger("celery.worker.strategy").info(LOG_RECEIVED, received)
+    idle = {"name": FIRE_TIMERS_TASK, "id": "t1", "runtime": 0.01, "return_value": "0"}
+    info(LOG_SUCCESS, idle)
+    assert not caplog.records
+    info(LOG_SUCCESS, {**idle, "return_value": "2"})
+    info(LOG_SUCCESS, {**idle, "name": "shop.charge"})
+    assert [r.getMessage().split("]")[0] for r in caplog.records] == [
+        f"Task {FIRE_TIMERS_TASK}[t1",
+        "Task shop.charge[t1",
+    ]
+    caplog.clear()
+    caplog.set_level(logging.DEBUG)
+    info(LOG_SUCCESS, idle)
+    assert [r.levelno for r in caplog.records] == [logging.DEBUG]
+
+
+def test_sweeps_send_no_task_events_while_steps_do(harness: Harness) -> None:
+    if harness.in_process:
+        pytest.skip("the embedded worker sends no events over the memory transport")
+    app = harness.test_app.app
+    captured: list[dict[str, Any]] = []
+    with app.connection_for_read() as connection:
+        receiver = app.events.Receiver(connection, handlers={"*": captured.append})
+        thread = threading.Thread(
+            target=receiver.capture, kwargs={"limit": None, "timeout": None, "wakeup": False}
+        )
+        thread.daemon = True
+        thread.start()
+        time.sleep(1.0)
+        sweep = app.send_task(RECOVER_TASK)
+        run = harness.start("five", {"order": 42})
+        assert run.wait(30).state is ExecutionState.COMPLETED
+        time.sleep(2.0)
+        receiver.should_stop = True
+    ids = {e.get("uuid") for e in captured if e["type"].startswith("task-")}
+    names = {e.get("name") for e in captured if e["type"] == "task-received"}
+    assert "sagaapp.s1" in names, names
+    assert sweep.id not in ids
+
+
+def test_a_migration_logs_one_line_only_when_it_changes_the_schema(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    from celery_saga.store import schema
+    from celery_saga.store.database import Database
+
+    caplog.set_level(logging.DEBUG)
+    url = f"sqlite:///{tmp_path}/fresh.sqlite3"
+    first = Database(url)
+    first.migrate()
+    head = schema.head_revision()
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert lines == [f"saga store schema migrated from empty to {head}"]
+    caplog.clear()
+    second = Database(url)  # another worker starting on the same store
+    second.migrate()
+    assert [r for r in caplog.records if r.levelno >= logging.INFO] == []
+    schema.move(second, "0001", down=True)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO] == [
+        f"saga store schema migrated from {head} to 0001"
+    ]
+    assert schema.current_revision(second) == "0001"
+    first.dispose()
+    second.dispose()
