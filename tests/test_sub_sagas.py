@@ -200,7 +200,7 @@ def test_re_entering_the_node_adopts_the_child_it_already_started(
     parent, child = _family(direct)
     run = direct.start(parent)
     direct.executor.run_node(NodeMessage(run.id, 0, 0, 0, 1), parent)
-    real, crashed = direct.executor.start, []
+    real, crashed = direct.executor.create, []
 
     def dies_before_creating_the_child(*args: Any, **kwargs: Any) -> None:
         if not crashed:
@@ -208,7 +208,7 @@ def test_re_entering_the_node_adopts_the_child_it_already_started(
             raise KeyboardInterrupt  # the worker dies between the claim and the child
         real(*args, **kwargs)
 
-    monkeypatch.setattr(direct.executor, "start", dies_before_creating_the_child)
+    monkeypatch.setattr(direct.executor, "create", dies_before_creating_the_child)
     with pytest.raises(KeyboardInterrupt):
         direct.executor.run_node(NodeMessage(run.id, 1, 0, 0, 1), parent)
     assert _children_of(direct, run.id) == 0

@@ -193,9 +193,7 @@ def validate_saga(saga: str, nodes: Sequence[Node]) -> None:
         for name in record_names(node):
             if _seen_before(saga, "step names", name, seen):
                 raise DefinitionError(f"saga {saga!r}: step name {name!r} is used twice")
-        if isinstance(node, WaitNode) and _seen_before(
-            saga, "wait_for events", node.event, events
-        ):
+        if isinstance(node, WaitNode) and _seen_before(saga, "wait_for events", node.event, events):
             raise DefinitionError(
                 f"saga {saga!r}: two wait_for gates wait for {node.event!r}; a signal "
                 "could not tell them apart, so give each gate its own event"

@@ -129,9 +129,11 @@ class Children:
             ex.refused(message, Admission.REJECT_IN_FLIGHT)
             return
         try:
-            ex.start(child_definition, child_input, child_id, parent_execution_id=execution.id)
+            ex.create(child_definition, child_input, child_id, parent_execution_id=execution.id)
         except IntegrityError:
             logger.info("execution %s adopts its existing child %s", execution.id, child_id)
+            return
+        ex.launch(child_definition, child_id, parent_execution_id=execution.id)
 
     def _child_input(
         self,

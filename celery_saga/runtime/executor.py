@@ -26,7 +26,6 @@ from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.contexts import Snapshot, step_context
 from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.failures import StepFailures
-from celery_saga.runtime.heartbeat import keep_lease
 from celery_saga.runtime.invoke import invoke_step
 from celery_saga.runtime.keys import record_key
 from celery_saga.runtime.navigation import Position, choose_path, node_at, resolve, route
@@ -91,26 +90,22 @@ class Executor(StepFailures):
         )
 
     def launch(
-        self, definition: SagaDefinition, execution_id: str, parent_execution_id: str | None = None
+        self,
+        definition: SagaDefinition,
+        execution_id: str,
+        parent_execution_id: str | None = None,
+        announce: bool = True,
     ) -> None:
-        """Send the first message of a stored run. A broker that refuses it leaves the run
-        marked as owed a message (see ``CeleryPublisher``); the run is stored either way."""
+        """Send the first message of a stored run (and, with ``announce``, its
+        ``saga-started`` event). A broker that refuses it leaves the run marked as owed a
+        message (see ``CeleryPublisher``); the run is stored either way."""
         fields = {"execution_id": execution_id, "saga": definition.name}
         if parent_execution_id is not None:
             fields["parent_execution_id"] = parent_execution_id
-        self.emit("saga-started", fields)
+        if announce:
+            self.emit("saga-started", fields)
         first = first_position(definition.nodes)
         self.publish_position(definition, execution_id, first.node, 0)
-
-    def start(
-        self,
-        definition: SagaDefinition,
-        saga_input: Any,
-        execution_id: str,
-        parent_execution_id: str | None = None,
-    ) -> None:
-        self.create(definition, saga_input, execution_id, parent_execution_id)
-        self.launch(definition, execution_id, parent_execution_id)
 
     # -- publishing -------------------------------------------------------------------
     def publish_position(
@@ -232,7 +227,8 @@ class Executor(StepFailures):
         if verdict is not Admission.RUN:
             self.refused(message, verdict)
             return
-        if self._exhausted(definition, position, message, record):
+        take = lambda: self._claim(definition, position, message, record)  # noqa: E731
+        if self._exhausted(definition, position, message, record, take):
             return
         attempt = self._claim(definition, position, message, record)
         if attempt is None:
@@ -289,7 +285,7 @@ class Executor(StepFailures):
             forward.renew_step_lease, self.db, execution_id=execution_id, name=name, attempt=attempt
         )
         what = f"step {name!r} of execution {execution_id}"
-        with keep_lease(lambda expiry: renew(lease_expires_at=expiry), self.lease, what):
+        with self.holding(lambda expiry: renew(lease_expires_at=expiry), what):
             try:
                 ctx = step_context(
                     self.db, definition, spec, name, execution_id, key, attempt, snapshot, loop
@@ -310,8 +306,8 @@ class Executor(StepFailures):
                 # an error here must settle it, or the run would wait for its lease.
                 self._step_failed(definition, position, message, attempt, error)
                 return
-        step_advance = advance(definition.nodes, message.node, message.sub, position.length)
-        self.step_completed(definition, name, message, attempt, blob, step_advance, fields)
+            step_advance = advance(definition.nodes, message.node, message.sub, position.length)
+            self.step_completed(definition, name, message, attempt, blob, step_advance, fields)
 
     def step_completed(
         self,

@@ -4,6 +4,7 @@ any step: retry with a countdown, or record the failure and begin the unwind."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -29,10 +30,6 @@ logger = logging.getLogger("celery_saga")
 
 class StepFailures(RuntimeParts):
     unwinder: Unwinder
-
-    @property
-    def lease(self) -> float:
-        return self.settings.lease_seconds
 
     def landed(self, execution_id: str, name: str, attempt: int, status: StepStatus) -> bool:
         """Whether an earlier try of this attempt's outcome write committed: asked before
@@ -135,10 +132,12 @@ class StepFailures(RuntimeParts):
         position: Position,
         message: NodeMessage,
         record: StepRecord | None,
+        claim: Callable[[], int | None],
     ) -> bool:
         """An attempt that never settled (its worker died, or it ran past its lease) counts
         like one that raised: after ``retry + 1`` executions the step fails instead of being
-        claimed again (guarantee 27)."""
+        run again (guarantee 27). The lapsed claim is taken over first (a compare-and-set
+        on the lease read), so a holder that renewed its lease meanwhile keeps its step."""
         spec = position.spec
         if record is None or spec is None or record.status is not StepStatus.RUNNING:
             return False
@@ -150,11 +149,13 @@ class StepFailures(RuntimeParts):
             f"WorkerLostError: attempt {record.attempts} of step {record.name!r} never "
             "finished (its worker stopped, or it outlived its lease) and no attempt is left"
         )
+        taken = claim()
+        if taken is None:
+            logger.info("execution %s: step %r is held again", message.execution_id, record.name)
+            return True
         logger.warning("saga %r execution %s: %s", definition.name, message.execution_id, reason)
         members = _members(definition, message, position.record_name)
-        self.settle_failure(
-            definition, message, position.record_name, record.attempts, members, reason, None
-        )
+        self.settle_failure(definition, message, position.record_name, taken, members, reason, None)
         return True
 
     def settle_failure(

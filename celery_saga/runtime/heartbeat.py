@@ -23,6 +23,8 @@ from celery_saga.runtime.describe import describe_error
 
 logger = logging.getLogger("celery_saga")
 
+#: Seconds before a renewal the store refused is tried again.
+RETRY_AFTER_FAILURE = 1.0
 #: ``renew(new_expiry)`` extends the lease if this attempt still holds it; False if not.
 Renewal = Callable[[datetime], bool]
 
@@ -43,7 +45,6 @@ class Heartbeat:
         self._claims: dict[int, _Claim] = {}
         self._ids = itertools.count()
         self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
 
     @contextmanager
@@ -75,16 +76,18 @@ class Heartbeat:
                 pause = min((c.due for c in self._claims.values()), default=now + 1.0) - now
             for token, claim in due:
                 self._renew(token, claim)
-            with self._lock:
-                self._wake.wait(timeout=max(0.05, min(pause, 1.0)))
+            time.sleep(max(0.05, min(pause, 1.0)))
 
     def _renew(self, token: int, claim: _Claim) -> None:
         expiry = get_clock().now() + timedelta(seconds=claim.lease)
         try:
             held = claim.renew(expiry)
         except Exception as error:
-            # The store is unreachable: try again at the next beat; the lease runs on.
+            # The store is unreachable: try again in a second, so the lease is renewed as
+            # soon as the store is back, ahead of any sweep that would take the claim over.
             logger.warning("could not renew the lease of %s: %s", claim.what, describe_error(error))
+            with self._lock:
+                claim.due = time.monotonic() + RETRY_AFTER_FAILURE
             return
         if not held:
             logger.warning(

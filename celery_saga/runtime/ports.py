@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from celery_saga.decisions.admission import NodeMessage
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import StepSpec
+from celery_saga.runtime.heartbeat import Renewal, keep_lease
 from celery_saga.store.codec import DEFAULT_MAX_PAYLOAD_BYTES
 from celery_saga.store.database import Database
 
@@ -68,10 +70,6 @@ class Settings:
     store_retry_budget: float = 15.0
     outcome_retry_budget: float = 120.0
 
-    @property
-    def heartbeat_interval(self) -> float:
-        return self.lease_seconds / 3
-
 
 class Catalog:
     """The deployed definitions by name; calling it looks one up."""
@@ -112,3 +110,15 @@ class RuntimeParts:
     ) -> None:
         self.db, self.registry, self.publisher = db, registry, publisher
         self.emit, self.settings = emit, settings
+
+    @property
+    def lease(self) -> float:
+        return self.settings.lease_seconds
+
+    def holding(self, renew: Renewal, what: str) -> AbstractContextManager[None]:
+        """Keep this claim's lease alive while the block runs: the body, and the write of
+        its outcome. Not on a store with one shared connection (in-memory SQLite): the
+        heartbeat thread must not interleave with the task's transaction there."""
+        if self.db.single_connection:
+            return nullcontext()
+        return keep_lease(renew, self.lease, what)

@@ -26,7 +26,6 @@ from celery_saga.runtime.child_unwind import ChildUnwind
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.contexts import loop_arguments, run_context
 from celery_saga.runtime.describe import describe_error
-from celery_saga.runtime.heartbeat import keep_lease
 from celery_saga.runtime.invoke import call_arguments
 from celery_saga.runtime.keys import record_key
 from celery_saga.runtime.limits import run_with_timeout
@@ -43,10 +42,6 @@ def compensations_of(definition: SagaDefinition | None) -> frozenset[str]:
 
 class Unwinder(ReversalOutcomes):
     """Runs one reversal per compensate message and decides the next move."""
-
-    @property
-    def lease(self) -> float:
-        return self.settings.lease_seconds
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -200,12 +195,23 @@ class Unwinder(ReversalOutcomes):
             f"WorkerLostError: attempt {attempt} of the reversal of step {record.name!r} "
             "never finished (its worker stopped) and no attempt is left"
         )
+        now = get_clock().now()
+        # Take the lapsed claim over first: a holder that renewed its lease keeps it.
+        if not unwind.claim_compensation(
+            self.db,
+            execution_id=record.execution_id,
+            name=record.name,
+            attempts_before=attempt,
+            lease_expires_at=now + timedelta(seconds=self.lease),
+            now=now,
+        ):
+            return
         logger.warning("execution %s: %s", record.execution_id, reason)
         plan = self.record_outcome(
             definition,
             record.execution_id,
             record.name,
-            attempt,
+            attempt + 1,
             CompensationOutcome.FAILED,
             reason,
         )
@@ -251,11 +257,14 @@ class Unwinder(ReversalOutcomes):
             attempt=attempt,
         )
         what = f"the reversal of step {record.name!r} of execution {execution_id}"
-        with keep_lease(lambda expiry: renew(lease_expires_at=expiry), self.lease, what):
+        with self.holding(lambda expiry: renew(lease_expires_at=expiry), what):
             try:
                 ctx = self._context(definition, execution, steps, record, key, attempt)
             except SQLAlchemyError:
                 raise  # reading the context failed, not the reversal: its claim expires
+            except Exception as error:  # e.g. the soft time limit, spent before the handler
+                self._reversal_failed(definition, spec, record, attempt, error, fields)
+                return
             try:
                 kwargs = call_arguments(
                     spec.compensation, ctx, spec.compensation_args, extra={"result": record.result}
@@ -269,9 +278,14 @@ class Unwinder(ReversalOutcomes):
                 # The handler's own errors, database errors of its own included.
                 self._reversal_failed(definition, spec, record, attempt, error, fields)
                 return
-        plan = self.record_outcome(
-            definition, execution_id, record.name, attempt, CompensationOutcome.COMPENSATED, None
-        )
+            plan = self.record_outcome(
+                definition,
+                execution_id,
+                record.name,
+                attempt,
+                CompensationOutcome.COMPENSATED,
+                None,
+            )
         self.emit("saga-step-compensated", fields)
         self.follow(definition, execution_id, plan)
 

@@ -68,11 +68,14 @@ class Database:
         self.url = url
         self.dialect = parsed.get_backend_name()
         self.statement_count = 0
+        #: One connection shared by every thread (in-memory SQLite): no concurrent users.
+        self.single_connection = False
         options: dict[str, Any] = {"future": True}
         if self.dialect == "sqlite":
             options["connect_args"] = {"timeout": 30, "check_same_thread": False}
             if parsed.database in (None, "", ":memory:"):
                 options["poolclass"] = StaticPool
+                self.single_connection = True
         else:
             # Every conditional write re-reads committed rows; REPEATABLE READ (MySQL's
             # default) would show a join an old snapshot of its sibling steps.

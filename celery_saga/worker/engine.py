@@ -102,8 +102,10 @@ class SagaEngine:
         publisher = CeleryPublisher(
             app,
             # The hard limit must not kill a process that is still recording what its body
-            # did through a store outage (guarantee 20): it leaves room for that budget.
-            hard_limit_grace=self.settings.hard_limit_grace + self.settings.outcome_retry_budget,
+            # did through a store outage (guarantee 20): an outcome, then perhaps the park
+            # of an unwind, each retried for that budget.
+            hard_limit_grace=self.settings.hard_limit_grace
+            + 2 * self.settings.outcome_retry_budget,
             compensation_timeout=self.settings.compensation_timeout,
         )
         self.executor = Executor(self.db, self.catalog, publisher, self.events, self.settings)
@@ -192,8 +194,15 @@ class SagaEngine:
         except IntegrityError:
             self._adopt(definition, saga_input, new_id)
             return SagaHandle(self, new_id)
-        self.executor.launch(definition, new_id)
+        self._launch(definition, new_id, announce=True)
         return SagaHandle(self, new_id)
+
+    def _launch(self, definition: SagaDefinition, execution_id: str, announce: bool) -> None:
+        # A first node that is a branch reads and journals its choice here: store work too.
+        self._store(
+            f"sending the first message of {execution_id!r}",
+            lambda: self.executor.launch(definition, execution_id, announce=announce),
+        )
 
     def _adopt(self, definition: SagaDefinition, saga_input: Any, execution_id: str) -> None:
         """``start`` with an id that is taken: the same saga and input is the same run
@@ -216,7 +225,7 @@ class SagaEngine:
                 "or input; start it with another id"
             )
         if record.state is ExecutionState.RUNNING and not steps:
-            self.executor.launch(definition, execution_id)
+            self._launch(definition, execution_id, announce=False)
 
     def handle(self, execution_id: str) -> SagaHandle:
         return SagaHandle(self, execution_id)
