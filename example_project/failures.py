@@ -4,7 +4,9 @@ The engine logs every failed attempt with its traceback, as a worker should. In 
 those failures are the point, so a filter takes the records of ``IntentionalFailure``s off
 the log: an attempt that will be retried becomes a ``retry`` line of its timeline, and a
 final one is already the timeline's ``failed`` or ``compensation_failed`` line. Any other
-error still reaches the log with its traceback.
+error still reaches the log with its traceback. The engine's own WARNING lines about a
+park caused by such a failure, and about the resume that follows, are shown by the
+timelines (the run's state and reason) and left off the log too.
 """
 
 from __future__ import annotations
@@ -14,6 +16,13 @@ import re
 from collections import defaultdict
 from datetime import datetime, timezone
 
+#: What the engine says when an intentional failure parks a run, and when the operator's
+#: resume re-runs its reversal: the timelines show both (``state=compensation_stuck``, 3b).
+_DECISION = re.compile(
+    r"^(execution \S+ of saga '[^']*' parked compensation_stuck .*"
+    r"(WarehouseUnreachable|ShippingRefused)|resume_compensation \S+: the reversal of step )",
+    re.DOTALL,
+)
 _ATTEMPT = re.compile(
     r"^saga '[^']*' execution (?P<execution>\S+): (?P<reversal>reversal of )?"
     r"step '(?P<step>[^']+)' attempt (?P<attempt>\d+) failed: (?P<reason>.*)$",
@@ -43,6 +52,8 @@ class FailureLog(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
+        if _DECISION.match(record.getMessage()):
+            return False
         found = _ATTEMPT.match(record.getMessage())
         if not isinstance(error, IntentionalFailure) or found is None:
             return True
