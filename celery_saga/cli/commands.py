@@ -87,13 +87,7 @@ def _row(record: ExecutionRecord) -> list[str]:
 
 def _summary(record: ExecutionRecord) -> dict[str, Any]:
     return {
-        "id": record.id,
-        "saga": record.saga_name,
-        "state": record.state.value,
-        "rollback_status": record.rollback_status.value if record.rollback_status else None,
-        "failure_reason": record.failure_reason,
-        "rollback_reason": record.rollback_reason,
-        "parent_execution_id": record.parent_execution_id,
+        **timeline.summary(record),
         "created_at": record.created_at,
         "updated_at": record.updated_at,
     }

@@ -16,7 +16,7 @@ from celery_saga.definition.nodes import (
     SubSagaNode,
     split_iteration,
 )
-from celery_saga.records import StepRecord
+from celery_saga.records import ExecutionRecord, StepRecord
 from celery_saga.store.inspection import StoredRun
 
 #: How deep ``show`` follows child runs; sub-sagas may nest, a cycle cannot be registered.
@@ -89,10 +89,8 @@ def _step(
     return step
 
 
-def describe(run: StoredRun, load: LoadRun, find: FindDefinition, depth: int = 0) -> dict[str, Any]:
-    """Everything stored about ``run`` (and its child runs, nested under their step)."""
-    record = run.record
-    definition = find(record.saga_name)
+def summary(record: ExecutionRecord) -> dict[str, Any]:
+    """Who a run is and how it stands: the fields ``list`` and ``show`` share."""
     return {
         "id": record.id,
         "saga": record.saga_name,
@@ -101,6 +99,15 @@ def describe(run: StoredRun, load: LoadRun, find: FindDefinition, depth: int = 0
         "failure_reason": record.failure_reason,
         "rollback_reason": record.rollback_reason,
         "parent_execution_id": record.parent_execution_id,
+    }
+
+
+def describe(run: StoredRun, load: LoadRun, find: FindDefinition, depth: int = 0) -> dict[str, Any]:
+    """Everything stored about ``run`` (and its child runs, nested under their step)."""
+    record = run.record
+    definition = find(record.saga_name)
+    return {
+        **summary(record),
         "definition_hash": record.definition_hash,
         "definition_deployed": definition is not None and definition.hash == record.definition_hash,
         "created_at": _time(record.created_at),
