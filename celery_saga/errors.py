@@ -68,3 +68,15 @@ class StoreUnavailableError(SagaError):
     """The saga store could not be reached within the retry budget
     (``saga_store_retry_budget``); nothing was changed by the call that raised it, unless
     the message says the outcome is unknown."""
+
+
+class StepRetryRequested(SagaError):
+    """A step's task asked for another attempt (``self.retry()``, or Celery's
+    ``autoretry_for``). The saga retries it after ``countdown`` seconds while ``max_retries``
+    allows (``None``: no limit); ``cause`` is the error that prompted it."""
+
+    def __init__(self, cause: BaseException | None, countdown: float, max_retries: int | None):
+        super().__init__(f"retry requested: {cause!r}" if cause else "retry requested")
+        self.cause = cause
+        self.countdown = countdown
+        self.max_retries = max_retries

@@ -10,10 +10,10 @@ from typing import Any
 
 from celery_saga.decisions.admission import NodeMessage
 from celery_saga.decisions.cursor import Advance
-from celery_saga.decisions.retry import backoff_delay
+from celery_saga.decisions.retry import plan_retry
 from celery_saga.definition.builder import SagaDefinition
-from celery_saga.definition.nodes import ParallelNode
-from celery_saga.errors import PayloadError, SchemaValidationError
+from celery_saga.definition.nodes import ParallelNode, StepSpec
+from celery_saga.errors import PayloadError, SchemaValidationError, StepRetryRequested
 from celery_saga.records import StepRecord, StepStatus
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.describe import describe_error
@@ -97,7 +97,8 @@ class StepFailures(RuntimeParts):
     ) -> None:
         spec, name = position.spec, position.record_name
         assert spec is not None
-        reason = describe_error(error)
+        cause = error.cause if isinstance(error, StepRetryRequested) else None
+        reason = describe_error(cause or error)
         fields = {
             "execution_id": message.execution_id,
             "saga": definition.name,
@@ -106,9 +107,8 @@ class StepFailures(RuntimeParts):
             "idempotency_key": record_key(message.execution_id, name, "forward"),
             "error": reason,
         }
-        # The same value would be refused again: no point retrying.
-        deterministic = isinstance(error, (PayloadError, SchemaValidationError))
-        final = attempt >= spec.retry or deterministic
+        delay = _retry_delay(spec, attempt, error)
+        final = delay is None
         logger.log(
             logging.ERROR if final else logging.WARNING,
             "saga %r execution %s: step %r attempt %d failed: %s",
@@ -117,10 +117,10 @@ class StepFailures(RuntimeParts):
             name,
             attempt,
             reason,
-            exc_info=error,
+            exc_info=None if cause is not None and not final else error,  # asked to retry
         )
-        if not final:
-            self._schedule_retry(definition, position, message, attempt, reason, fields)
+        if delay is not None:
+            self._schedule_retry(definition, position, message, attempt, reason, fields, delay)
             return
         members = _members(definition, message, name)
         self.settle_failure(definition, message, name, attempt, members, reason, error)
@@ -187,6 +187,7 @@ class StepFailures(RuntimeParts):
         attempt: int,
         reason: str,
         fields: dict[str, Any],
+        delay: float,
     ) -> None:
         """Release the claim and publish the next attempt with a countdown (no slot held)."""
         spec = position.spec
@@ -198,7 +199,6 @@ class StepFailures(RuntimeParts):
             attempt=attempt,
             error=reason,
         ):
-            delay = backoff_delay(attempt, spec.backoff, spec.backoff_max, get_clock().random())
             self.emit("saga-step-retry", {**fields, "countdown": delay})
             self.publisher.publish_node(
                 definition.name, spec, replace(message, attempt=attempt + 1), countdown=delay
@@ -222,6 +222,18 @@ class StepFailures(RuntimeParts):
             )
         else:
             self.unwinder.begin(definition, execution_id, plan, reason)
+
+
+def _retry_delay(spec: StepSpec, attempt: int, error: BaseException) -> float | None:
+    """None when this failure is final (the same value would be refused again, or no
+    attempt is left), else the seconds until the next attempt."""
+    if isinstance(error, (PayloadError, SchemaValidationError)):
+        return None
+    requested = None
+    if isinstance(error, StepRetryRequested):
+        requested = (error.countdown, error.max_retries)
+    backoff = (spec.backoff, spec.backoff_max)
+    return plan_retry(attempt, spec.retry, requested, backoff, get_clock().random())
 
 
 def _members(definition: SagaDefinition, message: NodeMessage, name: str) -> list[str]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
 from typing import Any
 
 from celery_saga.definition.nodes import StepSpec
@@ -14,6 +15,47 @@ from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.limits import run_with_timeout
 
 _CONTEXT_NAMES = ("ctx", "context")
+
+
+@dataclass
+class RunningBody:
+    """The body of the Celery task whose own message is running this step or reversal, as
+    its wrapper hands it over: called in place, under the task's request, so ``self.request``
+    is the message's and Celery's hooks see what it returned or raised."""
+
+    task_name: str
+    function: Any
+    call: Callable[[dict[str, Any]], Any]
+    task_id: str | None = None
+    header: Mapping[str, Any] | None = None
+    ran: bool = False
+    result: Any = None
+    error: BaseException | None = None
+
+    def runs(self, target: Any) -> bool:
+        """Whether ``target`` (a step's action or compensation) is this task's body."""
+        return target is self.function or getattr(target, "name", None) == self.task_name
+
+    def __call__(self, kwargs: dict[str, Any]) -> Any:
+        self.ran = True
+        try:
+            self.result = self.call(kwargs)
+        except BaseException as error:
+            self.error = error
+            raise
+        return self.result
+
+
+running_body: ContextVar[RunningBody | None] = ContextVar("running_body", default=None)
+
+
+def body_of(target: Any) -> Callable[[dict[str, Any]], Any]:
+    """How to call ``target`` with keyword arguments: through the running task's own body
+    when its message is the one being handled, else directly."""
+    body = running_body.get()
+    if body is not None and body.runs(target):
+        return body
+    return lambda kwargs: target(**kwargs)
 
 
 def _body(target: Any) -> Callable[..., Any]:
@@ -117,5 +159,10 @@ def invoke_step(saga_name: str, spec: StepSpec, ctx: SagaContext) -> Any:
         value = spec.action(ctx)
     else:
         kwargs = call_arguments(spec.action, ctx, spec.args)
-        value = run_with_timeout(lambda: spec.action(**kwargs), spec.timeout, what)
-    return storable(apply_schema(spec.output_schema, value, f"output of {what}"))
+        call = body_of(spec.action)
+        value = run_with_timeout(lambda: call(kwargs), spec.timeout, what)
+    result = storable(apply_schema(spec.output_schema, value, f"output of {what}"))
+    body = running_body.get()
+    if body is not None:
+        body.result = result
+    return result

@@ -26,7 +26,7 @@ from celery_saga.runtime.child_unwind import ChildUnwind
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.contexts import loop_arguments, run_context
 from celery_saga.runtime.describe import describe_error
-from celery_saga.runtime.invoke import call_arguments
+from celery_saga.runtime.invoke import body_of, call_arguments
 from celery_saga.runtime.keys import record_key
 from celery_saga.runtime.limits import run_with_timeout
 from celery_saga.runtime.reversal_outcome import ReversalOutcomes
@@ -269,8 +269,9 @@ class Unwinder(ReversalOutcomes):
                 kwargs = call_arguments(
                     spec.compensation, ctx, spec.compensation_args, extra={"result": record.result}
                 )
+                call = body_of(spec.compensation)
                 run_with_timeout(
-                    lambda: spec.compensation(**kwargs),
+                    lambda: call(kwargs),
                     timeout,
                     f"compensation of step {record.name!r} of saga {definition.name!r}",
                 )

@@ -35,6 +35,8 @@ from celery_saga.worker.events import EventHub, Listener
 from celery_saga.worker.handle import SagaHandle
 from celery_saga.worker.publisher import CeleryPublisher
 from celery_saga.worker.start_checks import refuse_before_start
+from celery_saga.worker.step_run import StepRun
+from celery_saga.worker.step_tasks import StepTasks
 from celery_saga.worker.tasks import register_tasks
 
 T = TypeVar("T")
@@ -99,7 +101,8 @@ class SagaEngine:
         self.events = EventHub(app)
         self.settings = _settings_from(app)
         self.catalog = Catalog()
-        publisher = CeleryPublisher(
+        self.step_tasks = StepTasks(app, StepRun(self))
+        self.publisher = publisher = CeleryPublisher(
             app,
             # The hard limit must not kill a process that is still recording what its body
             # did through a store outage (guarantee 20): an outcome, then perhaps the park
@@ -107,6 +110,7 @@ class SagaEngine:
             hard_limit_grace=self.settings.hard_limit_grace
             + 2 * self.settings.outcome_retry_budget,
             compensation_timeout=self.settings.compensation_timeout,
+            tasks=self.step_tasks,
         )
         self.executor = Executor(self.db, self.catalog, publisher, self.events, self.settings)
         self.recoverer = Recoverer(self.executor)
@@ -162,6 +166,8 @@ class SagaEngine:
                     f"a different saga named {definition.name!r} is already registered"
                 )
         check_no_cycle(self.catalog, sealed)
+        for definition in sealed:
+            self.step_tasks.bind(definition)
         for definition in sealed:
             self.catalog.add(definition)
         return sealed

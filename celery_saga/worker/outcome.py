@@ -35,16 +35,29 @@ class StepFailed(SagaError):
 class Observation:
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
-    def raise_outcome(self) -> None:
-        """Raise what tells Celery the attempt failed (nothing if it did not)."""
+    def verdict(self) -> tuple[str, str, float] | None:
+        """("failed" or "retry", a sentence, the retry's countdown) for an attempt that
+        failed; None for one that did not."""
         for event, fields in self.events:
             what = "reversal of step" if "compensation" in event else "step"
             text = f"{what} {fields.get('step')!r} of saga {fields.get('saga')!r}"
             error = f"{text} attempt {fields.get('attempt')} failed: {fields.get('error')}"
+            countdown = float(fields.get("countdown", 0))
             if event in _FAILED:
-                raise StepFailed(error)
+                return "failed", error, countdown
             if event in _RETRIED:
-                raise Retry(f"{error}; retry in {fields.get('countdown', 0):.3g}s")
+                return "retry", f"{error}; retry in {countdown:.3g}s", countdown
+        return None
+
+    def raise_outcome(self) -> None:
+        """Raise what tells Celery the attempt failed (nothing if it did not)."""
+        verdict = self.verdict()
+        if verdict is None:
+            return
+        event, text, countdown = verdict
+        if event == "failed":
+            raise StepFailed(text)
+        raise Retry(text, when=countdown)
 
 
 def _note(event: str, fields: dict[str, Any]) -> None:

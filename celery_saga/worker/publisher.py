@@ -1,11 +1,12 @@
-"""Publishing node and compensate messages with the step's own queue, name and limits.
+"""Publishing node and compensate messages.
 
-A Celery-task step is sent as the engine's node task with ``shadow`` set to the task's name,
-on the queue the app's routing gives that task and with that task's time limits. The engine
-task admits first and then calls the task's body in the same process, so a duplicate message
-never reaches the body, while Flower, ``celery events`` and the logs show the user's task
-name. (Publishing the user's task itself would need a wrapper around every task, and a worker
-that lacked it would run the body without admission.)
+A step's message is its own Celery task's message (see ``step_tasks``): the task's name,
+queue and routes, priority, serializer and time limits (a step's ``timeout`` overrides the
+soft limit), with the saga coordinates in the ``celery_saga`` header and no arguments (the
+wrapper maps them from the context after admission). The next attempt of the same step,
+and a message sent again, keep the task id, as Celery's own retries do. Nodes that run no
+step of the user's (a wait, a sub-saga) are the engine's ``celery_saga.node`` task, shown
+under a readable ``shadow`` name.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ from kombu.exceptions import OperationalError as BrokerUnreachable
 
 from celery_saga.decisions.admission import NodeMessage
 from celery_saga.definition.nodes import StepSpec
+from celery_saga.runtime.invoke import running_body
+from celery_saga.worker.eager import EagerRunner
+from celery_saga.worker.saga_header import HEADER, describe, node_header, reversal_header
+from celery_saga.worker.step_tasks import StepTasks, is_celery_task
 
 NODE_TASK = "celery_saga.node"
 COMPENSATE_TASK = "celery_saga.compensate"
@@ -25,10 +30,6 @@ RECOVER_TASK = "celery_saga.recover"
 FIRE_TIMERS_TASK = "celery_saga.fire_timers"
 CLEANUP_TASK = "celery_saga.cleanup"
 ARCHIVE_TASK = "celery_saga.archive"
-
-
-def is_celery_task(target: Any) -> bool:
-    return hasattr(target, "apply_async") and isinstance(getattr(target, "name", None), str)
 
 
 #: What a publish raises when the broker cannot be reached (after kombu's own retries).
@@ -46,8 +47,11 @@ class CeleryPublisher:
         on_unsent: Callable[[str, Exception], None] | None = None,
         hard_limit_grace: float = 10.0,
         compensation_timeout: float = 30.0,
+        tasks: StepTasks | None = None,
     ) -> None:
         self.app = app
+        self.tasks = tasks
+        self.eager = EagerRunner(app)
         self.on_unsent = on_unsent
         self.hard_limit_grace = hard_limit_grace
         self.compensation_timeout = compensation_timeout
@@ -60,7 +64,12 @@ class CeleryPublisher:
             options["time_limit"] = timeout + self.hard_limit_grace
         return options
 
-    def _send(self, execution_id: str, name: str, **options: Any) -> None:
+    def send(self, execution_id: str, name: str, **options: Any) -> None:
+        """Send one message of the run ``execution_id`` (run in place under
+        ``task_always_eager``)."""
+        if self.app.conf.task_always_eager:
+            self.eager.send(name, options)
+            return
         try:
             self.app.send_task(name, **options)
         except BROKER_ERRORS as error:
@@ -97,9 +106,14 @@ class CeleryPublisher:
         countdown: float | None = None,
         label: str | None = None,
     ) -> None:
+        task = self.tasks.task_for(saga_name, spec) if self.tasks and spec else None
+        if task is not None and spec is not None:
+            header = node_header(saga_name, message)
+            self._send_step(task, header, message.attempt, countdown, spec.timeout)
+            return
         target = spec.action if spec else None
         name = label or (f"{saga_name}.{spec.name}" if spec else saga_name)
-        self._send(
+        self.send(
             message.execution_id,
             NODE_TASK,
             args=[
@@ -125,10 +139,53 @@ class CeleryPublisher:
     ) -> None:
         target = spec.compensation if spec else None
         timeout = (spec.compensation_timeout if spec else None) or self.compensation_timeout
-        self._send(
+        task = self.tasks.task_for(saga_name, spec, "undo") if self.tasks and spec else None
+        if task is not None:
+            header = reversal_header(saga_name, execution_id, step_name, attempt)
+            self._send_step(task, header, attempt, countdown, timeout)
+            return
+        self.send(
             execution_id,
             COMPENSATE_TASK,
             args=[execution_id, step_name, attempt],
             countdown=countdown,
             **self._limits(self._options(target, f"{saga_name}.{step_name}.compensate"), timeout),
         )
+
+    def _send_step(
+        self,
+        task: Any,
+        header: dict[str, Any],
+        attempt: int,
+        countdown: float | None,
+        timeout: float | None,
+    ) -> None:
+        options: dict[str, Any] = {
+            "args": (),
+            "kwargs": {},
+            "headers": {HEADER: header},
+            "retries": attempt - 1,  # ``self.request.retries`` counts the saga's attempts
+            "countdown": countdown,
+            "expires": None,  # a step is never dropped by the broker
+            "kwargsrepr": describe(header),
+        }
+        task_id = _same_message_id(task.name, header)
+        if task_id is not None:
+            options["task_id"] = task_id
+        self.send(str(header["id"]), task.name, **self._limits(options, timeout))
+
+
+_ATTEMPT_FIELDS = ("attempt", "resent")
+
+
+def _same_message_id(task_name: str, header: dict[str, Any]) -> str | None:
+    """The task id of the message now running, when ``header`` is the next attempt (or a
+    resend) of that same step: its ``AsyncResult`` then follows it, as with Celery's
+    retries."""
+    body = running_body.get()
+    if body is None or body.header is None or body.task_name != task_name:
+        return None
+    same = all(
+        body.header.get(key) == value for key, value in header.items() if key not in _ATTEMPT_FIELDS
+    )
+    return body.task_id if same else None

@@ -23,6 +23,7 @@ from celery_saga.worker.publisher import (
     NODE_TASK,
     RECOVER_TASK,
 )
+from celery_saga.worker.step_run import STORE_RETRY_COUNTDOWNS, STORE_RETRY_MAX
 
 logger = logging.getLogger("celery_saga")
 
@@ -87,12 +88,6 @@ def register_tasks(app: Celery, engine: SagaEngine) -> None:
         return engine.archive(float(app.conf.saga_archive_after))
 
 
-#: A message that met an unreachable store before doing anything is sent again after
-#: these pauses (then left to the sweeps): an outage of minutes costs no run its progress.
-_STORE_RETRY_COUNTDOWNS = (1, 2, 4, 8, 15)
-_STORE_RETRY_MAX = 40
-
-
 @contextmanager
 def _retry_on_lost_connection(task: Any) -> Iterator[None]:
     """The store could not be reached (refused, dropped, shut down) after the in-process
@@ -104,14 +99,14 @@ def _retry_on_lost_connection(task: Any) -> Iterator[None]:
         if not is_transient(error):
             raise
         retries = task.request.retries or 0
-        countdown = _STORE_RETRY_COUNTDOWNS[min(retries, len(_STORE_RETRY_COUNTDOWNS) - 1)]
+        countdown = STORE_RETRY_COUNTDOWNS[min(retries, len(STORE_RETRY_COUNTDOWNS) - 1)]
         logger.warning(
             "%s: the saga store is unreachable (%s); this message is sent again in %d s",
             task.name,
             describe_store_error(error),
             countdown,
         )
-        raise task.retry(countdown=countdown, max_retries=_STORE_RETRY_MAX, exc=error) from error
+        raise task.retry(countdown=countdown, max_retries=STORE_RETRY_MAX, exc=error) from error
     finally:
         restore_soft_limit()
 

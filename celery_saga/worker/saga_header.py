@@ -1,0 +1,64 @@
+"""The saga coordinates a step's own Celery message carries in its headers.
+
+One header, ``celery_saga``, holds a small dict: for a forward step the execution id, saga,
+node, sub-position, parallel member and attempt; for a reversal the execution id, saga,
+step and attempt. ``resent`` counts the times the engine sent the same message again
+because the store was unreachable. A message without the header is a plain call of the
+task, which runs as it always did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from celery_saga.decisions.admission import NodeMessage
+
+HEADER = "celery_saga"
+
+
+def node_header(saga_name: str, message: NodeMessage) -> dict[str, Any]:
+    return {
+        "id": message.execution_id,
+        "saga": saga_name,
+        "node": message.node,
+        "sub": message.sub,
+        "member": message.member,
+        "attempt": message.attempt,
+    }
+
+
+def reversal_header(
+    saga_name: str, execution_id: str, step_name: str, attempt: int
+) -> dict[str, Any]:
+    return {"id": execution_id, "saga": saga_name, "undo": step_name, "attempt": attempt}
+
+
+def node_message(header: Mapping[str, Any]) -> NodeMessage:
+    return NodeMessage(
+        str(header["id"]),
+        int(header["node"]),
+        int(header["sub"]),
+        int(header["member"]),
+        int(header["attempt"]),
+    )
+
+
+def read_header(request: Any) -> dict[str, Any] | None:
+    """The saga header of the message ``request`` describes, or None for a plain call.
+    A worker merges custom headers into the request; ``apply()`` keeps them under
+    ``headers``."""
+    header = getattr(request, HEADER, None)
+    if header is None:
+        header = (getattr(request, "headers", None) or {}).get(HEADER)
+    return header if isinstance(header, dict) and "id" in header else None
+
+
+def describe(header: Mapping[str, Any]) -> str:
+    """What Flower and the worker log show as the message's keyword arguments, so a search
+    for an execution id finds every message of the run."""
+    where = f"'undo': {header['undo']!r}" if "undo" in header else f"'node': {header['node']}"
+    return (
+        f"{{'saga': {header['saga']!r}, 'execution_id': {header['id']!r}, {where}, "
+        f"'attempt': {header['attempt']}}}"
+    )

@@ -1,0 +1,169 @@
+"""What a step's own task does when its message carries the saga header.
+
+Admission, the claim and its lease, the body (called in place, under the task's own
+request), the outcome record and the next message all happen inside the task's ``run``;
+then the task ends the way the attempt did, so Celery's hooks, signals, events and result
+backend see the truth: the recorded result, the body's own exception (FAILURE), or
+``Retry`` when the saga will run the step again. A message that ran no body (a duplicate,
+a held redelivery, a loop that passed) ends with ``Ignore``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from celery.exceptions import Ignore, Retry
+from sqlalchemy.exc import SQLAlchemyError
+
+from celery_saga.errors import StepRetryRequested
+from celery_saga.runtime.invoke import RunningBody, running_body
+from celery_saga.runtime.limits import restore_soft_limit
+from celery_saga.store.transient import describe_store_error, is_transient
+from celery_saga.worker import outcome
+from celery_saga.worker.saga_header import HEADER, node_message
+
+if TYPE_CHECKING:
+    from celery_saga.worker.engine import SagaEngine
+    from celery_saga.worker.publisher import CeleryPublisher
+
+logger = logging.getLogger("celery_saga")
+
+#: A message that met an unreachable store before doing anything is sent again after
+#: these pauses (then left to the sweeps): an outage of minutes costs no run its progress.
+STORE_RETRY_COUNTDOWNS = (1, 2, 4, 8, 15)
+STORE_RETRY_MAX = 40
+
+
+class StepRun:
+    """The wrapper's saga path (see ``step_tasks``), for the engine ``engine``."""
+
+    def __init__(self, engine: SagaEngine) -> None:
+        self.engine = engine
+
+    def __call__(self, task: Any, original: Any, header: dict[str, Any]) -> Any:
+        request = task.request
+        body = RunningBody(
+            task.name,
+            getattr(task, "__saga_function__", None),
+            _in_place(task, original, request),
+            task_id=request.id,
+            header=header,
+        )
+        token = running_body.set(body)
+        try:
+            resend = _resend_on_lost_store(self.engine.publisher, task, header)
+            with resend, outcome.observed() as seen:
+                self.engine.ensure_schema()
+                self._handle(header, _redelivered(request, header))
+        finally:
+            running_body.reset(token)
+        if not body.ran and seen.verdict() is None:
+            self._ran_nothing(task)
+        return _report(task, body, seen)
+
+    def _ran_nothing(self, task: Any) -> None:
+        """A duplicate, a held redelivery, a loop that ended: Celery is told the message was
+        ignored, so no success hook, signal or result claims a run that did not happen
+        (``before_start`` and ``task_prerun`` came before anyone could know). Monitors are
+        sent ``task-succeeded`` with no result, as Celery's own duplicate detection
+        (``worker_deduplicate_successful_tasks``) leaves them, not a task left STARTED."""
+        if self.engine.events.send_to_celery:
+            task.send_event("task-succeeded", result="None", runtime=0.0)
+        raise Ignore()
+
+    def _handle(self, header: dict[str, Any], redelivered: bool) -> None:
+        executor = self.engine.executor
+        if "undo" in header:
+            attempt = int(header["attempt"])
+            executor.unwinder.run(str(header["id"]), str(header["undo"]), attempt, redelivered)
+        else:
+            executor.run_node(node_message(header), str(header["saga"]), redelivered)
+
+
+def _in_place(task: Any, original: Any, request: Any) -> Any:
+    """Call the body with the mapped arguments under the message's request: the request's
+    kwargs become those arguments (so ``on_success``, ``on_failure``, ``after_return``,
+    ``task_postrun`` and ``task_failure`` see them), and a body run on a timeout thread
+    still finds ``self.request``."""
+
+    def call(kwargs: dict[str, Any]) -> Any:
+        if isinstance(request.kwargs, dict):
+            request.kwargs.update(kwargs)
+        pushed = task.request_stack.top is not request
+        if pushed:
+            task.request_stack.push(request)
+        try:
+            return original(**kwargs)
+        finally:
+            if pushed:
+                task.request_stack.pop()
+
+    return call
+
+
+def _report(task: Any, body: RunningBody, seen: outcome.Observation) -> Any:
+    """End the task the way the attempt ended (its outcome is already stored)."""
+    verdict = seen.verdict()
+    if verdict is None:
+        return body.result
+    event, text, countdown = verdict
+    error = body.error
+    cause = error.cause if isinstance(error, StepRetryRequested) else error
+    if event == "retry":
+        raise Retry(text, exc=cause, when=countdown)
+    if isinstance(error, StepRetryRequested) and cause is None:
+        raise task.MaxRetriesExceededError(f"{text} (max_retries={error.max_retries})")
+    if isinstance(cause, Exception):
+        raise cause
+    raise outcome.StepFailed(text)
+
+
+def _redelivered(request: Any, header: dict[str, Any]) -> bool:
+    """The broker hands this message out again, or the engine sent it again after the
+    store failed under it: its own claim may be the live lease it meets."""
+    if header.get("resent"):
+        return True
+    return bool((request.delivery_info or {}).get("redelivered"))
+
+
+@contextmanager
+def _resend_on_lost_store(
+    publisher: CeleryPublisher, task: Any, header: dict[str, Any]
+) -> Iterator[None]:
+    """The store could not be reached after the in-process retries: send the same message
+    (same task id) again shortly instead of leaving the run to the recovery sweep."""
+    try:
+        yield
+    except SQLAlchemyError as error:
+        resent = int(header.get("resent", 0))
+        if not is_transient(error) or resent >= STORE_RETRY_MAX:
+            raise
+        countdown = STORE_RETRY_COUNTDOWNS[min(resent, len(STORE_RETRY_COUNTDOWNS) - 1)]
+        logger.warning(
+            "%s: the saga store is unreachable (%s); this message is sent again in %d s",
+            task.name,
+            describe_store_error(error),
+            countdown,
+        )
+        request = task.request
+        hard, soft = request.timelimit or (None, None)
+        limits = {"time_limit": hard, "soft_time_limit": soft} if hard or soft else {}
+        publisher.send(
+            str(header["id"]),
+            task.name,
+            args=(),
+            kwargs={},
+            headers={HEADER: {**header, "resent": resent + 1}},
+            task_id=request.id,
+            retries=request.retries or 0,
+            countdown=countdown,
+            expires=None,
+            **limits,
+        )
+        unreachable = f"the saga store is unreachable: {describe_store_error(error)}"
+        raise Retry(unreachable, exc=error, when=countdown) from error
+    finally:
+        restore_soft_limit()
