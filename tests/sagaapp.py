@@ -19,7 +19,10 @@ from celery_saga import Saga, SagaContext, SagaEngine, compensated_by, path, ste
 from celery_saga.decisions.admission import NodeMessage
 from celery_saga.definition.nodes import StepSpec
 from celery_saga.worker.publisher import CeleryPublisher
+from tests import celery_features
 from tests.faults import request_cut
+
+RESULTS_URL = os.environ.get("SAGA_TEST_RESULTS", "redis://127.0.0.1:6379/5")
 
 test_metadata = MetaData()
 ledger = Table(
@@ -107,6 +110,8 @@ class TestApp:
             saga_recover_after=float(os.environ.get("SAGA_TEST_RECOVER_AFTER", "60")),
             saga_recover_interval=float(os.environ.get("SAGA_TEST_SWEEP_INTERVAL", "30")),
             saga_timer_interval=float(os.environ.get("SAGA_TEST_SWEEP_INTERVAL", "5")),
+            # Steps are the user's tasks: their results reach a backend as a plain call's do.
+            result_backend="cache+memory://" if broker.startswith("memory") else RESULTS_URL,
         )
         self.engine = SagaEngine(self.app)
         if duplicate:
@@ -117,6 +122,7 @@ class TestApp:
                 on_unsent=single.on_unsent,
                 hard_limit_grace=single.hard_limit_grace,
                 compensation_timeout=single.compensation_timeout,
+                tasks=single.tasks,
             )
             self.engine.executor.unwinder.publisher = self.engine.executor.publisher
         # NullPool: worker processes fork after import, and a pooled connection inherited
@@ -276,6 +282,7 @@ class TestApp:
             .step("quit", fwd, compensate=rev, retry=2, backoff=0.05),
         )
         self._define_control_flow()
+        celery_features.define(self)
 
     def _define_control_flow(self) -> None:
         fwd, rev = self.forward, self.reverse

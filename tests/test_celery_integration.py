@@ -4,37 +4,55 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 from celery import Celery
+from celery.signals import before_task_publish
 
-from celery_saga import ExecutionState
-from celery_saga.worker.publisher import CeleryPublisher
+from celery_saga import ExecutionState, Saga, SagaEngine
+from celery_saga.decisions.admission import NodeMessage
 from tests.conftest import Harness
 
 
-def test_task_step_is_published_on_its_queue_with_its_limits_and_name() -> None:
-    app = Celery("routing", set_as_current=False)
+def test_step_message_is_its_tasks_own_message_with_its_options(tmp_path: Path) -> None:
+    app = Celery("routing", set_as_current=False, broker="memory://")
     app.conf.task_routes = {"shop.ship": {"queue": "shipping"}}
+    engine = SagaEngine(app, store_url=f"sqlite:///{tmp_path}/store.sqlite3")
 
-    @app.task(name="shop.charge", queue="payments", time_limit=30, soft_time_limit=20, shared=False)
+    @app.task(name="shop.charge", time_limit=30, soft_time_limit=20, priority=7, shared=False)
     def charge() -> None: ...
 
     @app.task(name="shop.ship", shared=False)
     def ship() -> None: ...
 
-    publisher = CeleryPublisher(app)
-    options = publisher._options(charge, "order.charge")
-    assert options["queue"].name == "payments"
-    assert (options["shadow"], options["time_limit"], options["soft_time_limit"]) == (
-        "shop.charge",
-        30,
-        20,
+    engine.register(
+        Saga("order").step(charge).step(ship, timeout=5).step("note", lambda: None),
     )
-    assert publisher._options(ship, "order.ship")["queue"].name == "shipping"
-    plain = publisher._options(lambda: None, "order.note")
-    assert plain == {"shadow": "order.note"}
+    sent: list[dict[str, Any]] = []
+
+    def capture(sender: Any = None, **fields: Any) -> None:
+        sent.append({"task": sender, **fields})
+
+    before_task_publish.connect(capture, weak=False)
+    try:
+        run = engine.start("order")
+        definition = engine.definition("order")
+        for node in (1, 2):  # no worker: publish the later steps as the engine would
+            spec = definition.nodes[node].step
+            engine.publisher.publish_node("order", spec, NodeMessage(run.id, node, 0, 0, 1))
+    finally:
+        before_task_publish.disconnect(capture)
+    first, second, third = sent
+    assert first["task"] == "shop.charge" and first["routing_key"] == "celery"
+    assert list(first["headers"]["timelimit"]) == [30, 20]
+    assert first["properties"]["priority"] == 7
+    assert first["headers"]["celery_saga"]["id"] == run.id
+    assert first["body"][:2] == ((), {})  # arguments are mapped after admission
+    assert (second["task"], second["routing_key"]) == ("shop.ship", "shipping")
+    assert second["headers"]["timelimit"][1] == 5  # the step's timeout is the soft limit
+    assert (third["task"], third["routing_key"]) == ("order.note", "celery")
 
 
 def test_steps_show_under_their_task_names_and_saga_events_reach_monitors(

@@ -27,6 +27,7 @@ from celery_saga.decisions.loops import (
     needs_condition,
 )
 from celery_saga.decisions.recovery import RecoveryKind, decide_recovery
+from celery_saga.decisions.retry import plan_retry
 from celery_saga.decisions.unwind import UnwindKind, next_unwind_step
 from celery_saga.decisions.waits import (
     Arrival,
@@ -291,3 +292,25 @@ def test_a_run_recorded_failed_before_its_unwind_started_is_reopened() -> None:
     done = run(S.FAILED, rollback_status=RollbackStatus.COMPLETED)
     assert decide_recovery(done, [], *args).kind is RecoveryKind.NOTHING
     assert decide_recovery(run(S.WAITING), [], *args).kind is RecoveryKind.NOTHING
+
+
+@given(
+    attempt=st.integers(1, 50),
+    attempts=st.integers(1, 50),
+    countdown=st.floats(0, 600),
+    max_retries=st.one_of(st.none(), st.integers(0, 50)),
+)
+def test_a_requested_retry_follows_the_tasks_limit_and_an_error_the_steps(
+    attempt: int, attempts: int, countdown: float, max_retries: int | None
+) -> None:
+    requested = plan_retry(attempt, attempts, (countdown, max_retries), (0.5, 30.0), 0.0)
+    # As Celery's ``self.retry()``: another attempt while attempt <= max_retries (None: no
+    # limit), after exactly the countdown asked for; the step's own ``retry`` plays no part.
+    if max_retries is not None and attempt > max_retries:
+        assert requested is None
+    else:
+        assert requested == countdown
+    raised = plan_retry(attempt, attempts, None, (0.5, 30.0), 0.0)
+    assert (raised is None) == (attempt >= attempts)
+    if raised is not None:
+        assert raised == min(0.5 * 2.0 ** (attempt - 1), 30.0)

@@ -121,6 +121,11 @@ def _wait_for(condition: Callable[[], bool], timeout: float = 20) -> None:
 
 
 def test_worker_killed_mid_step_resumes_without_repeating_effects(rig: CrashRig) -> None:
+    # The steps keep Celery's default early ack: the killed worker's message is gone, and
+    # only the claim, its lease and the recovery sweep bring the step back.
+    app = rig.client.app
+    assert not app.conf.task_acks_late
+    assert not any(app.tasks[f"five.s{n}"].acks_late for n in range(3, 6))
     first = rig.start_worker()
     run = rig.client.engine.start("five", {"order": 50, "plan": {"s3": {"first_sleep": 6}}})
 

@@ -1,0 +1,131 @@
+"""Flower 2, run as its own process against the worker's events, shows a saga's steps as the
+user's own tasks: a failed step is a FAILURE under its task name, and a run is searchable."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from celery_saga import ExecutionState
+from tests.conftest import ROOT, Harness
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _get(port: int, path: str, **query: str) -> Any:
+    url = f"http://127.0.0.1:{port}{path}?{urllib.parse.urlencode(query)}"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def _until(probe: Callable[[], Any], seconds: float, what: str) -> Any:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            found = probe()
+        except OSError:  # not listening yet (URLError is an OSError)
+            found = None
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"Flower did not show {what} within {seconds} s")
+        time.sleep(0.25)
+
+
+@pytest.fixture
+def flower(harness: Harness, tmp_path: Any) -> Iterator[int]:
+    """A ``celery flower`` on a free port, watching the harness's broker."""
+    if harness.in_process:
+        pytest.skip("the in-process backend sends no task events for Flower to read")
+    if harness.name != "postgres-rabbitmq":
+        pytest.skip("Flower reads the same events on every broker: one server backend is enough")
+    conf = harness.test_app.app.conf
+    env = {
+        **os.environ,
+        "SAGA_TEST_BROKER": conf.broker_url,
+        "SAGA_TEST_STORE": conf.saga_store_url,
+        "SAGA_TEST_QUEUE": conf.task_default_queue,
+        "PYTHONPATH": str(ROOT),
+        "FLOWER_UNAUTHENTICATED_API": "true",
+    }
+    port = _free_port()
+    command = [sys.executable, "-m", "celery", "-A", "tests.sagaapp:app", "flower"]
+    command += [f"--port={port}", "--address=127.0.0.1"]
+    with open(tmp_path / "flower.log", "wb") as log:
+        process = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        # Flower only sees the events sent after it connects: wait until the harness's
+        # workers' heartbeats have reached it, so its event consumer is known to be running.
+        queue = conf.task_default_queue
+        _until(
+            lambda: (
+                sum(
+                    alive and queue in name
+                    for name, alive in _get(port, "/api/workers", status="true").items()
+                )
+                == len(harness.workers)
+            ),
+            30,
+            "the harness's workers alive",
+        )
+        yield port
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=5)
+
+
+def test_flower_shows_a_failed_step_as_failure_under_the_users_task_name(
+    harness: Harness, flower: int
+) -> None:
+    run = harness.start("feat_hooks", {"order": 5})
+    assert run.wait(30).state is ExecutionState.FAILED
+    # The run's messages, found by its execution id: the step messages' kwargsrepr names it,
+    # and Flower's task-filter syntax matches ``kwargs:key=value`` against a kwargs dict.
+    search = f"kwargs:execution_id={run.id}"
+
+    def failed() -> dict[str, Any]:
+        tasks = _get(flower, "/api/tasks", search=search, state="FAILURE")
+        return {i: t for i, t in tasks.items() if t["name"] == "features.boom"}
+
+    # One FAILURE: the step's duplicate message (the harness sends each twice) ran no body.
+    (boom,) = _until(failed, 20, "the failed step").values()
+    assert "warehouse refused order 5" in boom["exception"]
+    assert run.id in boom["kwargs"]
+    tasks = _until(
+        lambda: _get(flower, "/api/tasks", search=search, taskname="features.hooked"),
+        20,
+        "the succeeded step",
+    )
+    assert "SUCCESS" in {t["state"] for t in tasks.values()}
+    # A bare id is a substring search over every field, kwargs included.
+    plain = _get(flower, "/api/tasks", search=run.id)
+    assert {t["name"] for t in plain.values()} >= {"features.hooked", "features.boom"}
+    assert all(run.id in t["kwargs"] for t in plain.values())
+
+    # Every message of the run ends in a final state, the duplicates that ran nothing too.
+    def unfinished() -> list[str]:
+        tasks = _get(flower, "/api/tasks", search=run.id)
+        return [t["name"] for t in tasks.values() if t["state"] in ("STARTED", "RECEIVED")]
+
+    _until(lambda: not unfinished() or None, 20, "every message of the run to finish")
