@@ -7,10 +7,12 @@ import argparse
 import contextlib
 import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
+
+from celery.signals import task_failure, task_retry, task_success
 
 from celery_saga import Execution, ExecutionState, get_clock
 from celery_saga.worker.embedded import embedded_worker
@@ -76,6 +78,33 @@ def approved(data: dict[str, Any], by: str = "maria") -> Any:
     )
 
 
+#: What Celery's own signals said about the step tasks (each step runs as its own task).
+CELERY_SAW: dict[str, Counter[str]] = defaultdict(Counter)
+
+
+def _count(outcome: str) -> Any:
+    def handler(sender: Any = None, **_: Any) -> None:
+        name = str(getattr(sender, "name", sender))
+        if not name.startswith("celery_saga."):  # the engine's own tasks: waits, sweeps
+            CELERY_SAW[outcome][name.rsplit(".", 1)[-1]] += 1
+
+    return handler
+
+
+for _outcome, _signal in (("success", task_success), ("failure", task_failure)):
+    _signal.connect(_count(_outcome), weak=False)
+task_retry.connect(_count("retry"), weak=False)
+
+
+def celery_view() -> str:
+    parts = []
+    for outcome in ("success", "retry", "failure"):
+        counts = CELERY_SAW[outcome]
+        names = ", ".join(f"{name} x{n}" for name, n in sorted(counts.items()))
+        parts.append(f"{sum(counts.values())} task_{outcome} ({names})")
+    return "Celery's signals saw the steps as their own tasks: " + "; ".join(parts)
+
+
 @contextlib.contextmanager
 def worker(use_embedded: bool) -> Iterator[None]:
     if not use_embedded:
@@ -96,6 +125,7 @@ def main() -> None:
     for event in _SHOWN:
         engine.on(event, _on_gate)
     logging.getLogger("celery_saga").addFilter(FAILURES)
+    logging.getLogger("celery.app.trace").addFilter(FAILURES)
     started = time.monotonic()
     items = ["book", "lamp"]
     with worker(not options.no_worker):
@@ -119,7 +149,8 @@ def main() -> None:
         timeline(
             f"4. nobody approves within {APPROVAL_TIMEOUT:g} s: beat fails and unwinds it", expired
         )
-    print(f"\nfinished in {time.monotonic() - started:.1f} s")
+    print(f"\n{celery_view()}")
+    print(f"finished in {time.monotonic() - started:.1f} s")
 
 
 if __name__ == "__main__":

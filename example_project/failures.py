@@ -6,7 +6,9 @@ the log: an attempt that will be retried becomes a ``retry`` line of its timelin
 final one is already the timeline's ``failed`` or ``compensation_failed`` line. Any other
 error still reaches the log with its traceback. The engine's own WARNING lines about a
 park caused by such a failure, and about the resume that follows, are shown by the
-timelines (the run's state and reason) and left off the log too.
+timelines (the run's state and reason) and left off the log too, as are Celery's own
+lines for the step tasks that raised them (each step is its own Celery task, so Celery logs
+its failure as it would for a plain call).
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ class FailureLog(logging.Filter):
         error = record.exc_info[1] if record.exc_info else None
         if _DECISION.match(record.getMessage()):
             return False
+        if record.name == "celery.app.trace" and isinstance(error, IntentionalFailure):
+            return False  # the step task's own "raised unexpected" line, as for a plain call
         found = _ATTEMPT.match(record.getMessage())
         if not isinstance(error, IntentionalFailure) or found is None:
             return True
