@@ -18,8 +18,8 @@ importing this module and passes on to the worker:
                       ``bench_writes``), selected through ``search_path``
 ``BENCH_QUEUE``       the one queue used by chain tasks and saga nodes
 ``BENCH_PROFILE``     ``1`` installs the per-task instrumentation of ``bench_profile``
-``BENCH_CHAIN_ACKS_LATE``  ``1`` gives the chain task the saga node task's delivery options
-                      (``acks_late`` + ``reject_on_worker_lost``); default ``0`` (plain Celery)
+``BENCH_CHAIN_ACKS_LATE``  ``1`` gives the chain task ``acks_late`` + ``reject_on_worker_lost``;
+                      default ``0`` (plain Celery, as the saga's step tasks)
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Optional per-task instrumentation for ``chain_vs_saga.py --profile`` (off by default).
 
 Imported by ``bench_app`` only when ``BENCH_PROFILE=1``. Inside the worker's pool processes
-it records, for every ``bench.write`` (chain) and ``celery_saga.node`` (saga) task, from
+it records, for every ``bench.write`` (chain) and ``bench_five.<step>`` (saga step) task, from
 ``task_prerun`` to ``task_postrun`` (which includes publishing the next message):
 
 - wall and CPU time of the task,
@@ -32,7 +32,9 @@ PROFILE_TABLE = "bench_profile"
 COLUMNS = ("ts", "pid", "kind", "wall_ms", "cpu_ms", "statements", "commits", "pings",
            "snapshot_ms", "claim_ms", "record_ms", "publish_ms", "body_ms", "emit_ms")
 TIMED = ("snapshot_ms", "claim_ms", "record_ms", "publish_ms", "body_ms", "emit_ms")
-KINDS = {"bench.write": "chain", "celery_saga.node": "saga"}
+KINDS = {"bench.write": "chain"}
+#: The saga's steps are tasks of their own, named ``bench_five.<step>``.
+SAGA_PREFIX = "bench_five."
 
 CREATE_TABLE = (
     f"CREATE TABLE IF NOT EXISTS {PROFILE_TABLE} (ts DOUBLE PRECISION NOT NULL, "
@@ -71,7 +73,8 @@ def _count(field: str) -> Callable[..., None]:
 
 def _on_prerun(sender: Any = None, task: Any = None, **_kwargs: Any) -> None:
     global _current
-    kind = KINDS.get(getattr(task, "name", ""))
+    name = getattr(task, "name", "")
+    kind = "saga" if name.startswith(SAGA_PREFIX) else KINDS.get(name)
     if kind is None:
         return
     _current = {"kind": kind, "statements": 0, "commits": 0, "pings": 0,

@@ -93,7 +93,7 @@ class Harness:
 
 
 def _spawn_workers(
-    env: dict[str, str], queue: str, logdir: Path, count: int
+    env: dict[str, str], queue: str, logdir: Path, count: int, events: bool = True
 ) -> tuple[list[subprocess.Popen[bytes]], list[Path]]:
     workers, logs = [], []
     for index in range(count):
@@ -119,7 +119,7 @@ def _spawn_workers(
             "--without-mingle",
             "-l",
             "INFO",
-            "-E",
+            *(["-E"] if events else []),
         ]
         handle = open(log, "wb")  # noqa: SIM115 - closed with the process
         workers.append(

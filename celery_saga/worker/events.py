@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import defaultdict
 from collections.abc import Callable
+from multiprocessing.sharedctypes import RawValue
 from typing import Any
 
 from celery import Celery, current_task
 from celery.signals import worker_init
+from celery.worker.control import Panel
 
 logger = logging.getLogger("celery_saga")
 Listener = Callable[[str, dict[str, Any]], None]
@@ -41,16 +44,28 @@ EVENT_TYPES = frozenset(
 
 
 class EventHub:
+    """Calls in-process listeners and sends each event to Celery's event stream when the
+    worker sends task events: ``worker_send_task_events``, ``-E``, or switched at run time
+    by ``celery control enable_events`` / ``disable_events`` (what Flower does). The switch
+    is a byte of memory shared with the pool's processes, which send the events, while the
+    control command reaches only the worker's main process."""
+
     def __init__(self, app: Celery) -> None:
         self.app = app
         self._listeners: dict[str, list[Listener]] = defaultdict(list)
-        #: Like task events: on with ``worker_send_task_events`` or a worker started with -E.
-        self.send_to_celery = bool(app.conf.worker_send_task_events)
+        self._switch = RawValue("b", bool(app.conf.worker_send_task_events))
         worker_init.connect(self._on_worker_init, weak=False)
+
+    @property
+    def send_to_celery(self) -> bool:
+        return bool(self._switch.value)
+
+    def switch(self, on: bool) -> None:
+        self._switch.value = on
 
     def _on_worker_init(self, sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is self.app:
-            self.send_to_celery = bool(getattr(sender, "task_events", self.send_to_celery))
+            self.switch(bool(getattr(sender, "task_events", self.send_to_celery)))
 
     def subscribe(self, event: str, listener: Listener) -> None:
         if event != "*" and event not in EVENT_TYPES:
@@ -78,3 +93,26 @@ class EventHub:
             task.send_event(event, **fields)
         except Exception:
             logger.warning("could not send Celery event %s", event, exc_info=True)
+
+
+def _following_the_event_switch(name: str, on: bool) -> None:
+    """Wrap the worker's ``name`` control command so it switches saga events too."""
+    command = Panel.data.get(name)
+    if command is None or getattr(command, "switches_saga_events", False):
+        return
+
+    @functools.wraps(command)
+    def switched(state: Any, *args: Any, **kwargs: Any) -> Any:
+        reply = command(state, *args, **kwargs)
+        engine = getattr(getattr(state, "app", None), "saga_engine", None)
+        if engine is not None:
+            engine.events.switch(on)
+            logger.info("saga events %s by remote", "enabled" if on else "disabled")
+        return reply
+
+    switched.switches_saga_events = True  # type: ignore[attr-defined]
+    Panel.data[name] = switched
+
+
+_following_the_event_switch("enable_events", True)
+_following_the_event_switch("disable_events", False)
