@@ -19,7 +19,7 @@ from celery_saga.worker.embedded import embedded_worker
 from example_project.app import app, engine
 from example_project.failures import FailureLog
 from example_project.sagas import APPROVAL_TIMEOUT
-from example_project.tasks import WAREHOUSE
+from example_project.tasks import WAREHOUSE_DOWN
 
 #: Gate events seen in this process (the embedded worker runs here), per execution.
 GATE: dict[str, list[tuple[datetime, str]]] = defaultdict(list)
@@ -128,6 +128,7 @@ def main() -> None:
     logging.getLogger("celery.app.trace").addFilter(FAILURES)
     started = time.monotonic()
     items = ["book", "lamp"]
+    WAREHOUSE_DOWN.unlink(missing_ok=True)  # left by an interrupted earlier demo
     with worker(not options.no_worker):
         done = approved({"order_id": "A1", "items": items})
         timeline("1. approved: reserved item by item, paid in a nested saga, shipped", done)
@@ -135,10 +136,12 @@ def main() -> None:
         failed = approved({"order_id": "B2", "items": items, "fail_shipping": True})
         timeline("2. shipping fails: the payment saga and each item undone, in reverse", failed)
 
-        WAREHOUSE["accepts_releases"] = False
-        parked = approved({"order_id": "C3", "items": items, "fail_shipping": True})
-        timeline("3a. releasing an item fails too: the unwind halts and parks", parked)
-        WAREHOUSE["accepts_releases"] = True
+        WAREHOUSE_DOWN.touch()
+        try:
+            parked = approved({"order_id": "C3", "items": items, "fail_shipping": True})
+            timeline("3a. releasing an item fails too: the unwind halts and parks", parked)
+        finally:
+            WAREHOUSE_DOWN.unlink(missing_ok=True)
         engine.resume_compensation(parked.id)
         resumed = engine.handle(parked.id).wait(20, states=[ExecutionState.FAILED])
         timeline("3b. after resume_compensation: the unwind finishes", resumed)

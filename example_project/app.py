@@ -8,7 +8,9 @@ the same example runs on real infrastructure::
     SAGA_STORE_URL=postgresql+psycopg://postgres@localhost/test python -m example_project
 
 (with ``--no-worker``, run ``celery -A example_project.app worker`` and
-``celery -A example_project.app beat`` yourself).
+``celery -A example_project.app beat`` yourself, from the same directory: the demo's
+warehouse outage is a file there). With your own workers the timelines lack the gate and
+retry lines, which the demo collects in its own process.
 """
 
 from __future__ import annotations

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from celery_saga import SagaContext, compensated_by
 from example_project.app import app
 from example_project.failures import ShippingRefused, WarehouseUnreachable
 
-#: Flipped by the demo to make the warehouse refuse (and later accept) a stock release.
-WAREHOUSE = {"accepts_releases": True}
+#: The demo's warehouse outage: while this file exists in the working directory, releasing
+#: stock fails. A file, so that workers started from the same directory (``--no-worker``)
+#: see the outage too, not only the process that runs the demo.
+WAREHOUSE_DOWN = Path("example-warehouse-down")
 
 
 @app.task
 def release_item(order_id: str, item: str, result: dict[str, Any]) -> None:
-    if not WAREHOUSE["accepts_releases"]:
+    if WAREHOUSE_DOWN.exists():
         raise WarehouseUnreachable(f"warehouse API unreachable (releasing {item})")
 
 

@@ -146,6 +146,7 @@ def define(test_app: Any) -> None:
         Saga("feat_retry").step(retrying),
         Saga("feat_autoretry").step(flaky).step("after", step_after),
         Saga("feat_plain").step("note", note_plain, compensate=undo_plain).step(boom),
+        Saga("feat_map").map("total", lambda ctx: sum(ctx.input["amounts"])),
     )
 
 

@@ -141,6 +141,14 @@ def test_plain_function_steps_are_tasks_named_after_saga_and_step(harness: Harne
     assert names == {"feat_plain.note", "features.boom", "feat_plain.note.compensate"}
 
 
+def test_a_transform_is_a_task_that_succeeds_with_its_result(harness: Harness) -> None:
+    run = harness.start("feat_map", {"amounts": [2, 3]})
+    assert run.wait(30).state is ExecutionState.COMPLETED
+    (success,) = _settle(harness, run.id, 1, "signal:task_success")
+    assert success.step == "feat_map.total"  # not ignored: the transform ran in it
+    assert AsyncResult(success.key, app=harness.test_app.app).get(timeout=10) == 5
+
+
 def test_a_plain_call_of_a_step_task_is_unchanged(harness: Harness) -> None:
     task = harness.test_app.feature_tasks["features.hooked"]
     assert task(order=3) == {"charged": 3}  # called directly: the body, nothing else

@@ -163,6 +163,6 @@ def invoke_step(saga_name: str, spec: StepSpec, ctx: SagaContext) -> Any:
         value = run_with_timeout(lambda: call(kwargs), spec.timeout, what)
     result = storable(apply_schema(spec.output_schema, value, f"output of {what}"))
     body = running_body.get()
-    if body is not None:
-        body.result = result
+    if body is not None:  # a transform runs here, not through the task's body: it ran too
+        body.ran, body.result = True, result
     return result

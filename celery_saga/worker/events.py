@@ -105,8 +105,8 @@ def _following_the_event_switch(name: str, on: bool) -> None:
     def switched(state: Any, *args: Any, **kwargs: Any) -> Any:
         reply = command(state, *args, **kwargs)
         engine = getattr(getattr(state, "app", None), "saga_engine", None)
-        if engine is not None:
-            engine.events.switch(on)
+        if engine is not None and engine.events.send_to_celery != on:
+            engine.events.switch(on)  # Flower repeats enable_events every few seconds
             logger.info("saga events %s by remote", "enabled" if on else "disabled")
         return reply
 

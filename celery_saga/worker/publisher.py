@@ -124,6 +124,7 @@ class CeleryPublisher:
                 message.member,
                 message.attempt,
             ],
+            kwargsrepr=describe(node_header(saga_name, message)),
             countdown=countdown,
             **self._limits(self._options(target, name), spec.timeout if spec else None),
         )
@@ -148,6 +149,7 @@ class CeleryPublisher:
             execution_id,
             COMPENSATE_TASK,
             args=[execution_id, step_name, attempt],
+            kwargsrepr=describe(reversal_header(saga_name, execution_id, step_name, attempt)),
             countdown=countdown,
             **self._limits(self._options(target, f"{saga_name}.{step_name}.compensate"), timeout),
         )

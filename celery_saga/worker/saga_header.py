@@ -57,7 +57,13 @@ def read_header(request: Any) -> dict[str, Any] | None:
 def describe(header: Mapping[str, Any]) -> str:
     """What Flower and the worker log show as the message's keyword arguments, so a search
     for an execution id finds every message of the run."""
-    where = f"'undo': {header['undo']!r}" if "undo" in header else f"'node': {header['node']}"
+    if "undo" in header:
+        where = f"'undo': {header['undo']!r}"
+    else:
+        where = f"'node': {header['node']}"
+        for part in ("sub", "member"):  # a loop's iteration, a parallel group's member
+            if header.get(part):
+                where += f", {part!r}: {header[part]}"
     return (
         f"{{'saga': {header['saga']!r}, 'execution_id': {header['id']!r}, {where}, "
         f"'attempt': {header['attempt']}}}"
