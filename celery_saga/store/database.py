@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, Engine, RowMapping, create_engine, event, text
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import StaticPool
 
@@ -53,6 +53,43 @@ def _configure_sqlite(engine: Engine) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+_AUTOCOMMIT = "saga_autocommit"
+
+
+def _on_begin(connection: Connection) -> None:
+    """Put the pooled connection in the mode its user asked for, only when it differs.
+
+    The mode stays with the connection in the pool, so a worker's run of single statements
+    pays nothing per checkout (MySQL drivers spend a round trip on every switch).
+    """
+    wanted = bool(connection.get_execution_options().get(_AUTOCOMMIT, False))
+    driver = connection.connection.dbapi_connection
+    if driver is None or connection.dialect.detect_autocommit_setting(driver) == wanted:
+        return
+    toggle = driver.autocommit
+    if callable(toggle):  # pymysql and mysqlclient take a call, psycopg an attribute
+        toggle(wanted)
+    else:
+        driver.autocommit = wanted
+
+
+def _server_connect_args(parsed: URL) -> tuple[URL, dict[str, Any]]:
+    """Connect arguments for a server backend; ``prepare_threshold`` (PostgreSQL) is taken
+    out of the URL's query, as psycopg wants it as a number or None, never as text."""
+    connect_args: dict[str, Any] = {}
+    if "connect_timeout" not in parsed.query:
+        # A host that drops packets must not hang a connect for minutes: the retry
+        # budgets count in seconds (store/transient.py).
+        connect_args["connect_timeout"] = 10
+    raw = parsed.query.get("prepare_threshold")
+    if raw is not None:
+        value = raw[-1] if isinstance(raw, tuple) else raw
+        # "none": never prepare, for a pooler that cannot keep prepared statements.
+        connect_args["prepare_threshold"] = None if value.lower() in ("", "none") else int(value)
+        parsed = parsed.difference_update_query(["prepare_threshold"])
+    return parsed, connect_args
+
+
 def _after_fork(reference: weakref.ref[Engine]) -> None:
     engine = reference()
     if engine is not None:
@@ -61,7 +98,12 @@ def _after_fork(reference: weakref.ref[Engine]) -> None:
 
 
 class Database:
-    """One SQLAlchemy engine for the store, configured for its backend."""
+    """One SQLAlchemy engine (one connection pool) for the store, configured for its backend.
+
+    A worker process holds at most two connections of it: the task's, and the lease
+    heartbeat's while a body runs. Single statements run in autocommit on a connection of the
+    same pool (``single_statement``); transactions switch it back (``_on_begin``).
+    """
 
     def __init__(self, url: str) -> None:
         parsed = make_url(url)
@@ -77,28 +119,20 @@ class Database:
                 options["poolclass"] = StaticPool
                 self.single_connection = True
         else:
+            parsed, connect_args = _server_connect_args(parsed)
             # Every conditional write re-reads committed rows; REPEATABLE READ (MySQL's
             # default) would show a join an old snapshot of its sibling steps.
-            options.update(isolation_level="READ COMMITTED", pool_recycle=1800)
-            if "connect_timeout" not in parsed.query:
-                # A host that drops packets must not hang a connect for minutes: the retry
-                # budgets count in seconds (store/transient.py).
-                options["connect_args"] = {"connect_timeout": 10}
-        self.engine = create_engine(url, **options)
-        # A single statement is atomic on its own: against a server, running it outside
-        # BEGIN/COMMIT saves two round trips. SQLite keeps its serialised transactions.
-        self.autocommit_engine: Engine | None = None
+            options.update(
+                isolation_level="READ COMMITTED", pool_recycle=1800, connect_args=connect_args
+            )
+        self.engine = create_engine(parsed, **options)
         if self.dialect == "sqlite":
             _configure_sqlite(self.engine)
         else:
-            self.autocommit_engine = create_engine(
-                url, **{**options, "isolation_level": "AUTOCOMMIT"}
-            )
-        for engine in (self.engine, self.autocommit_engine):
-            if engine is not None:
-                event.listen(engine, "before_cursor_execute", self._count)
-                reference = weakref.ref(engine)
-                os.register_at_fork(after_in_child=lambda ref=reference: _after_fork(ref))
+            event.listen(self.engine, "begin", _on_begin)
+        event.listen(self.engine, "before_cursor_execute", self._count)
+        reference = weakref.ref(self.engine)
+        os.register_at_fork(after_in_child=lambda: _after_fork(reference))
         self._migrated = False
         self._migrate_lock = threading.Lock()
 
@@ -115,12 +149,14 @@ class Database:
     @contextmanager
     def single_statement(self) -> Iterator[Connection]:
         """A connection for exactly one statement: autocommit where that saves round trips."""
-        if self.autocommit_engine is None:
+        if self.dialect == "sqlite":
             with self.transaction() as connection:
                 yield connection
         else:
-            with self.autocommit_engine.connect() as connection:
-                yield connection
+            # A single statement is atomic on its own: against a server, running it outside
+            # BEGIN/COMMIT saves two round trips.
+            with self.engine.connect() as connection:
+                yield connection.execution_options(**{_AUTOCOMMIT: True})
 
     def read(self, query: Any) -> Sequence[RowMapping]:
         """Run one read; retried once on a connection the server dropped (no pre-ping)."""
@@ -171,5 +207,3 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
-        if self.autocommit_engine is not None:
-            self.autocommit_engine.dispose()
