@@ -129,14 +129,14 @@ def counted(bench: Any, args: argparse.Namespace) -> dict[str, dict[str, float]]
 
 
 def rss(bench: Any, args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    """Worker RSS (MB) after 1,000 and after 10,000 sagas on a fresh worker."""
+    """Worker RSS (MB) after 1,000 and after 10,000 sagas (``--rss-at``) on a fresh worker."""
     worker = Worker(bench, f"{bench.QUEUE[-10:]}-rss")
     side = SagaSide(bench, args.poll)
     result: dict[str, dict[str, float]] = {}
     done = 0
     with running(worker, args.keep):
         result["0"] = worker_rss_mb(worker.pid or 0)
-        for checkpoint in (1000, 10000):
+        for checkpoint in sorted(int(n) for n in args.rss_at.split(",")):
             while done < checkpoint:
                 worker.alive()
                 size = min(args.batch, checkpoint - done)

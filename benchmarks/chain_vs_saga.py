@@ -57,6 +57,7 @@ def _parse_args() -> argparse.Namespace:
     add("--rounds", type=int, default=2, help="throughput rounds per side")
     add("--count-runs", type=int, default=20, help="runs per side in the counting phase")
     add("--rss", action="store_true", help="also run 10,000 sagas and report worker RSS")
+    add("--rss-at", default="1000,10000", help="saga counts at which --rss reads the RSS")
     add("--poll", type=float, default=0.005, help="poll interval, one latency sample (s)")
     add("--batch-poll", type=float, default=0.02, help="poll interval, one batch (s)")
     add("--run-timeout", type=float, default=30.0, help="limit for one latency sample (s)")
