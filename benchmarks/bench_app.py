@@ -8,11 +8,15 @@ It defines the two workloads compared by ``chain_vs_saga.py``:
     (``seq = 4``) is the chain's completion marker; no result backend is used.
 (B) ``bench_five``: a saga of five no-op plain-function steps on a ``SagaEngine`` whose
     store is PostgreSQL.
+(C) ``bench_unwind``: the same five steps, but the fifth raises, so the run unwinds through
+    four reversals (``bench_unwind.s4.compensate`` ... ``s1.compensate``, all no-ops) and
+    ends ``failed``. The fifth step has no compensation: exactly 4 reversals.
 
 Everything a run must isolate comes from the environment, which the driver sets before
 importing this module and passes on to the worker:
 
-``BENCH_BROKER_URL``  broker (default ``amqp://guest:guest@127.0.0.1:5672//``)
+``BENCH_BROKER_URL``  broker (default ``amqp://guest:guest@127.0.0.1:5672//``; a
+                      ``redis://`` URL works the same way)
 ``BENCH_STORE_URL``   PostgreSQL URL (default ``postgresql+psycopg://postgres@127.0.0.1:5432/test``)
 ``BENCH_SCHEMA``      PostgreSQL schema that holds every table of this run (saga store and
                       ``bench_writes``), selected through ``search_path``
@@ -46,6 +50,7 @@ CHAIN_ACKS_LATE = os.environ.get("BENCH_CHAIN_ACKS_LATE", "0") == "1"
 PROFILE = os.environ.get("BENCH_PROFILE", "0") == "1"
 
 SAGA_NAME = "bench_five"
+UNWIND_NAME = "bench_unwind"
 STEPS_PER_RUN = 5
 WRITES_TABLE = "bench_writes"
 
@@ -136,10 +141,25 @@ def noop() -> None:
     return None
 
 
+def undo() -> None:
+    return None
+
+
+def fail() -> None:
+    raise RuntimeError("bench: the last step fails on purpose")
+
+
 bench_saga = Saga(SAGA_NAME)
 for _index in range(1, STEPS_PER_RUN + 1):
     bench_saga.step(f"s{_index}", noop)
 engine.register(bench_saga)
+
+# --- (C) the unwind: four compensatable no-op steps, then one that fails (no retry) --------
+unwind_saga = Saga(UNWIND_NAME)
+for _index in range(1, STEPS_PER_RUN):
+    unwind_saga.step(f"s{_index}", noop, compensate=undo)
+unwind_saga.step(f"s{STEPS_PER_RUN}", fail, retry=1)
+engine.register(unwind_saga)
 
 if PROFILE:
     import bench_profile

@@ -1,12 +1,15 @@
 """Optional per-task instrumentation for ``chain_vs_saga.py --profile`` (off by default).
 
 Imported by ``bench_app`` only when ``BENCH_PROFILE=1``. Inside the worker's pool processes
-it records, for every ``bench.write`` (chain) and ``bench_five.<step>`` (saga step) task, from
-``task_prerun`` to ``task_postrun`` (which includes publishing the next message):
+it records, for every ``bench.write`` (chain), ``bench_five.<step>`` (saga step) and
+``bench_unwind.<step>[.compensate]`` (unwinding saga: forward step, failing step, reversal)
+task, from ``task_prerun`` to ``task_postrun`` (which includes publishing the next message):
 
 - wall and CPU time of the task,
-- SQL statements (every ``before_cursor_execute`` of any engine), commits and pool
+- SQL statements (every ``before_cursor_execute`` of any engine), explicit COMMITs and pool
   pre-pings (each a round trip to PostgreSQL; psycopg adds one more for ``BEGIN``),
+- durable commits: server transactions that wrote something, so must flush WAL before they
+  return (a write statement run in autocommit, or an explicit transaction with a write),
 - for saga nodes, the time spent in the store calls of ``Executor.run_node``
   (``load_snapshot``, ``claim_step``, ``record_step_completed``), in publishing the next
   node, in the step body and in event emission; the rest is Celery/engine overhead.
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,17 +33,37 @@ from celery import signals
 from sqlalchemy import Engine, event, text
 
 PROFILE_TABLE = "bench_profile"
-COLUMNS = ("ts", "pid", "kind", "wall_ms", "cpu_ms", "statements", "commits", "pings",
-           "snapshot_ms", "claim_ms", "record_ms", "publish_ms", "body_ms", "emit_ms")
+COLUMNS = (
+    "ts",
+    "pid",
+    "kind",
+    "wall_ms",
+    "cpu_ms",
+    "statements",
+    "commits",
+    "durable",
+    "pings",
+    "snapshot_ms",
+    "claim_ms",
+    "record_ms",
+    "publish_ms",
+    "body_ms",
+    "emit_ms",
+)
 TIMED = ("snapshot_ms", "claim_ms", "record_ms", "publish_ms", "body_ms", "emit_ms")
-KINDS = {"bench.write": "chain"}
-#: The saga's steps are tasks of their own, named ``bench_five.<step>``.
-SAGA_PREFIX = "bench_five."
+KINDS = {"bench.write": "chain", "bench_unwind.s5": "unwind-fail"}
+#: Every saga step is a task of its own, named ``<saga>.<step>``; a reversal adds
+#: ``.compensate``.
+PREFIXES = (("bench_five.", "saga"), ("bench_unwind.", "unwind-fwd"))
+#: Write statements; a row lock (``FOR UPDATE``, ``FOR NO KEY UPDATE``) is not one.
+_WRITE = re.compile(r"\b(INSERT|UPDATE|DELETE)\b", re.IGNORECASE)
+_ROW_LOCK = re.compile(r"\bFOR\s+(NO\s+KEY\s+)?UPDATE\b", re.IGNORECASE)
 
 CREATE_TABLE = (
     f"CREATE TABLE IF NOT EXISTS {PROFILE_TABLE} (ts DOUBLE PRECISION NOT NULL, "
     "pid INTEGER NOT NULL, kind VARCHAR(16) NOT NULL, wall_ms DOUBLE PRECISION, "
-    "cpu_ms DOUBLE PRECISION, statements INTEGER, commits INTEGER, pings INTEGER, "
+    "cpu_ms DOUBLE PRECISION, statements INTEGER, commits INTEGER, durable INTEGER, "
+    "pings INTEGER, "
     "snapshot_ms DOUBLE PRECISION, claim_ms DOUBLE PRECISION, record_ms DOUBLE PRECISION, "
     "publish_ms DOUBLE PRECISION, body_ms DOUBLE PRECISION, emit_ms DOUBLE PRECISION)"
 )
@@ -61,25 +85,63 @@ def _timed(field: str, function: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             if _current is not None:
                 _current[field] += (time.perf_counter() - started) * 1000
+
     return wrapper
 
 
-def _count(field: str) -> Callable[..., None]:
-    def listener(*_args: Any, **_kwargs: Any) -> None:
-        if _current is not None:
-            _current[field] += 1
-    return listener
+def _is_write(statement: str) -> bool:
+    return _WRITE.search(_ROW_LOCK.sub("", statement)) is not None
+
+
+def _on_statement(conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+    """Count the statement; a write is durable at once in autocommit, else at COMMIT."""
+    if _current is None:
+        return
+    _current["statements"] += 1
+    if not _is_write(statement):
+        return
+    if getattr(conn.connection.dbapi_connection, "autocommit", False):
+        _current["durable"] += 1
+    else:
+        conn.info["bench_wrote"] = True
+
+
+def _on_commit(conn: Any) -> None:
+    if _current is None:
+        return
+    _current["commits"] += 1
+    if conn.info.pop("bench_wrote", False):
+        _current["durable"] += 1
+
+
+def _on_rollback(conn: Any) -> None:
+    conn.info.pop("bench_wrote", None)
+
+
+def kind_of(name: str) -> str | None:
+    """The profile kind of a task name, or None for a task that is not measured."""
+    if name in KINDS:
+        return KINDS[name]
+    if name.endswith(".compensate"):
+        return "reversal"
+    return next((kind for prefix, kind in PREFIXES if name.startswith(prefix)), None)
 
 
 def _on_prerun(sender: Any = None, task: Any = None, **_kwargs: Any) -> None:
     global _current
-    name = getattr(task, "name", "")
-    kind = "saga" if name.startswith(SAGA_PREFIX) else KINDS.get(name)
+    kind = kind_of(getattr(task, "name", ""))
     if kind is None:
         return
-    _current = {"kind": kind, "statements": 0, "commits": 0, "pings": 0,
-                **dict.fromkeys(TIMED, 0.0),
-                "_wall": time.perf_counter(), "_cpu": time.process_time()}
+    _current = {
+        "kind": kind,
+        "statements": 0,
+        "commits": 0,
+        "durable": 0,
+        "pings": 0,
+        **dict.fromkeys(TIMED, 0.0),
+        "_wall": time.perf_counter(),
+        "_cpu": time.process_time(),
+    }
 
 
 def _on_postrun(**_kwargs: Any) -> None:
@@ -122,16 +184,21 @@ def install(app_module: Any) -> None:
     from celery_saga.worker.publisher import CeleryPublisher
 
     _engine_getter.append(engine_getter)
-    queries.load_snapshot = _timed("snapshot_ms", queries.load_snapshot)
-    forward.claim_step = _timed("claim_ms", forward.claim_step)
-    forward.record_step_completed = _timed("record_ms", forward.record_step_completed)
-    CeleryPublisher.publish_node = _timed("publish_ms", CeleryPublisher.publish_node)
-    Executor._invoke = _timed("body_ms", Executor._invoke)
-    app_module.insert_row = _timed("body_ms", app_module.insert_row)
-    EventHub.__call__ = _timed("emit_ms", EventHub.__call__)
+    for owner, attribute, field in (
+        (queries, "load_snapshot", "snapshot_ms"),
+        (forward, "claim_step", "claim_ms"),
+        (forward, "record_step_completed", "record_ms"),
+        (CeleryPublisher, "publish_node", "publish_ms"),
+        (Executor, "_invoke", "body_ms"),  # gone since steps became tasks: body not timed
+        (app_module, "insert_row", "body_ms"),
+        (EventHub, "__call__", "emit_ms"),
+    ):
+        if hasattr(owner, attribute):  # the engine's internals move; time what is there
+            setattr(owner, attribute, _timed(field, getattr(owner, attribute)))
 
-    event.listen(Engine, "before_cursor_execute", _count("statements"))
-    event.listen(Engine, "commit", _count("commits"))
+    event.listen(Engine, "before_cursor_execute", _on_statement)
+    event.listen(Engine, "commit", _on_commit)
+    event.listen(Engine, "rollback", _on_rollback)
     dialect_class = type(saga_engine.db.engine.dialect)
     dialect_class.do_ping = _counting_ping(dialect_class.do_ping)
 
@@ -146,34 +213,49 @@ def _counting_ping(do_ping: Callable[..., Any]) -> Callable[..., Any]:
         if _current is not None:
             _current["pings"] += 1
         return do_ping(*args, **kwargs)
+
     return wrapper
+
+
+ALL_KINDS = ("chain", "saga", "unwind-fwd", "unwind-fail", "reversal")
+_MEANS = ("wall_ms", "cpu_ms", "statements", "commits", "durable", "pings", *TIMED)
+
+
+def means(connection: Any, start: float, end: float) -> dict[str, dict[str, float]]:
+    """Per kind recorded between ``start`` and ``end``: the task count and column means."""
+    columns = ", ".join(f"avg({name})" for name in _MEANS)
+    result = {}
+    for kind in ALL_KINDS:
+        row = connection.execute(
+            text(
+                f"SELECT count(*), {columns} FROM {PROFILE_TABLE} "
+                "WHERE kind = :k AND ts BETWEEN :a AND :b"
+            ),
+            {"k": kind, "a": start, "b": end},
+        ).one()
+        if row[0]:
+            values = (float(v or 0) for v in row[1:])
+            result[kind] = {"tasks": row[0], **dict(zip(_MEANS, values, strict=True))}
+    return result
 
 
 def summarize(connection: Any, windows: dict[str, tuple[float, float]]) -> list[str]:
     """Per phase and kind: mean per task of every recorded column."""
-    lines = []
-    header = (f"  {'phase':<11} {'kind':<6} {'tasks':>6} {'wall':>6} {'cpu':>6} {'stmts':>6} "
-              f"{'commit':>6} {'ping':>5} {'snap':>6} {'claim':>6} {'record':>6} "
-              f"{'publish':>7} {'body':>6} {'emit':>6} {'other':>6}")
-    lines.append(header)
+    lines = [
+        f"  {'phase':<11} {'kind':<11} {'tasks':>6} {'wall':>6} {'cpu':>6} {'stmts':>6} "
+        f"{'commit':>6} {'durabl':>6} {'ping':>5} {'snap':>6} {'claim':>6} {'record':>6} "
+        f"{'publish':>7} {'body':>6} {'emit':>6} {'other':>6}"
+    ]
     for phase, (start, end) in windows.items():
-        for kind in ("chain", "saga"):
-            row = connection.execute(text(
-                f"SELECT count(*), avg(wall_ms), avg(cpu_ms), avg(statements), avg(commits), "
-                f"avg(pings), avg(snapshot_ms), avg(claim_ms), avg(record_ms), "
-                f"avg(publish_ms), avg(body_ms), avg(emit_ms) FROM {PROFILE_TABLE} "
-                "WHERE kind = :k AND ts BETWEEN :a AND :b"), {"k": kind, "a": start, "b": end}
-            ).one()
-            count = row[0]
-            if not count:
-                continue
-            values = [float(v or 0) for v in row[1:]]
-            wall, cpu, stmts, commits, pings, snap, claim, record, publish, body, emit = values
+        for kind, m in means(connection, start, end).items():
             # chain: body = the INSERT; its next-link publish is inside Celery's tracer, so
             # it is part of "other" there.
-            other = wall - (snap + claim + record + publish + body + emit)
+            other = m["wall_ms"] - sum(m[name] for name in TIMED)
             lines.append(
-                f"  {phase:<11} {kind:<6} {count:>6} {wall:6.2f} {cpu:6.2f} {stmts:6.2f} "
-                f"{commits:6.2f} {pings:5.2f} {snap:6.2f} {claim:6.2f} {record:6.2f} "
-                f"{publish:7.2f} {body:6.2f} {emit:6.2f} {other:6.2f}")
+                f"  {phase:<11} {kind:<11} {m['tasks']:>6} {m['wall_ms']:6.2f} "
+                f"{m['cpu_ms']:6.2f} {m['statements']:6.2f} {m['commits']:6.2f} "
+                f"{m['durable']:6.2f} {m['pings']:5.2f} {m['snapshot_ms']:6.2f} "
+                f"{m['claim_ms']:6.2f} {m['record_ms']:6.2f} {m['publish_ms']:7.2f} "
+                f"{m['body_ms']:6.2f} {m['emit_ms']:6.2f} {other:6.2f}"
+            )
     return lines

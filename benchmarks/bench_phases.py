@@ -1,0 +1,147 @@
+"""The measured phases of ``chain_vs_saga.py``, each on a worker of its own.
+
+1. ``timed``: warm-up, then latency (single runs, chain / saga / unwind interleaved) and
+   throughput (batches in flight, interleaved the same way) on one uninstrumented worker;
+   the step timestamps of the single runs give the forward and reversal hops.
+2. ``counted``: a fresh worker with ``bench_profile`` loaded counts SQL statements, COMMITs
+   and durable commits per task, by kind (chain task, forward node, failing node, reversal).
+3. ``rss`` (optional): a fresh worker runs saga batches and its resident memory is read
+   after 1,000 and after 10,000 sagas.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from bench_infra import Deadline, Worker, running, worker_rss_mb
+from bench_sides import ChainSide, SagaSide, UnwindSide, hops, throughput_round
+
+ORDER = ("chain", "saga", "unwind")
+
+
+def make_sides(bench: Any, poll: float) -> dict[str, Any]:
+    return {
+        "chain": ChainSide(bench, poll),
+        "saga": SagaSide(bench, poll),
+        "unwind": UnwindSide(bench, poll),
+    }
+
+
+def _warm_up(sides: dict[str, Any], args: argparse.Namespace) -> None:
+    """Every pool process opens its connections and imports everything (not measured)."""
+    for _ in range(3):
+        for side in sides.values():
+            side.one(args.run_timeout)
+    for side in sides.values():
+        throughput_round(side, 20, args.batch_poll, args.batch_timeout)
+        side.submit_times.clear()
+        if hasattr(side, "single_ids"):
+            side.single_ids.clear()
+
+
+def _latency(sides: dict[str, Any], args: argparse.Namespace, worker: Worker, deadline: Deadline):
+    samples: dict[str, list[float]] = {name: [] for name in ORDER}
+    for _ in range(args.samples):
+        for name in ORDER:
+            deadline.check("latency")
+            worker.alive()
+            samples[name].append(sides[name].one(args.run_timeout) * 1000)
+    return samples
+
+
+def _batch_size(name: str, args: argparse.Namespace) -> int:
+    return args.unwinds if name == "unwind" else args.batch
+
+
+def _throughput(
+    sides: dict[str, Any], args: argparse.Namespace, worker: Worker, deadline: Deadline
+):
+    rounds: dict[str, list[dict[str, float]]] = {name: [] for name in ORDER}
+    for _ in range(args.rounds):
+        for name in ORDER:
+            deadline.check("throughput")
+            worker.alive()
+            result = throughput_round(
+                sides[name],
+                _batch_size(name, args),
+                args.batch_poll,
+                args.batch_timeout,
+                worker.pid if args.profile else None,
+            )
+            rounds[name].append(result)
+            print(
+                f"  round {name:<6}: {result['runs_per_s']:7.1f} runs/s "
+                f"({result['steps_per_s']:.1f} steps/s)",
+                flush=True,
+            )
+    return rounds
+
+
+def timed(bench: Any, args: argparse.Namespace, deadline: Deadline) -> dict[str, Any]:
+    """Latency, hops and throughput on one worker; ``--profile`` instruments it."""
+    worker = Worker(bench, f"{bench.QUEUE[-10:]}-timed", profile=args.profile)
+    # Stopping the worker lets profiled pool processes flush their last rows.
+    with running(worker, args.keep):
+        sides = make_sides(bench, args.poll)
+        began = time.monotonic()
+        _warm_up(sides, args)
+        print(f"  warm-up done after {time.monotonic() - began:.1f}s", flush=True)
+        window_start = time.time()
+        latency = _latency(sides, args, worker, deadline)
+        windows = {"latency": (window_start, time.time())}
+        measured_hops = {
+            "saga_forward": hops(bench, sides["saga"].single_ids)["forward"],
+            **{
+                f"unwind_{kind}": values
+                for kind, values in hops(bench, sides["unwind"].single_ids).items()
+            },
+        }
+        window_start = time.time()
+        throughput = _throughput(sides, args, worker, deadline)
+        windows["throughput"] = (window_start, time.time())
+    submit = {name: [t * 1000 for t in side.submit_times] for name, side in sides.items()}
+    return {
+        "latency": latency,
+        "submit": submit,
+        "hops": measured_hops,
+        "throughput": throughput,
+        "windows": windows,
+    }
+
+
+def counted(bench: Any, args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Mean statements / COMMITs / durable commits per task kind, on a profiled worker."""
+    import bench_profile
+
+    worker = Worker(bench, f"{bench.QUEUE[-10:]}-count", profile=True)
+    with running(worker, args.keep):
+        sides = make_sides(bench, args.poll)
+        for _ in range(3):  # connections opened, statements prepared: not counted
+            for side in sides.values():
+                side.one(args.run_timeout)
+        started = time.time()
+        for side in sides.values():
+            throughput_round(side, args.count_runs, args.batch_poll, args.batch_timeout)
+    with bench.bench_db().connect() as connection:
+        return bench_profile.means(connection, started, time.time())
+
+
+def rss(bench: Any, args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Worker RSS (MB) after 1,000 and after 10,000 sagas (``--rss-at``) on a fresh worker."""
+    worker = Worker(bench, f"{bench.QUEUE[-10:]}-rss")
+    side = SagaSide(bench, args.poll)
+    result: dict[str, dict[str, float]] = {}
+    done = 0
+    with running(worker, args.keep):
+        result["0"] = worker_rss_mb(worker.pid or 0)
+        for checkpoint in sorted(int(n) for n in args.rss_at.split(",")):
+            while done < checkpoint:
+                worker.alive()
+                size = min(args.batch, checkpoint - done)
+                throughput_round(side, size, args.batch_poll, args.batch_timeout)
+                done += size
+            result[str(checkpoint)] = worker_rss_mb(worker.pid or 0)
+            print(f"  rss after {done} sagas: {result[str(checkpoint)]}", flush=True)
+    return result

@@ -1,0 +1,185 @@
+"""Printing the results of ``chain_vs_saga.py`` (one broker, or the summary of both)."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+ORDER = ("chain", "saga", "unwind")
+COUNT_KINDS = (
+    ("chain", "chain task (bench.write)"),
+    ("saga", "saga forward node"),
+    ("unwind-fwd", "forward node of an unwinding run"),
+    ("unwind-fail", "failing node (starts the unwind)"),
+    ("reversal", "reversal"),
+)
+
+
+def _p95(values: list[float]) -> float:
+    if len(values) < 2:
+        return values[0] if values else float("nan")
+    return statistics.quantiles(values, n=20, method="inclusive")[-1]
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def summary(result: dict[str, Any]) -> dict[str, float]:
+    """The headline figures of one broker's run."""
+    latency, rounds, hop = result["latency"], result["throughput"], result["hops"]
+    out: dict[str, float] = {}
+    for name in ORDER:
+        out[f"{name}_latency_median"] = _median(latency[name])
+        out[f"{name}_latency_p95"] = _p95(latency[name])
+        out[f"{name}_runs_per_s"] = _median([r["runs_per_s"] for r in rounds[name]])
+        out[f"{name}_steps_per_s"] = _median([r["steps_per_s"] for r in rounds[name]])
+    out["forward_hop"] = _median(hop["saga_forward"])
+    out["unwind_forward_hop"] = _median(hop["unwind_forward"])
+    out["reversal_hop"] = _median(hop["unwind_reversal"])
+    out["latency_ratio"] = out["saga_latency_median"] / out["chain_latency_median"]
+    out["p95_ratio"] = out["saga_latency_p95"] / out["chain_latency_p95"]
+    out["throughput_ratio"] = out["saga_steps_per_s"] / out["chain_steps_per_s"]
+    out["reversal_ratio"] = out["reversal_hop"] / out["forward_hop"]
+    rss = result.get("rss") or {}
+    counts = sorted(int(n) for n in rss if n != "0")
+    out["rss_first"] = rss[str(counts[0])]["total"] if counts else float("nan")
+    out["rss_last"] = rss[str(counts[-1])]["total"] if counts else float("nan")
+    return out
+
+
+def _print_latency(result: dict[str, Any], s: dict[str, float]) -> None:
+    print("\n== latency of one 5-step run, end to end (ms), interleaved chain / saga / unwind")
+    print(f"  {'':<7} {'median':>8} {'p95':>8} {'min':>8} {'max':>8} {'submit':>8}")
+    for name in ORDER:
+        values, submit = result["latency"][name], result["submit"][name]
+        print(
+            f"  {name:<7} {s[name + '_latency_median']:8.1f} {s[name + '_latency_p95']:8.1f} "
+            f"{min(values):8.1f} {max(values):8.1f} {_median(submit):8.2f}"
+        )
+    print("  (unwind = 4 forward steps, the failing 5th, 4 reversals, until `failed`)")
+
+
+def _print_throughput(result: dict[str, Any], s: dict[str, float]) -> None:
+    print("\n== throughput: a batch submitted at once, wall time until all settled")
+    for name in ORDER:
+        rounds = result["throughput"][name]
+        detail = "  ".join(f"{r['runs_per_s']:.1f} ({r['seconds']:.2f}s)" for r in rounds)
+        print(
+            f"  {name:<7} median {s[name + '_runs_per_s']:7.1f} runs/s  "
+            f"{s[name + '_steps_per_s']:7.1f} steps/s   rounds (runs/s): {detail}"
+        )
+    print(f"  unwinds/s (failing sagas fully unwound per second): {s['unwind_runs_per_s']:.1f}")
+    if "cpu_worker" in result["throughput"]["chain"][0]:
+        print("  CPU ms per step (mean; postgres/broker include other load on those servers):")
+        for name in ORDER:
+            rounds = result["throughput"][name]
+            groups = ("worker", "postgres", "broker", "driver")
+            parts = [f"{g} {statistics.mean(r['cpu_' + g] for r in rounds):5.2f}" for g in groups]
+            print(f"    {name:<7} " + "  ".join(parts))
+
+
+def _print_hops(result: dict[str, Any], s: dict[str, float]) -> None:
+    hop = result["hops"]
+    print("\n== hops of the single runs (ms, from one node's recorded outcome to the next's)")
+    print(
+        f"  forward hop  (saga)          median {s['forward_hop']:6.2f}  "
+        f"p95 {_p95(hop['saga_forward']):6.2f}  n={len(hop['saga_forward'])}"
+    )
+    print(
+        f"  forward hop  (unwinding run) median {s['unwind_forward_hop']:6.2f}  "
+        f"p95 {_p95(hop['unwind_forward']):6.2f}  n={len(hop['unwind_forward'])}"
+    )
+    print(
+        f"  reversal hop                 median {s['reversal_hop']:6.2f}  "
+        f"p95 {_p95(hop['unwind_reversal']):6.2f}  n={len(hop['unwind_reversal'])}"
+    )
+
+
+def print_counts(counts: dict[str, dict[str, float]]) -> None:
+    print("\n== per task, counted on a profiled worker (means; durable = a committed write)")
+    print(f"  {'task':<34} {'tasks':>6} {'stmts':>6} {'COMMIT':>6} {'durable':>7} {'wall ms':>8}")
+    for kind, label in COUNT_KINDS:
+        m = counts.get(kind)
+        if m is None:
+            continue
+        print(
+            f"  {label:<34} {m['tasks']:>6} {m['statements']:6.2f} {m['commits']:6.2f} "
+            f"{m['durable']:7.2f} {m['wall_ms']:8.2f}"
+        )
+    print("  (a statement in autocommit is its own transaction: durable if it writes)")
+
+
+def print_rss(rss: dict[str, dict[str, float]] | None) -> None:
+    if not rss:
+        return
+    print("\n== worker RSS (MB): main process, largest pool process, total")
+    for done, m in rss.items():
+        print(
+            f"  after {int(done):>6} sagas: main {m['main']:6.1f}  pool max "
+            f"{m['pool_max']:6.1f}  total {m['total']:6.1f}"
+        )
+    counts = sorted(int(n) for n in rss if n != "0")
+    if len(counts) >= 2:
+        first, last = rss[str(counts[0])]["total"], rss[str(counts[-1])]["total"]
+        print(
+            f"  growth {counts[0]} -> {counts[-1]} sagas: {(last / first - 1) * 100:+.1f}%"
+            " (target: within 5%)"
+        )
+
+
+def print_ratios(s: dict[str, float]) -> None:
+    print("\n== saga / chain, same interleaved run")
+    lines = (
+        ("latency median saga/chain", s["latency_ratio"], "<= 1.15x", s["latency_ratio"] <= 1.15),
+        ("latency p95    saga/chain", s["p95_ratio"], "", None),
+        (
+            "throughput     saga/chain",
+            s["throughput_ratio"],
+            ">= 0.85x",
+            s["throughput_ratio"] >= 0.85,
+        ),
+        ("reversal hop / forward hop", s["reversal_ratio"], "<= 1.1x", s["reversal_ratio"] <= 1.1),
+    )
+    for name, ratio, target, ok in lines:
+        verdict = "" if ok is None else ("OK" if ok else "MISSED")
+        print(
+            f"  {name:<28} {ratio:6.2f}x   {('target ' + target) if target else '':<16} {verdict}"
+        )
+
+
+def print_broker(result: dict[str, Any]) -> dict[str, float]:
+    s = summary(result)
+    _print_latency(result, s)
+    _print_throughput(result, s)
+    _print_hops(result, s)
+    print_counts(result["counts"])
+    print_rss(result.get("rss"))
+    print_ratios(s)
+    return s
+
+
+def print_both(results: dict[str, dict[str, Any]]) -> None:
+    """One table, a column per broker."""
+    summaries = {broker: summary(result) for broker, result in results.items()}
+    brokers = list(summaries)
+    rows = (
+        ("chain latency median / p95 (ms)", "chain_latency_median", "chain_latency_p95"),
+        ("saga latency median / p95 (ms)", "saga_latency_median", "saga_latency_p95"),
+        ("chain / saga steps/s", "chain_steps_per_s", "saga_steps_per_s"),
+        ("unwinds/s", "unwind_runs_per_s", None),
+        ("forward hop / reversal hop (ms)", "forward_hop", "reversal_hop"),
+        ("latency / p95 ratio saga/chain", "latency_ratio", "p95_ratio"),
+        ("throughput ratio saga/chain", "throughput_ratio", None),
+        ("reversal hop / forward hop", "reversal_ratio", None),
+        ("RSS total, first / last count (MB)", "rss_first", "rss_last"),
+    )
+    print("\n== summary, both brokers")
+    print(f"  {'':<34}" + "".join(f"{b:>20}" for b in brokers))
+    for label, first, second in rows:
+        cells = []
+        for broker in brokers:
+            s = summaries[broker]
+            cell = f"{s[first]:.2f}" + (f" / {s[second]:.2f}" if second else "")
+            cells.append(f"{cell:>20}")
+        print(f"  {label:<34}" + "".join(cells))

@@ -1,0 +1,192 @@
+"""The three workloads of ``chain_vs_saga.py`` and how one of them is timed.
+
+- ``ChainSide``: a plain ``celery.chain`` of 5 ``bench.write`` tasks (one commit each).
+- ``SagaSide``: ``bench_five``, 5 no-op steps; it must end ``completed``.
+- ``UnwindSide``: ``bench_unwind``, whose 5th step fails; it must end ``failed`` with 4
+  reversals done.
+
+Each side offers ``one()`` (submit one run and wait for it: latency), ``submit()`` /
+``finished()`` / ``verify()`` (a batch in flight: throughput) and remembers the ids of its
+single runs, so that ``hops()`` can read their step timestamps afterwards.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import uuid
+from itertools import pairwise
+from typing import Any
+
+from bench_infra import BenchError, process_cpu_seconds, rows, scalar, wait_until
+
+DONE_STATES = ("completed", "failed", "compensation_stuck")
+
+
+class ChainSide:
+    label = "chain"
+
+    def __init__(self, bench: Any, poll: float) -> None:
+        self.bench, self.poll = bench, poll
+        self.submit_times: list[float] = []
+        last = bench.STEPS_PER_RUN - 1
+        self.marker_sql = (
+            f"SELECT count(*) FROM {bench.WRITES_TABLE} WHERE run_id = :r AND seq = {last}"
+        )
+        self.batch_sql = (
+            f"SELECT count(*) FROM {bench.WRITES_TABLE} WHERE batch = :b AND seq = {last}"
+        )
+
+    def one(self, timeout: float) -> float:
+        run_id, bench = uuid.uuid4().hex, self.bench
+        started = time.perf_counter()
+        bench.chain_signature(run_id, "latency").apply_async()
+        self.submit_times.append(time.perf_counter() - started)
+        wait_until(
+            lambda: scalar(bench, self.marker_sql, r=run_id) > 0,
+            timeout,
+            self.poll,
+            f"chain {run_id}",
+        )
+        return time.perf_counter() - started
+
+    def submit(self, batch: str, count: int) -> None:
+        for index in range(count):
+            self.bench.chain_signature(f"{batch}-{index}", batch).apply_async()
+
+    def finished(self, batch: str) -> int:
+        return int(scalar(self.bench, self.batch_sql, b=batch))
+
+    def verify(self, batch: str, count: int) -> None:
+        sql = f"SELECT count(*) FROM {self.bench.WRITES_TABLE} WHERE batch = :b"
+        written = scalar(self.bench, sql, b=batch)
+        if written != count * self.bench.STEPS_PER_RUN:
+            raise BenchError(f"chain batch {batch}: {written} writes, expected {count * 5}")
+
+
+class SagaSide:
+    label = "saga"
+    expected_state = "completed"
+
+    def __init__(self, bench: Any, poll: float) -> None:
+        self.bench, self.poll = bench, poll
+        self.saga_name = bench.SAGA_NAME
+        self.submit_times: list[float] = []
+        self.single_ids: list[str] = []
+        states = ", ".join(f"'{s}'" for s in DONE_STATES)
+        self.batch_sql = (
+            f"SELECT count(*) FROM saga_executions WHERE id LIKE :p AND state IN ({states})"
+        )
+
+    def one(self, timeout: float) -> float:
+        started = time.perf_counter()
+        handle = self.bench.engine.start(self.saga_name, {})
+        self.submit_times.append(time.perf_counter() - started)
+        execution = handle.wait(timeout=timeout, interval=self.poll)
+        elapsed = time.perf_counter() - started
+        if execution.state.value != self.expected_state:
+            raise BenchError(
+                f"{self.label} {handle.id} ended {execution.state.value}: "
+                f"{execution.record.failure_reason}"
+            )
+        self.single_ids.append(handle.id)
+        return elapsed
+
+    def submit(self, batch: str, count: int) -> None:
+        for index in range(count):
+            self.bench.engine.start(self.saga_name, {}, execution_id=f"{batch}-{index}")
+
+    def finished(self, batch: str) -> int:
+        return int(scalar(self.bench, self.batch_sql, p=f"{batch}-%"))
+
+    def verify(self, batch: str, count: int) -> None:
+        sql = "SELECT count(*) FROM saga_executions WHERE id LIKE :p AND state = :s"
+        settled = scalar(self.bench, sql, p=f"{batch}-%", s=self.expected_state)
+        if settled != count:
+            raise BenchError(f"{self.label} batch {batch}: {settled}/{count} {self.expected_state}")
+        self.verify_one(f"{batch}-{count - 1}")
+
+    def verify_one(self, execution_id: str) -> None:
+        execution = self.bench.engine.handle(execution_id).wait(timeout=5)
+        if len(execution.steps) != self.bench.STEPS_PER_RUN:
+            raise BenchError(f"saga {execution_id} has {len(execution.steps)} steps")
+
+
+class UnwindSide(SagaSide):
+    label = "unwind"
+    expected_state = "failed"
+
+    def __init__(self, bench: Any, poll: float) -> None:
+        super().__init__(bench, poll)
+        self.saga_name = bench.UNWIND_NAME
+
+    def verify_one(self, execution_id: str) -> None:
+        sql = (
+            "SELECT count(*) FROM saga_steps s JOIN saga_executions e "
+            "ON e.id = s.execution_id WHERE e.id = :i AND s.compensated_at IS NOT NULL"
+        )
+        reversed_steps = scalar(self.bench, sql, i=execution_id)
+        if reversed_steps != self.bench.STEPS_PER_RUN - 1:
+            raise BenchError(f"unwind {execution_id}: {reversed_steps} reversals, expected 4")
+
+
+def throughput_round(
+    side: Any, count: int, poll: float, timeout: float, worker_pid: int | None = None
+) -> dict[str, float]:
+    """Submit ``count`` runs at once; wall time until all are settled, then verify them."""
+    batch = f"{side.label[0]}{uuid.uuid4().hex[:12]}"
+    cpu_before = process_cpu_seconds(worker_pid) if worker_pid else None
+    started = time.perf_counter()
+    side.submit(batch, count)
+    submitted = time.perf_counter()
+    wait_until(
+        lambda: side.finished(batch) >= count, timeout, poll, f"{side.label} batch of {count}"
+    )
+    elapsed = time.perf_counter() - started
+    steps = count * side.bench.STEPS_PER_RUN
+    result = {
+        "seconds": elapsed,
+        "submit": submitted - started,
+        "runs_per_s": count / elapsed,
+        "steps_per_s": steps / elapsed,
+    }
+    if cpu_before is not None:
+        cpu_after = process_cpu_seconds(worker_pid)
+        for group, before in cpu_before.items():
+            result[f"cpu_{group}"] = (cpu_after[group] - before) * 1000 / steps
+    side.verify(batch, count)
+    return result
+
+
+def hops(bench: Any, execution_ids: list[str]) -> dict[str, list[float]]:
+    """Milliseconds from one node's recorded outcome to the next one's, per run.
+
+    forward: between ``completed_at`` of consecutive steps (the failing step's too);
+    reversal: from the failing step's ``completed_at`` to the first ``compensated_at``, then
+    between consecutive ``compensated_at`` (steps reversed in reverse order).
+    """
+    if not execution_ids:
+        return {"forward": [], "reversal": []}
+    found = rows(
+        bench,
+        "SELECT execution_id, node, completed_at, compensated_at FROM saga_steps "
+        "WHERE execution_id = ANY(:ids) ORDER BY execution_id, node",
+        ids=execution_ids,
+    )
+    by_run: dict[str, list[Any]] = {}
+    for row in found:
+        by_run.setdefault(row.execution_id, []).append(row)
+    forward: list[float] = []
+    reversal: list[float] = []
+    for steps in by_run.values():
+        done = [s.completed_at for s in steps]
+        forward += [(b - a).total_seconds() * 1000 for a, b in pairwise(done)]
+        undone = [s.compensated_at for s in reversed(steps) if s.compensated_at is not None]
+        if undone:
+            chain = [done[-1], *undone]
+            reversal += [(b - a).total_seconds() * 1000 for a, b in pairwise(chain)]
+    return {"forward": forward, "reversal": reversal}
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
