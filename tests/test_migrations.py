@@ -102,3 +102,30 @@ def test_upgrading_a_store_that_holds_runs_keeps_them(empty_store: str) -> None:
     )
     assert queries.load_execution(db, "new-run") is not None
     db.dispose()
+
+
+def _indexes(db: Database) -> set[str]:
+    from sqlalchemy import inspect
+
+    with db.engine.connect() as connection:
+        return {i["name"] for i in inspect(connection).get_indexes("saga_executions")}
+
+
+def test_downgrading_the_hot_update_indexes_and_upgrading_again_round_trips(
+    empty_store: str,
+) -> None:
+    db = Database(empty_store)
+    db.migrate()
+    assert "ix_saga_executions_state" not in _indexes(db)
+    config = Config()
+    config.set_main_option("script_location", str(_MIGRATIONS))
+    config.set_main_option("version_table", VERSION_TABLE)
+    with db.engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0002")
+    downgraded = _indexes(db)
+    assert "ix_saga_executions_state" in downgraded
+    assert "ix_saga_executions_state_created" not in downgraded
+    _upgrade(db, "head")
+    assert "ix_saga_executions_state_created" in _indexes(db)
+    db.dispose()

@@ -38,7 +38,7 @@ from celery_saga.decisions.cursor import advance
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.keys import idempotency_key
 from celery_saga.runtime.ports import Settings
-from celery_saga.store import forward, queries, unwind
+from celery_saga.store import forward, queries, reversal, unwind
 from celery_saga.store.codec import pack
 from celery_saga.store.database import to_db_time
 from celery_saga.store.tables import decisions, step_records
@@ -169,7 +169,7 @@ def test_an_outcome_is_written_once_and_a_second_write_changes_nothing(
 ) -> None:
     run_id = compensating_run
     before = sqlite_harness.engine.get(run_id)
-    plan = unwind.record_compensation(
+    plan = reversal.record_compensation(
         sqlite_harness.engine.db,
         execution_id=run_id,
         name="s3",
@@ -178,6 +178,8 @@ def test_an_outcome_is_written_once_and_a_second_write_changes_nothing(
         reason="ConnectionError: late report of the same attempt",
         compensations={"s1", "s2", "s3"},
         now=get_clock().now(),
+        steps=before.steps,
+        committed=False,
     )
     assert plan is None
     after = sqlite_harness.engine.get(run_id)

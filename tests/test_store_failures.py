@@ -14,7 +14,7 @@ from sqlalchemy.exc import OperationalError
 
 from celery_saga import ExecutionState, RollbackStatus
 from celery_saga.runtime.store_retry import write_outcome
-from celery_saga.store import forward, unwind
+from celery_saga.store import forward, reversal, unwind
 from tests.conftest import Harness
 
 
@@ -94,7 +94,7 @@ def test_a_refused_reversal_outcome_is_retried_and_parks_nothing(
     sqlite_harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(
-        unwind, "record_compensation", _failing_first(unwind.record_compensation, failures=3)
+        reversal, "record_compensation", _failing_first(reversal.record_compensation, failures=3)
     )
     run = sqlite_harness.start("five", {"order": 12, "plan": {"s4": {"fail": True}}})
     execution = run.wait(30)
@@ -107,9 +107,9 @@ def test_a_reversal_outcome_whose_reply_was_lost_is_not_written_or_run_again(
     sqlite_harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(
-        unwind,
+        reversal,
         "record_compensation",
-        _failing_first(unwind.record_compensation, failures=1, after=True),
+        _failing_first(reversal.record_compensation, failures=1, after=True),
     )
     run = sqlite_harness.start("five", {"order": 13, "plan": {"s4": {"fail": True}}})
     # The lost reply leaves the next move to the timer sweep (beat's, here called by hand).
@@ -127,7 +127,9 @@ def test_an_outcome_unrecordable_past_its_budget_parks_and_resume_names_the_key(
     short_budget: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(
-        unwind, "record_compensation", _failing_first(unwind.record_compensation, failures=10**6)
+        reversal,
+        "record_compensation",
+        _failing_first(reversal.record_compensation, failures=10**6),
     )
     stuck: list[dict[str, Any]] = []
     short_budget.engine.on("saga-compensation-stuck", lambda _e, fields: stuck.append(fields))
@@ -154,7 +156,9 @@ def test_no_stuck_event_for_a_park_that_was_not_stored(
     short_budget: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(
-        unwind, "record_compensation", _failing_first(unwind.record_compensation, failures=10**6)
+        reversal,
+        "record_compensation",
+        _failing_first(reversal.record_compensation, failures=10**6),
     )
     monkeypatch.setattr(unwind, "park_unwind", _failing_first(unwind.park_unwind, failures=10**6))
     stuck: list[dict[str, Any]] = []

@@ -9,7 +9,7 @@ compensation; a sub-saga's record is reversed by running the child's own unwind.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from celery_saga.decisions.admission import Admission
@@ -57,6 +57,24 @@ def next_unwind_step(
         return UnwindStep(UnwindKind.COMPENSATE, record)
     status = RollbackStatus.COMPLETED if eligible else RollbackStatus.NOT_APPLICABLE
     return UnwindStep(UnwindKind.DONE, rollback_status=status)
+
+
+def next_after_outcome(
+    records: Sequence[StepRecord],
+    committed: bool,
+    compensations: Collection[str],
+    name: str,
+    outcome: CompensationOutcome,
+    reason: str | None,
+) -> UnwindStep:
+    """The unwind's next move once the reversal of ``name`` has ``outcome``: decided before
+    the outcome is written, so the write can carry the move (no step is reversed or started
+    by anyone else while this reversal holds its claim)."""
+    settled = [
+        replace(r, compensation_status=outcome, compensation_reason=reason) if r.name == name else r
+        for r in records
+    ]
+    return next_unwind_step(settled, committed, compensations)
 
 
 def outstanding_steps(records: Sequence[StepRecord], committed: bool) -> list[StepRecord]:

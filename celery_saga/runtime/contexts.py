@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from celery_saga.definition.builder import SagaDefinition
-from celery_saga.definition.nodes import StepSpec
+from celery_saga.definition.nodes import ForEachNode, StepSpec, split_iteration
 from celery_saga.records import ExecutionRecord, StepRecord, completed_results
 from celery_saga.runtime.context import SagaContext
 from celery_saga.runtime.invoke import needs_context
@@ -97,4 +97,39 @@ def step_context(
         iteration=iteration,
         item=item,
         extra=loop_arguments(iteration, item, for_each),
+    )
+
+
+def reversal_context(
+    db: Database,
+    definition: SagaDefinition,
+    execution: ExecutionRecord,
+    steps: Sequence[StepRecord],
+    record: StepRecord,
+    key: str,
+    attempt: int,
+) -> SagaContext:
+    """A reversal's context: its record's own result and key, and for a loop iteration its
+    own iteration and (for_each) item."""
+    iteration = split_iteration(record.name)[1]
+    node = definition.nodes[record.node] if record.node < len(definition.nodes) else None
+    for_each = isinstance(node, ForEachNode) and iteration is not None
+    item = None
+    if for_each:
+        items = queries.load_decision(db, execution.id, f"items:{record.node}")
+        assert iteration is not None
+        item = items[0][iteration] if items is not None else None
+    return run_context(
+        db,
+        definition,
+        execution,
+        steps,
+        step_name=record.name,
+        key=key,
+        attempt=attempt,
+        iteration=iteration,
+        item=item,
+        extra=loop_arguments(iteration, item, for_each),
+        forward_key=record.idempotency_key,
+        forward_result=record.result,
     )

@@ -19,7 +19,8 @@ from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.keys import record_key
 from celery_saga.runtime.ports import RuntimeParts
 from celery_saga.runtime.store_retry import write_outcome
-from celery_saga.store import queries, recovery, unwind
+from celery_saga.store import queries, recovery, reversal, unwind
+from celery_saga.store.reversal import Unwinding
 from celery_saga.store.transient import describe_store_error, retry_transient
 
 logger = logging.getLogger("celery_saga")
@@ -34,21 +35,16 @@ class ReversalOutcomes(RuntimeParts):
         attempt: int,
         outcome: CompensationOutcome,
         reason: str | None,
+        unwinding: Unwinding | None = None,
     ) -> UnwindStep | None:
         """Persist a reversal's outcome and return the unwind's next move (None: nothing
-        for this worker to do, the claim was lost, or the run was parked)."""
+        for this worker to do, the claim was lost, or the run was parked). ``unwinding``:
+        the run as the claim found it (read here if the caller has none)."""
         already: UnwindStep | None = None
         try:
             return write_outcome(
-                lambda: unwind.record_compensation(
-                    self.db,
-                    execution_id=execution_id,
-                    name=name,
-                    attempt=attempt,
-                    outcome=outcome,
-                    reason=reason,
-                    compensations=definition.reversible,
-                    now=get_clock().now(),
+                lambda: self._write_outcome(
+                    definition, execution_id, name, attempt, outcome, reason, unwinding
                 ),
                 budget=self.settings.outcome_retry_budget,
                 what=f"the outcome of the reversal of step {name!r} of execution {execution_id}",
@@ -58,6 +54,34 @@ class ReversalOutcomes(RuntimeParts):
         except SQLAlchemyError as store_error:
             self._park_unknown(definition, execution_id, name, outcome, store_error)
             return None
+
+    def _write_outcome(
+        self,
+        definition: SagaDefinition,
+        execution_id: str,
+        name: str,
+        attempt: int,
+        outcome: CompensationOutcome,
+        reason: str | None,
+        unwinding: Unwinding | None,
+    ) -> UnwindStep | None:
+        if unwinding is None:
+            execution, steps = queries.load_snapshot(self.db, execution_id)
+            if execution is None:
+                return None
+            unwinding = (execution, steps)
+        return reversal.record_compensation(
+            self.db,
+            execution_id=execution_id,
+            name=name,
+            attempt=attempt,
+            outcome=outcome,
+            reason=reason,
+            compensations=definition.reversible,
+            now=get_clock().now(),
+            steps=unwinding[1],
+            committed=unwinding[0].committed_at is not None,
+        )
 
     def _landed(
         self, execution_id: str, name: str, attempt: int, outcome: CompensationOutcome
@@ -71,6 +95,19 @@ class ReversalOutcomes(RuntimeParts):
         # carries on with whatever the record says is next.
         recovery.mark_message_owed(self.db, execution_id=execution_id, now=get_clock().now())
         return True
+
+    def name_reruns(self, execution_id: str) -> None:
+        """Log each reversal a resume runs again (failed, or outcome unknown) and its key."""
+        _, steps = queries.load_snapshot(self.db, execution_id)
+        for record in steps:
+            unsettled = record.compensation_status is None and record.compensation_attempts
+            if record.compensation_status is CompensationOutcome.FAILED or unsettled:
+                logger.warning(
+                    "resume_compensation %s: the reversal of step %r runs again under the key %s",
+                    execution_id,
+                    record.name,
+                    record_key(execution_id, record.name, "compensate"),
+                )
 
     def _park_unknown(
         self,

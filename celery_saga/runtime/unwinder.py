@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -19,18 +20,19 @@ from celery_saga.decisions.unwind import (
     next_unwind_step,
 )
 from celery_saga.definition.builder import SagaDefinition
-from celery_saga.definition.nodes import ForEachNode, StepSpec, split_iteration
+from celery_saga.definition.nodes import StepSpec
 from celery_saga.errors import UnknownSagaError
 from celery_saga.records import CompensationOutcome, ExecutionRecord, ExecutionState, StepRecord
 from celery_saga.runtime.child_unwind import ChildUnwind
 from celery_saga.runtime.clock import get_clock
-from celery_saga.runtime.contexts import loop_arguments, run_context
+from celery_saga.runtime.contexts import reversal_context
 from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.invoke import body_of, call_arguments
 from celery_saga.runtime.keys import record_key
 from celery_saga.runtime.limits import run_with_timeout
 from celery_saga.runtime.reversal_outcome import ReversalOutcomes
-from celery_saga.store import queries, unwind
+from celery_saga.store import queries, reversal, unwind
+from celery_saga.store.reversal import Unwinding
 
 logger = logging.getLogger("celery_saga")
 
@@ -127,9 +129,22 @@ class Unwinder(ReversalOutcomes):
         )
 
     def run(
-        self, execution_id: str, step_name: str, attempt: int, redelivered: bool = False
+        self,
+        execution_id: str,
+        step_name: str,
+        attempt: int,
+        redelivered: bool = False,
+        saga_name: str | None = None,
     ) -> None:
-        """Handle one compensate message; in-flight duplicates as in ``Executor.run_node``."""
+        """Handle one compensate message; in-flight duplicates as in ``Executor.run_node``.
+
+        Fast path (first delivery, PostgreSQL): claim at once, the claim's WHERE clause being
+        the admission rule, and take the run from the claim. Anything else, or a refused
+        claim, reads the run and lets ``compensation_admission`` decide.
+        """
+        first = saga_name is not None and not redelivered
+        if first and self._run_first_delivery(str(saga_name), execution_id, step_name, attempt):
+            return
         now = get_clock().now()
         execution, steps = queries.load_snapshot(self.db, execution_id)
         if execution is None or execution.state is not ExecutionState.COMPENSATING:
@@ -183,11 +198,35 @@ class Unwinder(ReversalOutcomes):
         spec = definition.find_step(step_name)
         assert spec is not None and spec.compensation is not None
         if lease is not None and record.compensation_attempts > spec.compensation_retry:
-            self._lost_too_often(definition, record)
+            self._lost_too_often(definition, (execution, steps), record)
             return
         self._reverse(definition, execution, steps, spec, record)
 
-    def _lost_too_often(self, definition: SagaDefinition, record: StepRecord) -> None:
+    def _run_first_delivery(
+        self, saga_name: str, execution_id: str, step_name: str, attempt: int
+    ) -> bool:
+        definition = self.registry(saga_name)
+        spec = definition.find_step(step_name) if definition else None
+        if self.db.dialect != "postgresql" or spec is None or spec.compensation is None:
+            return False
+        assert definition is not None
+        lease = get_clock().now() + timedelta(seconds=self.settings.lease_seconds)
+        claimed = reversal.claim_next_reversal(
+            self.db,
+            execution_id=execution_id,
+            name=step_name,
+            attempt=attempt,
+            lease_expires_at=lease,
+        )
+        if claimed is None:
+            return False
+        record = next(s for s in claimed[1] if s.name == step_name)
+        self._run_reversal(definition, claimed, spec, record)
+        return True
+
+    def _lost_too_often(
+        self, definition: SagaDefinition, unwinding: Unwinding, record: StepRecord
+    ) -> None:
         """A reversal whose attempts never finished (its worker died each time) halts the
         unwind after ``compensation_retry + 1`` of them, like one that kept failing."""
         attempt = record.compensation_attempts
@@ -214,6 +253,7 @@ class Unwinder(ReversalOutcomes):
             attempt + 1,
             CompensationOutcome.FAILED,
             reason,
+            unwinding,
         )
         self.follow(definition, record.execution_id, plan)
 
@@ -225,20 +265,35 @@ class Unwinder(ReversalOutcomes):
         spec: StepSpec,
         record: StepRecord,
     ) -> None:
-        now = get_clock().now()
-        timeout = spec.compensation_timeout or self.settings.compensation_timeout
-        execution_id = record.execution_id
+        lease = get_clock().now() + timedelta(seconds=self.settings.lease_seconds)
         if not unwind.claim_compensation(
             self.db,
-            execution_id=execution_id,
+            execution_id=record.execution_id,
             name=record.name,
             attempts_before=record.compensation_attempts,
-            lease_expires_at=now + timedelta(seconds=self.settings.lease_seconds),
-            now=now,
+            lease_expires_at=lease,
+            now=get_clock().now(),
         ):
-            logger.info("compensate %s/%s refused: claimed elsewhere", execution_id, record.name)
+            logger.info(
+                "compensate %s/%s refused: claimed elsewhere", record.execution_id, record.name
+            )
             return
-        attempt = record.compensation_attempts + 1
+        claimed = replace(
+            record,
+            compensation_attempts=record.compensation_attempts + 1,
+            compensation_lease_expires_at=lease,
+        )
+        steps = [claimed if s.id == record.id else s for s in steps]
+        self._run_reversal(definition, (execution, steps), spec, claimed)
+
+    def _run_reversal(
+        self, definition: SagaDefinition, unwinding: Unwinding, spec: StepSpec, record: StepRecord
+    ) -> None:
+        """Run the reversal this worker claimed (``record`` as claimed) and record it."""
+        execution, steps = unwinding
+        timeout = spec.compensation_timeout or self.settings.compensation_timeout
+        execution_id = record.execution_id
+        attempt = record.compensation_attempts
         key = record_key(execution_id, record.name, "compensate")
         fields = {
             "execution_id": execution_id,
@@ -259,11 +314,11 @@ class Unwinder(ReversalOutcomes):
         what = f"the reversal of step {record.name!r} of execution {execution_id}"
         with self.holding(lambda expiry: renew(lease_expires_at=expiry), what):
             try:
-                ctx = self._context(definition, execution, steps, record, key, attempt)
+                ctx = reversal_context(self.db, definition, execution, steps, record, key, attempt)
             except SQLAlchemyError:
                 raise  # reading the context failed, not the reversal: its claim expires
             except Exception as error:  # e.g. the soft time limit, spent before the handler
-                self._reversal_failed(definition, spec, record, attempt, error, fields)
+                self._reversal_failed(definition, unwinding, spec, record, error, fields)
                 return
             try:
                 kwargs = call_arguments(
@@ -277,7 +332,7 @@ class Unwinder(ReversalOutcomes):
                 )
             except (Exception, SystemExit) as error:
                 # The handler's own errors, database errors of its own included.
-                self._reversal_failed(definition, spec, record, attempt, error, fields)
+                self._reversal_failed(definition, unwinding, spec, record, error, fields)
                 return
             plan = self.record_outcome(
                 definition,
@@ -286,53 +341,21 @@ class Unwinder(ReversalOutcomes):
                 attempt,
                 CompensationOutcome.COMPENSATED,
                 None,
+                unwinding,
             )
         self.emit("saga-step-compensated", fields)
         self.follow(definition, execution_id, plan)
 
-    def _context(
-        self,
-        definition: SagaDefinition,
-        execution: ExecutionRecord,
-        steps: list[StepRecord],
-        record: StepRecord,
-        key: str,
-        attempt: int,
-    ) -> Any:
-        """The reversal's context: this record's own result and key, and for a loop
-        iteration its own iteration and (for_each) item."""
-        iteration = split_iteration(record.name)[1]
-        node = definition.nodes[record.node] if record.node < len(definition.nodes) else None
-        for_each = isinstance(node, ForEachNode) and iteration is not None
-        item = None
-        if for_each:
-            items = queries.load_decision(self.db, execution.id, f"items:{record.node}")
-            assert iteration is not None
-            item = items[0][iteration] if items is not None else None
-        return run_context(
-            self.db,
-            definition,
-            execution,
-            steps,
-            step_name=record.name,
-            key=key,
-            attempt=attempt,
-            iteration=iteration,
-            item=item,
-            extra=loop_arguments(iteration, item, for_each),
-            forward_key=record.idempotency_key,
-            forward_result=record.result,
-        )
-
     def _reversal_failed(
         self,
         definition: SagaDefinition,
+        unwinding: Unwinding,
         spec: StepSpec,
         record: StepRecord,
-        attempt: int,
         error: BaseException,
         fields: dict[str, object],
     ) -> None:
+        attempt = record.compensation_attempts
         reason = describe_error(error)
         logger.log(
             logging.WARNING if attempt < spec.compensation_retry else logging.ERROR,
@@ -356,7 +379,13 @@ class Unwinder(ReversalOutcomes):
                 self._publish(definition, execution_id, record, attempt + 1, countdown=delay)
             return
         plan = self.record_outcome(
-            definition, execution_id, record.name, attempt, CompensationOutcome.FAILED, reason
+            definition,
+            execution_id,
+            record.name,
+            attempt,
+            CompensationOutcome.FAILED,
+            reason,
+            unwinding,
         )
         self.emit("saga-compensation-failed", {**fields, "error": reason})
         self.follow(definition, execution_id, plan)
@@ -367,16 +396,7 @@ class Unwinder(ReversalOutcomes):
         reversal that failed, or whose outcome could not be recorded, runs again under its
         own idempotency key; the log line names it."""
         unwind.require_stuck(self.db, execution_id, "resume_compensation")
-        _, steps = queries.load_snapshot(self.db, execution_id)
-        for record in steps:
-            unsettled = record.compensation_status is None and record.compensation_attempts
-            if record.compensation_status is CompensationOutcome.FAILED or unsettled:
-                logger.warning(
-                    "resume_compensation %s: the reversal of step %r runs again under the key %s",
-                    execution_id,
-                    record.name,
-                    record_key(execution_id, record.name, "compensate"),
-                )
+        self.name_reruns(execution_id)
         self.children.resume_children(execution_id)
         unwind.resume_compensation(self.db, execution_id, get_clock().now())
         self.emit(

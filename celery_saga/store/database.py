@@ -110,6 +110,9 @@ class Database:
         self.url = url
         self.dialect = parsed.get_backend_name()
         self.statement_count = 0
+        #: Claims wait for their WAL flush like every other write (``saga_durable_claims``);
+        #: otherwise a PostgreSQL claim commits without waiting (see docs/execution-model.md).
+        self.durable_claims = self.dialect != "postgresql"
         #: One connection shared by every thread (in-memory SQLite): no concurrent users.
         self.single_connection = False
         options: dict[str, Any] = {"future": True}

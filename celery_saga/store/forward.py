@@ -75,7 +75,7 @@ def claim_step(
             }
             params = {**at, **{f"new_{k}": v for k, v in new.items()}}
             try:
-                return 1 if _inserted_one(connection, params) else None
+                return 1 if _inserted_one(connection, params, db.durable_claims) else None
             except IntegrityError:
                 return None
         guard = (
@@ -86,6 +86,8 @@ def claim_step(
         )
         if existing.lease_expires_at is not None:
             guard &= step_records.c.lease_expires_at == to_db_time(existing.lease_expires_at)
+        if not db.durable_claims:
+            guard &= prepared.commit_without_flush_wait()
         result = connection.execute(
             update(step_records)
             .where(guard, prepared.run_live_here_locked())
@@ -99,13 +101,14 @@ def claim_step(
         return existing.attempts + 1 if result.rowcount == 1 else None
 
 
-def _inserted_one(connection: Connection, params: dict[str, Any]) -> bool:
+def _inserted_one(connection: Connection, params: dict[str, Any], durable: bool) -> bool:
     # PostgreSQL reports no rowcount for INSERT ... SELECT once SQLAlchemy adds its implicit
     # RETURNING; count the returned rows wherever the dialect can return them.
     if connection.dialect.insert_returning:
-        statement = prepared.first_claim(returning=True)
+        statement = prepared.first_claim(returning=True, durable=durable)
         return len(connection.execute(statement, params).all()) == 1
-    return bool(connection.execute(prepared.first_claim(returning=False), params).rowcount == 1)
+    statement = prepared.first_claim(returning=False, durable=durable)
+    return bool(connection.execute(statement, params).rowcount == 1)
 
 
 def _lock_execution(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import bindparam, insert, literal_column, select, update
 
 from celery_saga.records import ExecutionState, StepStatus
 from celery_saga.store.tables import executions, step_records
@@ -60,6 +60,16 @@ def run_live_here_locked() -> Any:
     )
 
 
+def commit_without_flush_wait() -> Any:
+    """A condition that is always true and makes the statement's own (autocommit)
+    transaction commit without waiting for its WAL flush (PostgreSQL): for claims, which
+    other workers see at once either way; only a database server crash can lose one.
+    No extra round trip: the setting is local to the statement's transaction."""
+    # Literals, not binds: the statement text shows (and pg_stat_statements keys on) it.
+    flag: Any = literal_column("set_config('synchronous_commit', 'off', true)")
+    return select(flag).scalar_subquery().is_not(None)
+
+
 def step_held() -> Any:
     """Params ``step_run``, ``step_name``, ``step_attempt``: still running under our claim."""
     return (
@@ -71,7 +81,7 @@ def step_held() -> Any:
 
 
 @functools.cache
-def first_claim(returning: bool) -> Any:
+def first_claim(returning: bool, durable: bool = True) -> Any:
     """INSERT the START record only while the run is live here on the deployed graph.
 
     Params: ``new_<column>`` for each of FIRST_CLAIM_COLUMNS, the ``run_at_cursor`` ones and
@@ -86,6 +96,8 @@ def first_claim(returning: bool) -> Any:
         .where(run_at_cursor(), run_on_graph())
         .with_for_update(read=True)
     )
+    if not durable:
+        values = values.where(commit_without_flush_wait())
     statement = insert(step_records).from_select(list(FIRST_CLAIM_COLUMNS), values)
     return statement.returning(step_records.c.id) if returning else statement
 

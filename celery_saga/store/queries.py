@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, and_, exists, insert, or_, select
+from sqlalchemy import Connection, RowMapping, and_, exists, insert, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import aliased
 
@@ -56,24 +56,33 @@ def create_execution(
         )
 
 
-def load_snapshot(
-    db: Database, execution_id: str
-) -> tuple[ExecutionRecord | None, list[StepRecord]]:
-    """The execution row and all its step records, in one statement."""
+def snapshot_query(run_id: Any) -> Any:
+    """The execution row joined with all its step records, steps in start order."""
     step_columns = [c.label(_STEP_PREFIX + c.name) for c in step_records.c]
-    query = (
+    return (
         select(executions, *step_columns)
         .select_from(
             executions.outerjoin(step_records, step_records.c.execution_id == executions.c.id)
         )
-        .where(executions.c.id == execution_id)
+        .where(executions.c.id == run_id)
         .order_by(step_records.c.id)
     )
-    rows = db.read(query)
+
+
+def snapshot_from_rows(
+    rows: Sequence[RowMapping],
+) -> tuple[ExecutionRecord | None, list[StepRecord]]:
     if not rows:
         return None, []
     steps = [step_from_row(r, _STEP_PREFIX) for r in rows if r[_STEP_PREFIX + "id"] is not None]
     return execution_from_row(rows[0]), steps
+
+
+def load_snapshot(
+    db: Database, execution_id: str
+) -> tuple[ExecutionRecord | None, list[StepRecord]]:
+    """The execution row and all its step records, in one statement."""
+    return snapshot_from_rows(db.read(snapshot_query(execution_id)))
 
 
 def load_steps(connection: Connection, execution_id: str) -> list[StepRecord]:

@@ -52,7 +52,9 @@ executions = Table(
     Column("updated_at", Timestamp, nullable=False),
     Column("version", Integer, nullable=False),
     Index("ix_saga_executions_listing", "created_at", "id"),
-    Index("ix_saga_executions_state", "state", "updated_at"),
+    # No index may hold a column that every step changes (updated_at, version, cursor):
+    # PostgreSQL then rewrites the run row in place (HOT). See migration 0003.
+    Index("ix_saga_executions_state_created", "state", "created_at", "id"),
     Index("ix_saga_executions_saga_name", "saga_name", "created_at"),
     Index("ix_saga_executions_parent", "parent_execution_id"),
     Index("ix_saga_executions_wake", "state", "wake_at"),

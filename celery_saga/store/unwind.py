@@ -21,6 +21,7 @@ from celery_saga.records import (
     ExecutionState,
     RollbackStatus,
 )
+from celery_saga.store import prepared
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.forward import Conflict
 from celery_saga.store.queries import load_execution_row, load_steps
@@ -51,6 +52,8 @@ def claim_compensation(
     lease_free = (step_records.c.compensation_lease_expires_at.is_(None)) | (
         step_records.c.compensation_lease_expires_at < stamp
     )
+    if not db.durable_claims:
+        lease_free &= prepared.commit_without_flush_wait()
     with db.single_statement() as connection:
         result = connection.execute(
             update(step_records)
@@ -167,39 +170,6 @@ def _park(connection: Connection, execution_id: str, plan: UnwindStep, now: date
             updated_at=to_db_time(now),
         )
     )
-
-
-def record_compensation(
-    db: Database,
-    *,
-    execution_id: str,
-    name: str,
-    attempt: int,
-    outcome: CompensationOutcome,
-    reason: str | None,
-    compensations: Collection[str],
-    now: datetime,
-) -> UnwindStep | None:
-    """Record a reversal's definitive outcome and decide the next move in one transaction.
-
-    A failure parks the run (HALT_FAILED); a success returns the next step to reverse, or
-    DONE once the run was closed. None: the claim was lost to another worker.
-    """
-    try:
-        with db.transaction() as connection:
-            record = _lock_compensating(connection, execution_id, now)
-            _settle_compensation(
-                connection,
-                execution_id,
-                name,
-                attempt,
-                compensation_status=outcome.value,
-                compensation_reason=reason,
-                compensated_at=to_db_time(now),
-            )
-            return _plan_and_finish(connection, record, compensations, now)
-    except Conflict:
-        return None
 
 
 def release_compensation(

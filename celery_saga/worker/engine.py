@@ -98,6 +98,8 @@ class SagaEngine:
     def __init__(self, app: Celery, *, store_url: str | None = None) -> None:
         self.app = app
         self.db = Database(store_url or app.conf.get("saga_store_url") or DEFAULT_STORE_URL)
+        if app.conf.get("saga_durable_claims"):
+            self.db.durable_claims = True
         self.events = EventHub(app)
         self.settings = _settings_from(app)
         self.catalog = Catalog()

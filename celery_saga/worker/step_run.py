@@ -78,7 +78,9 @@ class StepRun:
         executor = self.engine.executor
         if "undo" in header:
             attempt = int(header["attempt"])
-            executor.unwinder.run(str(header["id"]), str(header["undo"]), attempt, redelivered)
+            executor.unwinder.run(
+                str(header["id"]), str(header["undo"]), attempt, redelivered, str(header["saga"])
+            )
         else:
             executor.run_node(node_message(header), str(header["saga"]), redelivered)
 

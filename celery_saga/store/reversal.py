@@ -1,0 +1,253 @@
+"""A reversal's two writes: its claim and its outcome, each one statement on PostgreSQL.
+
+The claim of a first delivery is guarded by the unwind's admission rule itself (the run is
+compensating, this step is the latest started one still owed a reversal, no claim on it)
+and returns the run with its steps, so the worker reads nothing else. The outcome carries
+the unwind's next move, decided beforehand from that snapshot (``next_after_outcome``):
+settling the step, bumping the run and closing or parking it are one write.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Collection, Sequence
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, exists, or_, select, update
+from sqlalchemy.orm import aliased
+
+from celery_saga.decisions.unwind import UnwindKind, UnwindStep, next_after_outcome
+from celery_saga.records import (
+    CompensationOutcome,
+    ExecutionRecord,
+    ExecutionState,
+    RollbackStatus,
+    StepRecord,
+)
+from celery_saga.store import prepared
+from celery_saga.store.database import Database, to_db_time
+from celery_saga.store.forward import Conflict
+from celery_saga.store.queries import snapshot_from_rows, snapshot_query
+from celery_saga.store.tables import executions, step_records
+
+Unwinding = tuple[ExecutionRecord, list[StepRecord]]
+
+_later = aliased(step_records)
+
+
+def _param(name: str, column: Any) -> Any:
+    return bindparam(name, type_=column.type)
+
+
+def _compensating_run() -> Any:
+    return (executions.c.id == _param("run_id", executions.c.id)) & (
+        executions.c.state == ExecutionState.COMPENSATING.value
+    )
+
+
+def _next_owed() -> Any:
+    """This step is the one the unwind reverses now (``next_unwind_step`` as a predicate):
+    eligible, without outcome, and every eligible step started after it is settled."""
+    owed_later = select(_later.c.id).where(
+        _later.c.execution_id == step_records.c.execution_id,
+        _later.c.compensatable.is_(True),
+        _later.c.id > step_records.c.id,
+        or_(
+            _later.c.compensation_status.is_(None),
+            _later.c.compensation_status == CompensationOutcome.FAILED.value,
+        ),
+    )
+    run_unwinding = select(executions.c.id).where(
+        executions.c.id == step_records.c.execution_id,
+        executions.c.state == ExecutionState.COMPENSATING.value,
+        executions.c.committed_at.is_(None),
+    )
+    return (
+        (step_records.c.execution_id == _param("run_id", step_records.c.execution_id))
+        & (step_records.c.name == _param("step_name", step_records.c.name))
+        & step_records.c.compensatable.is_(True)
+        & step_records.c.child_execution_id.is_(None)
+        & step_records.c.compensation_status.is_(None)
+        & (
+            step_records.c.compensation_attempts
+            == _param("attempts_before", step_records.c.compensation_attempts)
+        )
+        & step_records.c.compensation_lease_expires_at.is_(None)
+        & exists(run_unwinding)
+        & ~exists(owed_later)
+    )
+
+
+@functools.cache
+def _claim_with_snapshot(durable: bool) -> Any:
+    guard = _next_owed()
+    if not durable:
+        guard &= prepared.commit_without_flush_wait()
+    claimed = (
+        update(step_records)
+        .where(guard)
+        .values(
+            compensation_attempts=step_records.c.compensation_attempts + 1,
+            compensation_lease_expires_at=_param(
+                "lease", step_records.c.compensation_lease_expires_at
+            ),
+        )
+        .returning(step_records.c.id)
+        .cte("claimed")
+    )
+    # The snapshot is the statement's own: the claimed row shows its state before the claim.
+    run_id = _param("run_id", executions.c.id)
+    return snapshot_query(run_id).where(exists(select(claimed.c.id)))
+
+
+def claim_next_reversal(
+    db: Database,
+    *,
+    execution_id: str,
+    name: str,
+    attempt: int,
+    lease_expires_at: datetime,
+) -> Unwinding | None:
+    """Claim attempt ``attempt`` of the reversal of ``name`` if it is the unwind's next move,
+    returning the run and its steps as of the claim; None: not ours (read and decide).
+
+    PostgreSQL only (one statement); elsewhere the checked path reads, then claims."""
+    params = {
+        "run_id": execution_id,
+        "step_name": name,
+        "attempts_before": attempt - 1,
+        "lease": to_db_time(lease_expires_at),
+    }
+    with db.single_statement() as connection:
+        rows = connection.execute(_claim_with_snapshot(db.durable_claims), params).mappings().all()
+    execution, steps = snapshot_from_rows(rows)
+    if execution is None:
+        return None
+    claimed = [
+        replace(s, compensation_attempts=attempt, compensation_lease_expires_at=lease_expires_at)
+        if s.name == name
+        else s
+        for s in steps
+    ]
+    return execution, claimed
+
+
+def _run_changes(plan: UnwindStep, name: str, reason: str | None) -> dict[str, Any]:
+    """The run-row columns the next move changes: closed, parked, or none."""
+    if plan.kind is UnwindKind.DONE:
+        assert plan.rollback_status is not None
+        return {"state": ExecutionState.FAILED.value, "rollback_status": plan.rollback_status.value}
+    if plan.kind is UnwindKind.HALT_FAILED:
+        return {
+            "state": ExecutionState.COMPENSATION_STUCK.value,
+            "rollback_status": RollbackStatus.STUCK.value,
+            "rollback_reason": f"reversal of step {name!r} failed: {reason}",
+        }
+    # COMPENSATE publishes the next reversal; HALT_VANISHED is parked by plan_unwind.
+    return {}
+
+
+def _step_settled() -> Any:
+    return (
+        (step_records.c.execution_id == _param("run_id", step_records.c.execution_id))
+        & (step_records.c.name == _param("step_name", step_records.c.name))
+        & step_records.c.compensation_status.is_(None)
+        & (
+            step_records.c.compensation_attempts
+            == _param("attempt", step_records.c.compensation_attempts)
+        )
+    )
+
+
+_STEP_OUTCOME = {
+    "compensation_status": _param("outcome", step_records.c.compensation_status),
+    "compensation_reason": _param("reason", step_records.c.compensation_reason),
+    "compensated_at": _param("at", step_records.c.compensated_at),
+    "compensation_lease_expires_at": None,
+}
+
+
+def _run_values(changes: Collection[str]) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        "version": executions.c.version + 1,
+        "updated_at": _param("at", executions.c.updated_at),
+    }
+    values.update({key: _param(f"run_{key}", executions.c[key]) for key in changes})
+    return values
+
+
+@functools.cache
+def _outcome_in_one(changes: tuple[str, ...]) -> Any:
+    """PostgreSQL: lock the compensating run, settle the step held by this attempt, and
+    move the run, in one statement whose rowcount is 1 only if all three happened."""
+    run_here = select(executions.c.id).where(_compensating_run()).with_for_update().cte("run")
+    settled = (
+        update(step_records)
+        .where(_step_settled(), step_records.c.execution_id.in_(select(run_here.c.id)))
+        .values(**_STEP_OUTCOME)
+        .returning(step_records.c.execution_id)
+        .cte("settled")
+    )
+    owner = executions.c.id == select(settled.c.execution_id).scalar_subquery()
+    return update(executions).where(_compensating_run(), owner).values(**_run_values(changes))
+
+
+def _outcome_in_a_transaction(
+    connection: Connection, changes: tuple[str, ...], params: dict[str, Any]
+) -> None:
+    """Elsewhere: the same two row changes in one transaction, run row (its lock) first."""
+    moved = connection.execute(
+        update(executions).where(_compensating_run()).values(**_run_values(changes)), params
+    )
+    if moved.rowcount != 1:
+        raise Conflict(params["run_id"])
+    settled = connection.execute(
+        update(step_records).where(_step_settled()).values(**_STEP_OUTCOME), params
+    )
+    if settled.rowcount != 1:
+        raise Conflict(params["run_id"])  # rolls the run's change back
+
+
+def record_compensation(
+    db: Database,
+    *,
+    execution_id: str,
+    name: str,
+    attempt: int,
+    outcome: CompensationOutcome,
+    reason: str | None,
+    compensations: Collection[str],
+    now: datetime,
+    steps: Sequence[StepRecord],
+    committed: bool,
+) -> UnwindStep | None:
+    """Record a reversal's definitive outcome together with the unwind's next move.
+
+    ``steps``/``committed``: the run as this attempt's claim found it. A failure parks the
+    run (HALT_FAILED); a success returns the next step to reverse, or DONE once the run was
+    closed. None: the claim was lost to another worker (nothing was written).
+    """
+    plan = next_after_outcome(steps, committed, compensations, name, outcome, reason)
+    changes = _run_changes(plan, name, reason)
+    params: dict[str, Any] = {
+        "run_id": execution_id,
+        "step_name": name,
+        "attempt": attempt,
+        "outcome": outcome.value,
+        "reason": reason,
+        "at": to_db_time(now),
+        **{f"run_{key}": value for key, value in changes.items()},
+    }
+    shape = tuple(sorted(changes))
+    if db.dialect == "postgresql":
+        with db.single_statement() as connection:
+            written = connection.execute(_outcome_in_one(shape), params).rowcount == 1
+        return plan if written else None
+    try:
+        with db.transaction() as connection:
+            _outcome_in_a_transaction(connection, shape, params)
+    except Conflict:
+        return None
+    return plan
