@@ -84,7 +84,7 @@ def _recording(engine: SagaEngine) -> Iterator[list[Handled]]:
     executor.run_node = wrap("node", executor.run_node)  # type: ignore[method-assign]
     unwinder = executor.unwinder
     unwinder.run = wrap("reversal", unwinder.run)  # type: ignore[method-assign]
-    engines = [e for e in (engine.db.engine, engine.db.autocommit_engine) if e is not None]
+    engines = [engine.db.engine]
     for sa_engine in engines:
         event.listen(sa_engine, "before_cursor_execute", on_execute)
     try:
