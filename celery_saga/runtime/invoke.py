@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
@@ -65,6 +66,20 @@ def _body(target: Any) -> Callable[..., Any]:
 
 
 def _parameters(target: Any) -> Mapping[str, inspect.Parameter]:
+    """The parameters of a step's action or compensation, inspected once per target (a
+    registered step keeps its target for the life of the process)."""
+    try:
+        return _cached_parameters(target)
+    except TypeError:  # an unhashable callable object
+        return _inspect_parameters(target)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_parameters(target: Any) -> Mapping[str, inspect.Parameter]:
+    return _inspect_parameters(target)
+
+
+def _inspect_parameters(target: Any) -> Mapping[str, inspect.Parameter]:
     try:
         return inspect.signature(_body(target)).parameters
     except (TypeError, ValueError):

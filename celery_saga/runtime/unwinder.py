@@ -23,6 +23,7 @@ from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import StepSpec
 from celery_saga.errors import UnknownSagaError
 from celery_saga.records import CompensationOutcome, ExecutionRecord, ExecutionState, StepRecord
+from celery_saga.runtime import unwind_exits
 from celery_saga.runtime.child_unwind import ChildUnwind
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.contexts import reversal_context
@@ -390,42 +391,9 @@ class Unwinder(ReversalOutcomes):
         self.emit("saga-compensation-failed", {**fields, "error": reason})
         self.follow(definition, execution_id, plan)
 
-    # -- operator exits ---------------------------------------------------------------
+    # -- operator exits (see unwind_exits.py) ------------------------------------------
     def resume(self, definition: SagaDefinition, execution_id: str) -> None:
-        """Reopen a parked unwind (and first the parked children it halted on). The
-        reversal that failed, or whose outcome could not be recorded, runs again under its
-        own idempotency key; the log line names it."""
-        unwind.require_stuck(self.db, execution_id, "resume_compensation")
-        self.name_reruns(execution_id)
-        self.children.resume_children(execution_id)
-        unwind.resume_compensation(self.db, execution_id, get_clock().now())
-        self.emit(
-            "saga-compensation-resumed", {"execution_id": execution_id, "saga": definition.name}
-        )
-        self.follow(
-            definition,
-            execution_id,
-            unwind.plan_unwind(
-                self.db,
-                execution_id=execution_id,
-                compensations=compensations_of(definition),
-                now=get_clock().now(),
-            ),
-        )
+        unwind_exits.resume(self, definition, execution_id)
 
     def abandon(self, definition: SagaDefinition, execution_id: str) -> int:
-        """Close a parked unwind for good (and the parked children it halted on)."""
-        unwind.require_stuck(self.db, execution_id, "abandon_compensation")
-        self.children.abandon_children(execution_id)
-        skipped = unwind.abandon_compensation(self.db, execution_id, get_clock().now())
-        self.emit(
-            "saga-failed",
-            {
-                "execution_id": execution_id,
-                "saga": definition.name,
-                "rollback_status": "stuck",
-                "abandoned": True,
-            },
-        )
-        self.settled(definition, execution_id)
-        return skipped
+        return unwind_exits.abandon(self, definition, execution_id)
