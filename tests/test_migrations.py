@@ -129,3 +129,25 @@ def test_downgrading_the_hot_update_indexes_and_upgrading_again_round_trips(
     _upgrade(db, "head")
     assert "ix_saga_executions_state_created" in _indexes(db)
     db.dispose()
+
+
+def test_a_failed_upgrade_leaves_no_migration_lock_behind(
+    empty_store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = Database(empty_store)
+
+    def broken(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("the upgrade broke half way")
+
+    monkeypatch.setattr(command, "upgrade", broken)
+    with pytest.raises(RuntimeError, match="half way"):
+        db.migrate()
+    monkeypatch.undo()
+    # Another process (another pool) migrates at once: it is not made to wait for a lock
+    # the failed one kept on its pooled connection.
+    other = Database(empty_store)
+    started = datetime.now(timezone.utc)
+    other.migrate()
+    assert (datetime.now(timezone.utc) - started).total_seconds() < 10
+    db.dispose()
+    other.dispose()

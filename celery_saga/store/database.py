@@ -189,24 +189,35 @@ class Database:
             level = alembic_logger.level
             alembic_logger.setLevel(max(level, logging.WARNING))  # one line per plugin otherwise
             try:
-                with self.engine.begin() as connection:
-                    self._lock_migrations(connection)
+                with self.engine.begin() as connection, self.migration_lock(connection):
                     config.attributes["connection"] = connection
                     before = schema.revision_on(connection)
                     command.upgrade(config, "head")
                     after = schema.revision_on(connection)
-                    if self.dialect in ("mysql", "mariadb"):
-                        connection.execute(text("SELECT RELEASE_LOCK('celery_saga_migrate')"))
             finally:
                 alembic_logger.setLevel(level)
             schema.log_change(before, after)  # once, and only when the schema moved
             self._migrated = True
 
-    def _lock_migrations(self, connection: Connection) -> None:
+    @contextmanager
+    def migration_lock(self, connection: Connection) -> Iterator[None]:
+        """One migrating process per database. PostgreSQL's lock ends with the transaction;
+        MySQL's named lock belongs to the session and to the whole server, so it is named
+        after the database and released even when the upgrade fails (a pooled connection
+        that kept it would make every other process wait out the timeout)."""
         if self.dialect == "postgresql":
             connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK})
-        elif self.dialect in ("mysql", "mariadb"):
-            connection.execute(text("SELECT GET_LOCK('celery_saga_migrate', 120)"))
+        if self.dialect not in ("mysql", "mariadb"):
+            yield
+            return
+        name = f"celery_saga_migrate:{make_url(self.url).database}"[:64]
+        got = connection.execute(text("SELECT GET_LOCK(:name, 120)"), {"name": name}).scalar()
+        if got != 1:
+            raise RuntimeError(f"could not take the migration lock {name!r} within 120 s")
+        try:
+            yield
+        finally:
+            connection.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": name})
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -13,7 +13,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection
 
 from celery_saga.errors import SagaError
 from celery_saga.store.database import _MIGRATIONS, VERSION_TABLE, Database
@@ -65,8 +65,7 @@ def move(db: Database, revision: str, *, down: bool) -> tuple[str | None, str | 
     """
     target = _known(revision)
     config = alembic_config()
-    with _quiet_alembic(), db.engine.begin() as connection:
-        db._lock_migrations(connection)
+    with _quiet_alembic(), db.engine.begin() as connection, db.migration_lock(connection):
         before = revision_on(connection)
         config.attributes["connection"] = connection
         if down:
@@ -74,8 +73,6 @@ def move(db: Database, revision: str, *, down: bool) -> tuple[str | None, str | 
         else:
             command.upgrade(config, target)
         after = revision_on(connection)
-        if db.dialect in ("mysql", "mariadb"):
-            connection.execute(text("SELECT RELEASE_LOCK('celery_saga_migrate')"))
     log_change(before, after)
     return before, after
 
