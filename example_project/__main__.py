@@ -100,6 +100,8 @@ def celery_view() -> str:
     parts = []
     for outcome in ("success", "retry", "failure"):
         counts = CELERY_SAW[outcome]
+        if not counts:
+            continue
         names = ", ".join(f"{name} x{n}" for name, n in sorted(counts.items()))
         parts.append(f"{sum(counts.values())} task_{outcome} ({names})")
     return "Celery's signals saw the steps as their own tasks: " + "; ".join(parts)

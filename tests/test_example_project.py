@@ -32,7 +32,7 @@ def test_the_example_project_runs_its_four_timelines_without_a_traceback(
     assert [h.split(".")[0] for h in headings] == ["== 1", "== 2", "== 3a", "== 3b", "== 4"]
     assert out.count("state=completed") == 1
     # Each step is its own Celery task: Celery's signals name it, with its true outcome.
-    assert "3 task_failure (release_item x1, ship_order x2)" in out
+    assert "5 task_failure (release_item x1, ship_order x4)" in out
     assert out.count("state=failed  rollback=completed") == 3
     assert "state=compensation_stuck  rollback=stuck" in out
     assert "WaitTimeoutError: saga 'order' waited 2 s" in out

@@ -19,6 +19,7 @@ from kombu.exceptions import OperationalError as BrokerUnreachable
 
 from celery_saga.decisions.admission import NodeMessage
 from celery_saga.definition.nodes import StepSpec
+from celery_saga.errors import StepRetryRequested
 from celery_saga.runtime.invoke import running_body
 from celery_saga.worker.eager import EagerRunner
 from celery_saga.worker.saga_header import HEADER, describe, node_header, reversal_header
@@ -181,12 +182,14 @@ _ATTEMPT_FIELDS = ("attempt", "resent")
 
 
 def _same_message_id(task_name: str, header: dict[str, Any]) -> str | None:
-    """The task id of the message now running, when ``header`` is the next attempt (or a
-    resend) of that same step: its ``AsyncResult`` then follows it, as with Celery's
-    retries."""
+    """The task id of the message now running, when ``header`` is the attempt its task
+    asked for with ``self.retry()``, or a resend of the same message: its ``AsyncResult``
+    then follows it, as with Celery's retries."""
     body = running_body.get()
     if body is None or body.header is None or body.task_name != task_name:
         return None
+    if body.error is not None and not isinstance(body.error, StepRetryRequested):
+        return None  # the body raised: that task FAILED, the next attempt is a new task
     same = all(
         body.header.get(key) == value for key, value in header.items() if key not in _ATTEMPT_FIELDS
     )

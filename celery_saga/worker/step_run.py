@@ -3,8 +3,9 @@
 Admission, the claim and its lease, the body (called in place, under the task's own
 request), the outcome record and the next message all happen inside the task's ``run``;
 then the task ends the way the attempt did, so Celery's hooks, signals, events and result
-backend see the truth: the recorded result, the body's own exception (FAILURE), or
-``Retry`` when the saga will run the step again. A message that ran no body (a duplicate,
+backend see the truth: the recorded result, or the body's own exception (FAILURE, also for
+an attempt the step's ``retry=`` runs again as a new task), or ``Retry`` when the task asked
+for it with ``self.retry()`` (or ``autoretry_for``). A message that ran no body (a duplicate,
 a held redelivery, a loop that passed) ends with ``Ignore``.
 """
 
@@ -114,8 +115,12 @@ def _report(task: Any, body: RunningBody, seen: outcome.Observation) -> Any:
     event, text, countdown = verdict
     error = body.error
     cause = error.cause if isinstance(error, StepRetryRequested) else error
-    if event == "retry":
+    if event == "retry" and (error is None or isinstance(error, StepRetryRequested)):
+        # ``self.retry()`` asked for it: RETRY, as Celery's own retry, under the same id.
         raise Retry(text, exc=cause, when=countdown)
+    # The body raised: the attempt is a FAILURE (``task_failure``, ``on_failure``,
+    # ``after_return``), as for a plain call, even when the step's ``retry=`` runs it again
+    # as a new task.
     if isinstance(error, StepRetryRequested) and cause is None:
         raise task.MaxRetriesExceededError(f"{text} (max_retries={error.max_retries})")
     if isinstance(cause, Exception):
