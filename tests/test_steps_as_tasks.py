@@ -3,8 +3,13 @@ as they do for a plain call of the task (one test per Celery feature a user reli
 
 from __future__ import annotations
 
+import importlib
+import os
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,7 +17,15 @@ from celery import Celery
 from celery.result import AsyncResult
 
 from celery_saga import DefinitionError, ExecutionState, Saga, SagaEngine
-from tests.conftest import Harness
+from tests.conftest import (
+    BROKERS,
+    PORTS,
+    ROOT,
+    Harness,
+    _test_database_url,
+    require_services,
+    stop_workers,
+)
 
 
 def _rows(harness: Harness, run_id: str, direction: str | None = None) -> list[Any]:
@@ -190,3 +203,47 @@ def test_a_task_of_another_app_is_refused_at_register() -> None:
     refused = r"'theirs\.ship' is not registered on the Celery app"
     with pytest.raises(DefinitionError, match=refused):
         engine.register(Saga("elsewhere").step(ship))
+
+
+def test_a_worker_without_the_saga_refuses_its_step_instead_of_running_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    require_services(PORTS["postgres"], PORTS["postgres-rabbitmq"])
+    queue = f"saga-partial-{uuid.uuid4().hex[:10]}"
+    ledger = tmp_path / "ledger"
+    env = {
+        "SAGA_TEST_BROKER": BROKERS["postgres-rabbitmq"],
+        "SAGA_TEST_STORE": _test_database_url(),
+        "SAGA_TEST_QUEUE": queue,
+        "PARTIAL_LEDGER": str(ledger),
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    from tests import partial_app
+
+    partial_app = importlib.reload(partial_app)  # the app of this test's queue and store
+    engine = partial_app.engine
+    engine.register(Saga("partial_order").step(partial_app.charge))  # here, not in the worker
+    log = tmp_path / "worker.log"
+    command = [sys.executable, "-m", "celery", "-A", "tests.partial_app:app", "worker"]
+    command += ["-P", "prefork", "-c", "1", "-Q", queue, "-l", "INFO", "--without-mingle"]
+    with log.open("wb") as output:
+        worker = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        run = engine.start("partial_order", {"order": 5})
+        deadline = time.monotonic() + 30
+        while "not registered on this worker" not in log.read_text(errors="replace"):
+            assert not ledger.exists(), "the body ran without admission"
+            assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+            time.sleep(0.2)
+        assert not ledger.exists(), "the body ran without admission"
+        assert run.get().state is ExecutionState.RUNNING  # left for a worker that knows it
+    finally:
+        stop_workers([worker])

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery, bootsteps
+from celery.signals import worker_init
 
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import StepSpec, node_steps
@@ -53,6 +54,7 @@ class StepTasks:
         self._names: dict[tuple[str, str, str], str] = {}
         self.consumers: weakref.WeakSet[Any] = weakref.WeakSet()
         app.steps["consumer"].add(_consumer_step(self.consumers))
+        worker_init.connect(self._guard_every_task, weak=False)
 
     def bind(self, definition: SagaDefinition) -> None:
         """Find or make the task of each step and reversal of ``definition`` and wrap it;
@@ -113,6 +115,18 @@ class StepTasks:
         return task
 
     # -- wrapping ----------------------------------------------------------------------
+    def _guard_every_task(self, sender: Any = None, **_: Any) -> None:
+        """At worker start (modules imported, pool not yet forked), wrap every task of the
+        app, bound to a saga or not: a worker that imported a step's task but not its saga
+        then refuses the message (the saga is unknown here) instead of running the body
+        without admission. A message without the header runs as before."""
+        tasks = self.app.tasks
+        if getattr(sender, "app", None) is not self.app:
+            return
+        for name, task in list(tasks.items()):
+            if not name.startswith(("celery.", "celery_saga.")):
+                self._wrap(task)
+
     def _wrap(self, task: Any) -> None:
         if _ORIGINAL_RUN in vars(task):
             return
