@@ -3,9 +3,9 @@
 
 Its import name is ``celery_saga``, like this project's, so it cannot share our venv:
 
-    python3 -m venv /tmp/cs011-venv
-    /tmp/cs011-venv/bin/pip install "celery-saga==0.1.1" redis
-    /tmp/cs011-venv/bin/python benchmarks/peer_celery_saga.py --broker both
+    python3 -m venv .venv-peer
+    .venv-peer/bin/pip install "celery-saga==0.1.1" redis
+    .venv-peer/bin/python benchmarks/peer_celery_saga.py --broker both
 
 What 0.1.1 provides: a saga is a Celery ``chain`` (start task, one ``run_step`` task per step
 that calls the step task in-process with ``task.apply``, a ``complete`` task) with a
