@@ -12,7 +12,7 @@ a held redelivery, a loop that passed) ends with ``Ignore``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +25,7 @@ from celery_saga.runtime.limits import restore_soft_limit
 from celery_saga.store.transient import describe_store_error, is_transient
 from celery_saga.worker import outcome
 from celery_saga.worker.saga_header import HEADER, node_message
+from celery_saga.worker.step_tasks import GENERATED_FROM
 
 if TYPE_CHECKING:
     from celery_saga.worker.engine import SagaEngine
@@ -48,22 +49,24 @@ class StepRun:
         request = task.request
         body = RunningBody(
             task.name,
-            getattr(task, "__saga_function__", None),
+            getattr(task, GENERATED_FROM, None),
             _in_place(task, original, request),
             task_id=request.id,
             header=header,
         )
         token = running_body.set(body)
         try:
-            resend = _resend_on_lost_store(self.engine.publisher, task, header)
-            with resend, outcome.observed() as seen:
+            resends = int(header.get("resent", 0))
+            send_again = _send_again(self.engine.publisher, task, header)
+            with sent_again_on_lost_store(task, resends, send_again), outcome.observed() as seen:
                 self.engine.ensure_schema()
                 self._handle(header, _redelivered(request, header))
         finally:
             running_body.reset(token)
-        if not body.ran and seen.verdict() is None:
+        verdict = seen.verdict()
+        if not body.ran and verdict is None:
             self._ran_nothing(task)
-        return _report(task, body, seen)
+        return _report(task, body, verdict)
 
     def _ran_nothing(self, task: Any) -> None:
         """A duplicate, a held redelivery, a loop that ended: Celery is told the message was
@@ -107,9 +110,8 @@ def _in_place(task: Any, original: Any, request: Any) -> Any:
     return call
 
 
-def _report(task: Any, body: RunningBody, seen: outcome.Observation) -> Any:
+def _report(task: Any, body: RunningBody, verdict: tuple[str, str, float] | None) -> Any:
     """End the task the way the attempt ended (its outcome is already stored)."""
-    verdict = seen.verdict()
     if verdict is None:
         return body.result
     event, text, countdown = verdict
@@ -137,24 +139,35 @@ def _redelivered(request: Any, header: dict[str, Any]) -> bool:
 
 
 @contextmanager
-def _resend_on_lost_store(
-    publisher: CeleryPublisher, task: Any, header: dict[str, Any]
+def sent_again_on_lost_store(
+    task: Any, resends: int, send_again: Callable[[int, SQLAlchemyError], BaseException]
 ) -> Iterator[None]:
-    """The store could not be reached after the in-process retries: send the same message
-    (same task id) again shortly instead of leaving the run to the recovery sweep."""
+    """The store could not be reached after the in-process retries: the message is sent
+    again after a short pause (``send_again(countdown, error)`` sends it and returns what to
+    raise) instead of being left to the recovery sweep. Admission makes the resend harmless
+    if the first one got through."""
     try:
         yield
     except SQLAlchemyError as error:
-        resent = int(header.get("resent", 0))
-        if not is_transient(error) or resent >= STORE_RETRY_MAX:
+        if not is_transient(error) or resends >= STORE_RETRY_MAX:
             raise
-        countdown = STORE_RETRY_COUNTDOWNS[min(resent, len(STORE_RETRY_COUNTDOWNS) - 1)]
+        countdown = STORE_RETRY_COUNTDOWNS[min(resends, len(STORE_RETRY_COUNTDOWNS) - 1)]
         logger.warning(
             "%s: the saga store is unreachable (%s); this message is sent again in %d s",
             task.name,
             describe_store_error(error),
             countdown,
         )
+        raise send_again(countdown, error) from error
+    finally:
+        restore_soft_limit()
+
+
+def _send_again(publisher: CeleryPublisher, task: Any, header: dict[str, Any]) -> Any:
+    """Send a step's message again, same task id, ``resent`` counting up."""
+    resent = int(header.get("resent", 0))
+
+    def send(countdown: int, error: SQLAlchemyError) -> BaseException:
         request = task.request
         hard, soft = request.timelimit or (None, None)
         limits = {"time_limit": hard, "soft_time_limit": soft} if hard or soft else {}
@@ -171,6 +184,7 @@ def _resend_on_lost_store(
             **limits,
         )
         unreachable = f"the saga store is unreachable: {describe_store_error(error)}"
-        raise Retry(unreachable, exc=error, when=countdown) from error
-    finally:
-        restore_soft_limit()
+        retry: BaseException = Retry(unreachable, exc=error, when=countdown)
+        return retry
+
+    return send

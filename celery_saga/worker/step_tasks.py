@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 #: Marks a wrapped task (the value is the body the wrapper calls).
 _ORIGINAL_RUN = "__saga_original_run__"
 #: Marks a task this module generated for a plain function (the value is the function).
-_FUNCTION = "__saga_function__"
+GENERATED_FROM = "__saga_function__"
 
 Runner = Callable[["Task", Callable[..., Any], dict[str, Any]], Any]
 
@@ -98,9 +98,9 @@ class StepTasks:
         return self._generated(f"{definition.name}.{spec.name}{suffix}", target, what)
 
     def _generated(self, name: str, function: Any, what: str) -> Any:
-        existing = self.app.tasks.get(name) if name in self.app.tasks else None
+        existing = self.app.tasks.get(name)
         if existing is not None:
-            if getattr(existing, _FUNCTION, None) is function:
+            if getattr(existing, GENERATED_FROM, None) is function:
                 return existing
             raise DefinitionError(
                 f"{what}: its task would be named {name!r}, but the app already has a task "
@@ -111,7 +111,7 @@ class StepTasks:
         if queue:
             options["queue"] = queue
         task = self.app.task(**options)(_as_task_body(function, name))
-        setattr(task, _FUNCTION, function)
+        setattr(task, GENERATED_FROM, function)
         return task
 
     # -- wrapping ----------------------------------------------------------------------
@@ -120,10 +120,9 @@ class StepTasks:
         app, bound to a saga or not: a worker that imported a step's task but not its saga
         then refuses the message (the saga is unknown here) instead of running the body
         without admission. A message without the header runs as before."""
-        tasks = self.app.tasks
-        if getattr(sender, "app", None) is not self.app:
-            return
-        for name, task in list(tasks.items()):
+        if sender is None or sender.app is not self.app:
+            return  # another app's worker: this app's tasks are left alone, not finalized
+        for name, task in list(self.app.tasks.items()):
             if not name.startswith(("celery.", "celery_saga.")):
                 self._wrap(task)
 

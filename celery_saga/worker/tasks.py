@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 from sqlalchemy.exc import SQLAlchemyError
 
 from celery_saga.decisions.admission import NodeMessage
-from celery_saga.runtime.limits import restore_soft_limit
-from celery_saga.store.transient import describe_store_error, is_transient
 from celery_saga.worker import outcome
 from celery_saga.worker.housekeeping import quiet_housekeeping_logs
 from celery_saga.worker.publisher import (
@@ -23,7 +20,7 @@ from celery_saga.worker.publisher import (
     NODE_TASK,
     RECOVER_TASK,
 )
-from celery_saga.worker.step_run import STORE_RETRY_COUNTDOWNS, STORE_RETRY_MAX
+from celery_saga.worker.step_run import STORE_RETRY_MAX, sent_again_on_lost_store
 
 logger = logging.getLogger("celery_saga")
 
@@ -88,27 +85,16 @@ def register_tasks(app: Celery, engine: SagaEngine) -> None:
         return engine.archive(float(app.conf.saga_archive_after))
 
 
-@contextmanager
-def _retry_on_lost_connection(task: Any) -> Iterator[None]:
-    """The store could not be reached (refused, dropped, shut down) after the in-process
-    retries: send the same message again shortly instead of leaving the run to the
-    recovery sweep. Admission makes the resend harmless if the first one got through."""
-    try:
-        yield
-    except SQLAlchemyError as error:
-        if not is_transient(error):
-            raise
-        retries = task.request.retries or 0
-        countdown = STORE_RETRY_COUNTDOWNS[min(retries, len(STORE_RETRY_COUNTDOWNS) - 1)]
-        logger.warning(
-            "%s: the saga store is unreachable (%s); this message is sent again in %d s",
-            task.name,
-            describe_store_error(error),
-            countdown,
+def _retry_on_lost_connection(task: Any) -> AbstractContextManager[None]:
+    """The engine's own tasks are sent again through Celery's retry (same task id)."""
+
+    def send_again(countdown: int, error: SQLAlchemyError) -> BaseException:
+        retried: BaseException = task.retry(
+            countdown=countdown, max_retries=STORE_RETRY_MAX, exc=error
         )
-        raise task.retry(countdown=countdown, max_retries=STORE_RETRY_MAX, exc=error) from error
-    finally:
-        restore_soft_limit()
+        return retried  # not reached: Celery's retry raises its Retry itself
+
+    return sent_again_on_lost_store(task, task.request.retries or 0, send_again)
 
 
 def _redelivered(task: Any) -> bool:
