@@ -1,9 +1,10 @@
-"""Happy-path cost: statements per node, counted (not timed).
+"""Happy-path cost: statements and pool checkouts per node, counted (not timed).
 
 PostgreSQL (and MySQL) take at most three per sequential node: claim the step (START record),
 read the run if the step needs its input or earlier results, record the outcome and move the
 cursor in one statement. These no-argument steps need no read. SQLite is in-process (no
-network round trip) and records the outcome in two statements.
+network round trip) and records the outcome in two statements. On a server every statement
+of a node's task shares one connection checked out of the pool once.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from celery import Celery
-from sqlalchemy import create_engine, select
+from sqlalchemy import create_engine, event, select
 
 from celery_saga import Saga, SagaEngine
 from celery_saga.store.tables import executions
@@ -30,6 +31,11 @@ def _noop() -> None:
 
 
 def _count_statements(store_url: str) -> int:
+    return _count(store_url)[0]
+
+
+def _count(store_url: str) -> tuple[int, int]:
+    """Statements and pool checkouts of one run, without the start's own."""
     app = Celery(
         f"count-{uuid.uuid4().hex[:6]}", broker="memory://localhost/", set_as_current=False
     )
@@ -42,9 +48,12 @@ def _count_statements(store_url: str) -> int:
     engine.register(saga)
     engine.ensure_schema()
     observer = create_engine(store_url)
+    checkouts: list[object] = []
+    event.listen(engine.db.engine, "checkout", lambda *args: checkouts.append(args))
     with embedded_worker(app, concurrency=1):
         before = engine.db.statement_count
         run = engine.start(saga.name, {})
+        del checkouts[:]  # the start's own (the run's INSERT)
         deadline = time.monotonic() + 30
         while True:
             with observer.connect() as connection:
@@ -56,8 +65,9 @@ def _count_statements(store_url: str) -> int:
             assert time.monotonic() < deadline, "run did not complete"
             time.sleep(0.02)
         used = engine.db.statement_count - before
+        used_checkouts = len(checkouts)
     observer.dispose()
-    return used - 1  # the INSERT that created the run
+    return used - 1, used_checkouts  # minus the INSERT that created the run
 
 
 def test_postgres_happy_path_takes_at_most_three_statements_per_node() -> None:
@@ -73,6 +83,17 @@ def test_mariadb_happy_path_takes_at_most_three_statements_per_node() -> None:
 
 def test_sqlite_happy_path_takes_at_most_four_statements_per_node(tmp_path: Path) -> None:
     assert _count_statements(f"sqlite:///{tmp_path}/count.sqlite3") <= 4 * STEPS
+
+
+def test_postgres_node_checks_out_one_connection() -> None:
+    require_services(PORTS["postgres"])
+    assert _count(_test_database_url())[1] <= STEPS
+
+
+def test_mariadb_node_checks_out_one_connection() -> None:
+    require_services(3306)
+    url = os.environ.get("SAGA_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306/test")
+    assert _count(url)[1] <= STEPS
 
 
 @pytest.mark.parametrize("per_node", [2])

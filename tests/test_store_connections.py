@@ -6,9 +6,11 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from sqlalchemy import Column, MetaData, String, Table, insert, select, text
+from sqlalchemy import Column, MetaData, String, Table, event, insert, select, text
+from sqlalchemy.exc import DBAPIError
 
 from celery_saga.store.database import Database
+from celery_saga.store.transient import is_transient
 from tests.conftest import PORTS, _test_database_url, require_services
 
 _probe = Table("test_connection_probe", MetaData(), Column("tag", String(40), primary_key=True))
@@ -49,3 +51,51 @@ def test_prepare_threshold_in_the_url_reaches_the_driver() -> None:
             connection.execute(text("SELECT 1"))
             assert connection.connection.dbapi_connection.prepare_threshold == expected  # type: ignore[union-attr]
         db.dispose()
+
+
+def test_a_task_connection_serves_statements_and_transactions_alike(store_url: str) -> None:
+    db = Database(store_url)
+    _probe.create(db.engine, checkfirst=True)
+    kept, undone = uuid.uuid4().hex, uuid.uuid4().hex
+    checkouts: list[object] = []
+    event.listen(db.engine, "checkout", lambda *args: checkouts.append(args))
+    try:
+        with db.task_connection():
+            with db.single_statement() as connection:
+                connection.execute(insert(_probe).values(tag=kept))
+                if db.dialect != "sqlite":  # (SQLite: one writer at a time)
+                    with db.single_statement() as inner:  # one is open: another connection
+                        assert inner is not connection
+            with pytest.raises(RuntimeError), db.transaction() as connection:
+                connection.execute(insert(_probe).values(tag=undone))
+                raise RuntimeError("roll back")
+            assert kept in _tags(db) and undone not in _tags(db)
+        if db.dialect != "sqlite":
+            assert len(checkouts) == 2  # the task's connection, and the nested statement's
+        assert kept in _tags(db)  # committed on its own, not with the task's end
+    finally:
+        with db.transaction() as connection:
+            connection.execute(_probe.delete().where(_probe.c.tag == kept))
+        db.dispose()
+
+
+def test_a_task_connection_the_server_dropped_is_replaced() -> None:
+    require_services(PORTS["postgres"])
+    db = Database(_test_database_url())
+    killer = Database(_test_database_url())
+    try:
+        with db.task_connection():
+            pid = db.read(text("SELECT pg_backend_pid() AS pid"))[0]["pid"]
+            with killer.single_statement() as connection:
+                connection.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+            with pytest.raises(DBAPIError) as caught:
+                with db.single_statement() as connection:
+                    connection.execute(text("SELECT 1"))
+            assert is_transient(caught.value)
+            with db.single_statement() as connection:  # the next one reconnects
+                assert connection.execute(text("SELECT 1")).scalar() == 1
+            with db.transaction() as connection:
+                assert connection.execute(text("SELECT 2")).scalar() == 2
+    finally:
+        db.dispose()
+        killer.dispose()

@@ -6,16 +6,19 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, RowMapping, create_engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import StaticPool
+
+from celery_saga.store import direct
 
 VERSION_TABLE = "celery_saga_alembic_version"
 _MIGRATIONS = Path(__file__).with_name("migrations")
@@ -102,7 +105,8 @@ class Database:
 
     A worker process holds at most two connections of it: the task's, and the lease
     heartbeat's while a body runs. Single statements run in autocommit on a connection of the
-    same pool (``single_statement``); transactions switch it back (``_on_begin``).
+    same pool (``single_statement``); transactions switch it back (``_on_begin``). Inside
+    ``task_connection()`` every statement of the task reuses one checked-out connection.
     """
 
     def __init__(self, url: str) -> None:
@@ -133,39 +137,107 @@ class Database:
             _configure_sqlite(self.engine)
         else:
             event.listen(self.engine, "begin", _on_begin)
-        event.listen(self.engine, "before_cursor_execute", self._count)
+        self._counter = self._count
+        # retval: registered as it is (not wrapped), so ``direct`` can tell it from others.
+        event.listen(self.engine, "before_cursor_execute", self._counter, retval=True)
         reference = weakref.ref(self.engine)
         os.register_at_fork(after_in_child=lambda: _after_fork(reference))
         self._migrated = False
         self._migrate_lock = threading.Lock()
+        #: The connection ``task_connection()`` checked out for this thread (or greenlet).
+        self._held: ContextVar[list[Connection] | None] = ContextVar(
+            "celery_saga_held", default=None
+        )
 
-    def _count(self, *_args: Any) -> None:
-        statement = _args[2] if len(_args) > 2 else ""
+    def _count(
+        self, _conn: Any, _cursor: Any, statement: str, parameters: Any, *_rest: Any
+    ) -> tuple[str, Any]:
         if not str(statement).lstrip().upper().startswith(("BEGIN", "PRAGMA")):
             self.statement_count += 1
+        return statement, parameters
+
+    @contextmanager
+    def task_connection(self) -> Iterator[None]:
+        """Use one connection for everything the calling task does on this thread: a pool
+        checkout and its return cost more CPU than a hot-path statement. It is checked out
+        at the first statement (a store outage fails there, inside the caller's retries) and
+        returned at the end. Nested calls and SQLite keep the per-statement checkout."""
+        if self.dialect == "sqlite" or self._held.get() is not None:
+            yield
+            return
+        slot: list[Connection] = []
+        token = self._held.set(slot)
+        try:
+            yield
+        finally:
+            self._held.reset(token)
+            for connection in slot:
+                connection.close()
+
+    def rowcount(self, connection: Connection, statement: Any, params: dict[str, Any]) -> int:
+        """Run one autocommit write of the hot path (see ``direct``); its changed rows."""
+        return direct.rowcount(connection, statement, params, self._counter)
+
+    def rows(
+        self, connection: Connection, statement: Any, params: dict[str, Any]
+    ) -> Sequence[Mapping[Any, Any]]:
+        """Run one autocommit statement of the hot path that returns rows (see ``direct``)."""
+        return direct.rows(connection, statement, params, self._counter)
+
+    def direct_writes(self, connection: Connection) -> bool:
+        """Whether ``rowcount`` on ``connection`` now bypasses SQLAlchemy's execution."""
+        return direct.applies(connection, self._counter)
+
+    def _idle_held(self) -> Connection | None:
+        """The task's connection (checked out now if need be) when no statement or
+        transaction is open on it; None outside ``task_connection()``."""
+        slot = self._held.get()
+        if slot is None:
+            return None
+        if not slot:
+            slot.append(self.engine.connect().execution_options(**{_AUTOCOMMIT: True}))
+        return None if slot[0].in_transaction() else slot[0]
 
     @contextmanager
     def transaction(self) -> Iterator[Connection]:
-        with self.engine.begin() as connection:
-            yield connection
+        held = self._idle_held()
+        if held is None:
+            with self.engine.begin() as connection:
+                yield connection
+            return
+        held.execution_options(**{_AUTOCOMMIT: False})
+        try:
+            with held.begin():
+                yield held
+        finally:
+            held.execution_options(**{_AUTOCOMMIT: True})
 
     @contextmanager
     def single_statement(self) -> Iterator[Connection]:
         """A connection for exactly one statement: autocommit where that saves round trips."""
+        held = self._idle_held()
         if self.dialect == "sqlite":
             with self.transaction() as connection:
                 yield connection
+        elif held is not None:
+            try:
+                yield held
+            finally:
+                held.rollback()  # ends SQLAlchemy's autobegun block; nothing is sent
         else:
             # A single statement is atomic on its own: against a server, running it outside
             # BEGIN/COMMIT saves two round trips.
             with self.engine.connect() as connection:
                 yield connection.execution_options(**{_AUTOCOMMIT: True})
 
-    def read(self, query: Any) -> Sequence[RowMapping]:
-        """Run one read; retried once on a connection the server dropped (no pre-ping)."""
+    def read(self, query: Any, params: dict[str, Any] | None = None) -> Sequence[Mapping[Any, Any]]:
+        """Run one read; retried once on a connection the server dropped (no pre-ping).
+        With ``params``, ``query`` is a statement built once (see ``rows``)."""
         for attempt in (1, 2):
             try:
                 with self.single_statement() as connection:
+                    if params is not None:
+                        return self.rows(connection, query, params)
                     return connection.execute(query).mappings().all()
             except DBAPIError as error:
                 if attempt == 2 or not error.connection_invalidated:

@@ -75,7 +75,7 @@ def claim_step(
             }
             params = {**at, **{f"new_{k}": v for k, v in new.items()}}
             try:
-                return 1 if _inserted_one(connection, params, db.durable_claims) else None
+                return 1 if _inserted_one(db, connection, params) else None
             except IntegrityError:
                 return None
         guard = (
@@ -101,14 +101,15 @@ def claim_step(
         return existing.attempts + 1 if result.rowcount == 1 else None
 
 
-def _inserted_one(connection: Connection, params: dict[str, Any], durable: bool) -> bool:
+def _inserted_one(db: Database, connection: Connection, params: dict[str, Any]) -> bool:
     # PostgreSQL reports no rowcount for INSERT ... SELECT once SQLAlchemy adds its implicit
-    # RETURNING; count the returned rows wherever the dialect can return them.
-    if connection.dialect.insert_returning:
+    # RETURNING; count the returned rows wherever SQLAlchemy runs it and can return them.
+    durable = db.durable_claims
+    if connection.dialect.insert_returning and not db.direct_writes(connection):
         statement = prepared.first_claim(returning=True, durable=durable)
         return len(connection.execute(statement, params).all()) == 1
     statement = prepared.first_claim(returning=False, durable=durable)
-    return bool(connection.execute(statement, params).rowcount == 1)
+    return db.rowcount(connection, statement, params) == 1
 
 
 def _lock_execution(
@@ -221,7 +222,7 @@ def record_step_completed(
         }
         statement, expected = combined
         with db.single_statement() as connection:
-            return bool(connection.execute(statement, params).rowcount == expected)
+            return db.rowcount(connection, statement, params) == expected
     except Conflict:
         return False
 

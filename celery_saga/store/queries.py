@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import base64
-from collections.abc import Sequence
+import functools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, RowMapping, and_, exists, insert, or_, select
+from sqlalchemy import Connection, and_, bindparam, exists, insert, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import aliased
 
@@ -37,23 +38,32 @@ def create_execution(
 ) -> None:
     """A plain INSERT: a duplicate id fails loudly instead of overwriting a live run."""
     stamp = to_db_time(now)
+    values = {
+        "id": execution_id,
+        "saga_name": saga_name,
+        "definition_hash": definition_hash,
+        "state": state.value,
+        "cursor": node,
+        "cursor_sub": sub,
+        "input": input_blob,
+        "committed_at": stamp if committed else None,
+        "parent_execution_id": parent_execution_id,
+        "created_at": stamp,
+        "updated_at": stamp,
+        "version": 1,
+    }
     with db.single_statement() as connection:
-        connection.execute(
-            insert(executions).values(
-                id=execution_id,
-                saga_name=saga_name,
-                definition_hash=definition_hash,
-                state=state.value,
-                cursor=node,
-                cursor_sub=sub,
-                input=input_blob,
-                committed_at=stamp if committed else None,
-                parent_execution_id=parent_execution_id,
-                created_at=stamp,
-                updated_at=stamp,
-                version=1,
-            )
-        )
+        db.rowcount(connection, _new_run(), values)
+
+
+@functools.cache
+def _new_run() -> Any:
+    columns = (
+        *("id", "saga_name", "definition_hash", "state", "cursor", "cursor_sub", "input"),
+        *("committed_at", "parent_execution_id", "created_at", "updated_at", "version"),
+    )
+    binds = {name: bindparam(name, type_=executions.c[name].type) for name in columns}
+    return insert(executions).values(binds)
 
 
 def snapshot_query(run_id: Any) -> Any:
@@ -70,7 +80,7 @@ def snapshot_query(run_id: Any) -> Any:
 
 
 def snapshot_from_rows(
-    rows: Sequence[RowMapping],
+    rows: Sequence[Mapping[Any, Any]],
 ) -> tuple[ExecutionRecord | None, list[StepRecord]]:
     if not rows:
         return None, []
@@ -82,7 +92,12 @@ def load_snapshot(
     db: Database, execution_id: str
 ) -> tuple[ExecutionRecord | None, list[StepRecord]]:
     """The execution row and all its step records, in one statement."""
-    return snapshot_from_rows(db.read(snapshot_query(execution_id)))
+    return snapshot_from_rows(db.read(_snapshot_by_id(), {"run_id": execution_id}))
+
+
+@functools.cache
+def _snapshot_by_id() -> Any:
+    return snapshot_query(bindparam("run_id", type_=executions.c.id.type))
 
 
 def load_steps(connection: Connection, execution_id: str) -> list[StepRecord]:

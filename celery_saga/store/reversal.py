@@ -121,7 +121,7 @@ def claim_next_reversal(
         "lease": to_db_time(lease_expires_at),
     }
     with db.single_statement() as connection:
-        rows = connection.execute(_claim_with_snapshot(db.durable_claims), params).mappings().all()
+        rows = db.rows(connection, _claim_with_snapshot(db.durable_claims), params)
     execution, steps = snapshot_from_rows(rows)
     if execution is None:
         return None
@@ -243,7 +243,7 @@ def record_compensation(
     shape = tuple(sorted(changes))
     if db.dialect == "postgresql":
         with db.single_statement() as connection:
-            written = connection.execute(_outcome_in_one(shape), params).rowcount == 1
+            written = db.rowcount(connection, _outcome_in_one(shape), params) == 1
         return plan if written else None
     try:
         with db.transaction() as connection:

@@ -58,7 +58,11 @@ class StepRun:
         try:
             resends = int(header.get("resent", 0))
             send_again = _send_again(self.engine.publisher, task, header)
-            with sent_again_on_lost_store(task, resends, send_again), outcome.observed() as seen:
+            with (
+                sent_again_on_lost_store(task, resends, send_again),
+                outcome.observed() as seen,
+                self.engine.db.task_connection(),
+            ):
                 self.engine.ensure_schema()
                 self._handle(header, _redelivered(request, header))
         finally:

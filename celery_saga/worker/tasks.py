@@ -56,14 +56,22 @@ def register_tasks(app: Celery, engine: SagaEngine) -> None:
         attempt: int,
     ) -> None:
         message = NodeMessage(execution_id, node, sub, member, attempt)
-        with _retry_on_lost_connection(task), outcome.observed() as seen:
+        with (
+            _retry_on_lost_connection(task),
+            outcome.observed() as seen,
+            engine.db.task_connection(),
+        ):
             engine.ensure_schema()
             engine.executor.run_node(message, saga_name, redelivered=_redelivered(task))
         seen.raise_outcome()  # after the outcome is stored: Celery shows what the step did
 
     @app.task(name=COMPENSATE_TASK, **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
     def saga_compensate(task: Any, execution_id: str, step_name: str, attempt: int) -> None:
-        with _retry_on_lost_connection(task), outcome.observed() as seen:
+        with (
+            _retry_on_lost_connection(task),
+            outcome.observed() as seen,
+            engine.db.task_connection(),
+        ):
             engine.ensure_schema()
             engine.executor.unwinder.run(execution_id, step_name, attempt, _redelivered(task))
         seen.raise_outcome()
