@@ -9,7 +9,8 @@ task, from ``task_prerun`` to ``task_postrun`` (which includes publishing the ne
 - SQL statements (every ``before_cursor_execute`` of any engine), explicit COMMITs and pool
   pre-pings (each a round trip to PostgreSQL; psycopg adds one more for ``BEGIN``),
 - durable commits: server transactions that wrote something, so must flush WAL before they
-  return (a write statement run in autocommit, or an explicit transaction with a write),
+  return (a write statement run in autocommit, or an explicit transaction with a write; a
+  claim that sets ``synchronous_commit`` off for its own transaction does not count),
 - for saga nodes, the time spent in the store calls of ``Executor.run_node``
   (``load_snapshot``, ``claim_step``, ``record_step_completed``), in publishing the next
   node, in the step body and in event emission; the rest is Celery/engine overhead.
@@ -57,6 +58,8 @@ KINDS = {"bench.write": "chain", "bench_unwind.s5": "unwind-fail"}
 PREFIXES = (("bench_five.", "saga"), ("bench_unwind.", "unwind-fwd"))
 #: Write statements; a row lock (``FOR UPDATE``, ``FOR NO KEY UPDATE``) is not one.
 _WRITE = re.compile(r"\b(INSERT|UPDATE|DELETE)\b", re.IGNORECASE)
+#: A statement that sets this for its own transaction does not wait for its WAL flush.
+_NO_FLUSH_WAIT = "set_config('synchronous_commit', 'off', true)"
 _ROW_LOCK = re.compile(r"\bFOR\s+(NO\s+KEY\s+)?UPDATE\b", re.IGNORECASE)
 
 CREATE_TABLE = (
@@ -94,11 +97,12 @@ def _is_write(statement: str) -> bool:
 
 
 def _on_statement(conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-    """Count the statement; a write is durable at once in autocommit, else at COMMIT."""
+    """Count the statement; a write is durable at once in autocommit, else at COMMIT,
+    unless it commits without waiting for its WAL flush (a claim, ``saga_durable_claims``)."""
     if _current is None:
         return
     _current["statements"] += 1
-    if not _is_write(statement):
+    if not _is_write(statement) or _NO_FLUSH_WAIT in statement:
         return
     if getattr(conn.connection.dbapi_connection, "autocommit", False):
         _current["durable"] += 1

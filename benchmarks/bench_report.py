@@ -97,7 +97,7 @@ def _print_hops(result: dict[str, Any], s: dict[str, float]) -> None:
 
 
 def print_counts(counts: dict[str, dict[str, float]]) -> None:
-    print("\n== per task, counted on a profiled worker (means; durable = a committed write)")
+    print("\n== per task, counted on a profiled worker (means; durable = waits for a WAL flush)")
     print(f"  {'task':<34} {'tasks':>6} {'stmts':>6} {'COMMIT':>6} {'durable':>7} {'wall ms':>8}")
     for kind, label in COUNT_KINDS:
         m = counts.get(kind)
@@ -107,7 +107,8 @@ def print_counts(counts: dict[str, dict[str, float]]) -> None:
             f"  {label:<34} {m['tasks']:>6} {m['statements']:6.2f} {m['commits']:6.2f} "
             f"{m['durable']:7.2f} {m['wall_ms']:8.2f}"
         )
-    print("  (a statement in autocommit is its own transaction: durable if it writes)")
+    print("  (a statement in autocommit is its own transaction: durable if it writes, except")
+    print("   a claim, which sets synchronous_commit off for itself)")
 
 
 def print_rss(rss: dict[str, dict[str, float]] | None) -> None:
