@@ -84,8 +84,14 @@ def rows(
 
 
 def _mappings(cursor: Any) -> list[dict[str, Any]]:
-    names = [column.name for column in cursor.description or ()]
-    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    rows = cursor.fetchall()
+    if not rows:
+        return []
+    # Field names straight from the result: psycopg's ``description`` builds a column
+    # object (with a type lookup) per field, which cost more than the rows themselves.
+    result = cursor.pgresult
+    names = [result.fname(index).decode() for index in range(result.nfields)]
+    return [dict(zip(names, row, strict=True)) for row in rows]
 
 
 def _run(
