@@ -163,10 +163,11 @@ def hops(bench: Any, execution_ids: list[str]) -> dict[str, list[float]]:
 
     forward: between ``completed_at`` of consecutive steps (the failing step's too);
     reversal: from the failing step's ``completed_at`` to the first ``compensated_at``, then
-    between consecutive ``compensated_at`` (steps reversed in reverse order).
+    between consecutive ``compensated_at`` (steps reversed in reverse order); ``first``
+    (recording the failure, then the first reversal) and ``later`` split them.
     """
     if not execution_ids:
-        return {"forward": [], "reversal": []}
+        return {"forward": [], "reversal": [], "first": [], "later": []}
     found = rows(
         bench,
         "SELECT execution_id, node, completed_at, compensated_at FROM saga_steps "
@@ -177,15 +178,17 @@ def hops(bench: Any, execution_ids: list[str]) -> dict[str, list[float]]:
     for row in found:
         by_run.setdefault(row.execution_id, []).append(row)
     forward: list[float] = []
-    reversal: list[float] = []
+    first: list[float] = []
+    later: list[float] = []
     for steps in by_run.values():
         done = [s.completed_at for s in steps]
         forward += [(b - a).total_seconds() * 1000 for a, b in pairwise(done)]
         undone = [s.compensated_at for s in reversed(steps) if s.compensated_at is not None]
         if undone:
             chain = [done[-1], *undone]
-            reversal += [(b - a).total_seconds() * 1000 for a, b in pairwise(chain)]
-    return {"forward": forward, "reversal": reversal}
+            gaps = [(b - a).total_seconds() * 1000 for a, b in pairwise(chain)]
+            first, later = first + gaps[:1], later + gaps[1:]
+    return {"forward": forward, "reversal": first + later, "first": first, "later": later}
 
 
 def median(values: list[float]) -> float:

@@ -88,9 +88,8 @@ def test_a_task_connection_the_server_dropped_is_replaced() -> None:
             pid = db.read(text("SELECT pg_backend_pid() AS pid"))[0]["pid"]
             with killer.single_statement() as connection:
                 connection.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
-            with pytest.raises(DBAPIError) as caught:
-                with db.single_statement() as connection:
-                    connection.execute(text("SELECT 1"))
+            with pytest.raises(DBAPIError) as caught, db.single_statement() as connection:
+                connection.execute(text("SELECT 1"))
             assert is_transient(caught.value)
             with db.single_statement() as connection:  # the next one reconnects
                 assert connection.execute(text("SELECT 1")).scalar() == 1

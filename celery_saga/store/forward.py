@@ -116,24 +116,29 @@ def _lock_execution(
     connection: Connection, execution_id: str, node: int, sub: int, now: datetime, **changes: Any
 ) -> None:
     """Bump the version of the run at this position (taking its row lock) or conflict."""
-    result = connection.execute(
-        update(executions)
-        .where(_at_cursor(execution_id, node, sub))
-        .values(version=executions.c.version + 1, updated_at=to_db_time(now), **changes)
-    )
-    if result.rowcount != 1:
+    params = {
+        "run_id": execution_id,
+        "run_node": node,
+        "run_sub": sub,
+        "run_updated_at": to_db_time(now),
+        **_prefixed("set_", changes),
+    }
+    statement = prepared.lock_run_at_cursor(tuple(sorted(changes)))
+    if connection.execute(statement, params).rowcount != 1:
         raise Conflict(execution_id)
 
 
 def _settle_step(
     connection: Connection, execution_id: str, name: str, attempt: int, **changes: Any
 ) -> None:
-    result = connection.execute(
-        update(step_records)
-        .where(_held_by(execution_id, name, attempt))
-        .values(lease_expires_at=None, **changes)
-    )
-    if result.rowcount != 1:
+    params = {
+        "step_run": execution_id,
+        "step_name": name,
+        "step_attempt": attempt,
+        **_prefixed("set_", changes),
+    }
+    statement = prepared.settle_held_step(tuple(sorted(changes)))
+    if connection.execute(statement, params).rowcount != 1:
         raise Conflict(execution_id)
 
 
@@ -280,10 +285,14 @@ def fail_run_locked(
     committed: bool,
     compensations: Collection[str],
     now: datetime,
+    steps: list[StepRecord] | None = None,
 ) -> UnwindStep:
     """Fail a run whose row this transaction holds: compensating, or failed at once when
-    nothing is owed a reversal. Returns the unwind's first move."""
-    plan = next_unwind_step(load_steps(connection, execution_id), committed, compensations)
+    nothing is owed a reversal. Returns the unwind's first move. ``steps``: the run's step
+    records as this transaction already read them (read here otherwise)."""
+    if steps is None:
+        steps = load_steps(connection, execution_id)
+    plan = next_unwind_step(steps, committed, compensations)
     values: dict[str, Any] = {
         "failure_reason": reason,
         "updated_at": to_db_time(now),
@@ -294,8 +303,13 @@ def fail_run_locked(
         values.update(state=ExecutionState.FAILED.value, rollback_status=plan.rollback_status.value)
     else:
         values.update(state=ExecutionState.COMPENSATING.value)
-    connection.execute(update(executions).where(executions.c.id == execution_id).values(**values))
+    statement = prepared.update_run(tuple(sorted(values)))
+    connection.execute(statement, {"run_id": execution_id, **_prefixed("set_", values)})
     return plan
+
+
+def _prefixed(prefix: str, values: dict[str, Any]) -> dict[str, Any]:
+    return {f"{prefix}{key}": value for key, value in values.items()}
 
 
 def record_step_settled(
@@ -328,7 +342,8 @@ def record_step_settled(
         with db.transaction() as connection:
             _lock_execution(connection, execution_id, node, sub, now)
             _settle_step(connection, execution_id, name, attempt, **changes)
-            outcome = group_outcome(members, load_steps(connection, execution_id))
+            steps = load_steps(connection, execution_id)
+            outcome = group_outcome(members, steps)
             if not outcome.settled:
                 return GroupResult(settled=False)
             if not outcome.failures:
@@ -341,7 +356,9 @@ def record_step_settled(
             reason = outcome.reason if len(members) > 1 else (error or "")
             run = load_execution_row(connection, execution_id)
             committed = run is not None and run.committed_at is not None
-            plan = fail_run_locked(connection, execution_id, reason, committed, compensations, now)
+            plan = fail_run_locked(
+                connection, execution_id, reason, committed, compensations, now, steps
+            )
             return GroupResult(settled=True, failure_reason=reason, unwind=plan)
     except Conflict:
         return None

@@ -149,3 +149,51 @@ def complete_in_one(dialect: str, finished: bool, pivot: bool) -> tuple[Any, int
         }
         return update(executions).where(run_at_cursor(), joined, step_held()).values(both), 2
     return None
+
+
+@functools.cache
+def lock_run_at_cursor(changes: tuple[str, ...] = ()) -> Any:
+    """Bump the run's version at this position (its row lock). Params: the
+    ``run_at_cursor`` ones, ``run_updated_at`` and ``set_<column>`` for each of ``changes``."""
+    values = {
+        "version": executions.c.version + 1,
+        "updated_at": _param("run_updated_at", executions.c.updated_at),
+        **{key: _param(f"set_{key}", executions.c[key]) for key in changes},
+    }
+    return update(executions).where(run_at_cursor()).values(**values)
+
+
+@functools.cache
+def settle_held_step(changes: tuple[str, ...]) -> Any:
+    """Settle the step this attempt holds, clearing its lease. Params: the ``step_held``
+    ones and ``set_<column>`` for each of ``changes``."""
+    values = {key: _param(f"set_{key}", step_records.c[key]) for key in changes}
+    return update(step_records).where(step_held()).values(lease_expires_at=None, **values)
+
+
+@functools.cache
+def update_run(changes: tuple[str, ...]) -> Any:
+    """Set columns of a run (its row lock held). Params: ``run_id``, ``set_<column>``."""
+    values = {key: _param(f"set_{key}", executions.c[key]) for key in changes}
+    return (
+        update(executions)
+        .where(executions.c.id == _param("run_id", executions.c.id))
+        .values(**values)
+    )
+
+
+@functools.cache
+def steps_of_run() -> Any:
+    """Param ``run_id``: the run's step records, in start order."""
+    run_id = _param("run_id", step_records.c.execution_id)
+    return (
+        select(step_records)
+        .where(step_records.c.execution_id == run_id)
+        .order_by(step_records.c.id)
+    )
+
+
+@functools.cache
+def run_by_id() -> Any:
+    """Param ``run_id``: the run's row."""
+    return select(executions).where(executions.c.id == _param("run_id", executions.c.id))

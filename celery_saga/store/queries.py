@@ -14,6 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import aliased
 
 from celery_saga.records import ExecutionRecord, ExecutionState, RollbackStatus, StepRecord
+from celery_saga.store import prepared
 from celery_saga.store.codec import pack, unpack
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.rows import execution_from_row, step_from_row
@@ -101,12 +102,8 @@ def _snapshot_by_id() -> Any:
 
 
 def load_steps(connection: Connection, execution_id: str) -> list[StepRecord]:
-    query = (
-        select(step_records)
-        .where(step_records.c.execution_id == execution_id)
-        .order_by(step_records.c.id)
-    )
-    return [step_from_row(r) for r in connection.execute(query).mappings()]
+    rows = connection.execute(prepared.steps_of_run(), {"run_id": execution_id}).mappings()
+    return [step_from_row(r) for r in rows]
 
 
 def load_step(db: Database, execution_id: str, name: str) -> StepRecord | None:
@@ -126,11 +123,7 @@ def load_execution(db: Database, execution_id: str) -> ExecutionRecord | None:
 
 
 def load_execution_row(connection: Connection, execution_id: str) -> ExecutionRecord | None:
-    row = (
-        connection.execute(select(executions).where(executions.c.id == execution_id))
-        .mappings()
-        .first()
-    )
+    row = connection.execute(prepared.run_by_id(), {"run_id": execution_id}).mappings().first()
     return None if row is None else execution_from_row(row)
 
 
