@@ -17,6 +17,7 @@ from celery_saga.errors import PayloadError, SchemaValidationError, StepRetryReq
 from celery_saga.records import StepRecord, StepStatus
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.describe import describe_error
+from celery_saga.runtime.invoke import running_body
 from celery_saga.runtime.keys import record_key
 from celery_saga.runtime.navigation import Position
 from celery_saga.runtime.ports import RuntimeParts
@@ -117,7 +118,7 @@ class StepFailures(RuntimeParts):
             name,
             attempt,
             reason,
-            exc_info=None if cause is not None and not final else error,  # asked to retry
+            exc_info=None if _traced_by_celery(error) or (cause and not final) else error,
         )
         if delay is not None:
             self._schedule_retry(definition, position, message, attempt, reason, fields, delay)
@@ -222,6 +223,13 @@ class StepFailures(RuntimeParts):
             )
         else:
             self.unwinder.begin(definition, execution_id, plan, reason)
+
+
+def _traced_by_celery(error: BaseException) -> bool:
+    """Whether the step's own task ends with ``error``, so Celery logs it with its traceback
+    (once is enough; ``self.retry()`` asked for the attempt: no traceback anywhere)."""
+    body = running_body.get()
+    return body is not None and body.error is error
 
 
 def _retry_delay(spec: StepSpec, attempt: int, error: BaseException) -> float | None:
