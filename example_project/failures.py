@@ -1,6 +1,6 @@
 """The demo's failures on purpose, and how they are shown: one line under their timeline.
 
-The engine logs every failed attempt with its traceback, as a worker should. In the demo
+The engine logs every failed attempt (Celery adds the traceback), as a worker should. In the demo
 those failures are the point, so a filter takes the records of ``IntentionalFailure``s off
 the log: an attempt that will be retried becomes a ``retry`` line of its timeline, and a
 final one is already the timeline's ``failed`` or ``compensation_failed`` line. Any other
@@ -32,6 +32,9 @@ _ATTEMPT = re.compile(
 )
 
 
+_INTENTIONAL = re.compile(r"^(WarehouseUnreachable|ShippingRefused): ")
+
+
 class IntentionalFailure(Exception):
     """Raised by the demo's tasks on purpose (a carrier refusing, a warehouse down)."""
 
@@ -59,7 +62,11 @@ class FailureLog(logging.Filter):
         if record.name == "celery.app.trace" and isinstance(error, IntentionalFailure):
             return False  # the step task's own "raised unexpected" line, as for a plain call
         found = _ATTEMPT.match(record.getMessage())
-        if not isinstance(error, IntentionalFailure) or found is None:
+        # The engine's line carries no traceback when Celery logs the task's own: the reason
+        # names the error's class.
+        if found is None or not (
+            isinstance(error, IntentionalFailure) or _INTENTIONAL.match(found["reason"])
+        ):
             return True
         if record.levelno < logging.ERROR:  # ERROR: the last attempt, shown by its outcome
             what = found["step"] + (" compensation" if found["reversal"] else "")

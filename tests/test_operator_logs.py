@@ -38,7 +38,9 @@ def test_a_failed_step_logs_failed_and_a_retried_one_retry(harness: Harness) -> 
     assert failed, logs[-3000:]
     assert f"five.s4[{failed.group(1)}] succeeded" not in logs
     # One traceback per failed attempt, Celery's: the engine's own line says what it decided.
-    attempts = re.findall(r"five\.s4\[[^\]]+\] raised unexpected", logs)
+    attempts = re.findall(
+        r"five\.s4\[[^\]]+\] raised unexpected: ValueError\('s4 refused order 41'\)", logs
+    )
     tracebacks = re.findall(r"^ValueError: s4 refused order 41$", logs, re.MULTILINE)
     assert len(tracebacks) == len(attempts), logs[-3000:]
     # The attempt that retry= runs again failed as a plain call would, and the engine says
