@@ -94,7 +94,7 @@ def _print_hops(result: dict[str, Any], s: dict[str, float]) -> None:
         f"  reversal hop                 median {s['reversal_hop']:6.2f}  "
         f"p95 {_p95(hop['unwind_reversal']):6.2f}  n={len(hop['unwind_reversal'])}"
     )
-    for kind, label in (("first", "records the failure, reverses"), ("later", "later ones")):
+    for kind, label in (("first", "failure, reversal"), ("later", "reversal, reversal")):
         values = hop.get(f"unwind_{kind}", [])
         name = f"    {kind} ({label})"
         print(f"{name:<31}median {_median(values):6.2f}  n={len(values)}")
