@@ -13,6 +13,7 @@ integration) the statement goes through SQLAlchemy as usual.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,14 +44,10 @@ def _compiled(statement: Any, engine: Engine) -> Compiled:
 
 def _observed(engine: Engine, own: Any) -> bool:
     """Whether anyone but ``own`` (the store's statement counter) listens to statements."""
-    listeners = [
-        *(listener for name in _ENGINE_EVENTS for listener in getattr(engine.dispatch, name)),
-        *(
-            listener
-            for name in _DIALECT_EVENTS
-            for listener in getattr(engine.dialect.dispatch, name, ())
-        ),
-    ]
+    listeners = itertools.chain(
+        *(getattr(engine.dispatch, name) for name in _ENGINE_EVENTS),
+        *(getattr(engine.dialect.dispatch, name, ()) for name in _DIALECT_EVENTS),
+    )
     return any(listener != own for listener in listeners)
 
 

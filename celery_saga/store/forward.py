@@ -23,15 +23,6 @@ class Conflict(Exception):
     """A conditional write matched nothing: another worker got there first. Rolls back."""
 
 
-def _at_cursor(execution_id: str, node: int, sub: int) -> Any:
-    return (
-        (executions.c.id == execution_id)
-        & (executions.c.state == ExecutionState.RUNNING.value)
-        & (executions.c.cursor == node)
-        & (executions.c.cursor_sub == sub)
-    )
-
-
 def claim_step(
     db: Database,
     *,
@@ -265,17 +256,14 @@ def pass_position(
 ) -> bool:
     """Move a run past a position where nothing ran (a loop whose condition ended it, an
     empty for_each): only while the run is live exactly there."""
-    with db.single_statement() as connection:
-        result = connection.execute(
-            update(executions)
-            .where(_at_cursor(execution_id, node, sub))
-            .values(
-                version=executions.c.version + 1,
-                updated_at=to_db_time(now),
-                **advance_values(advance, now),
+    try:
+        with db.single_statement() as connection:
+            _lock_execution(
+                connection, execution_id, node, sub, now, **advance_values(advance, now)
             )
-        )
-        return bool(result.rowcount == 1)
+    except Conflict:
+        return False
+    return True
 
 
 def fail_run_locked(

@@ -30,6 +30,12 @@ FIRST_CLAIM_COLUMNS = (
     "child_execution_id",
 )
 
+#: The columns a new run is stored with (the rest take their defaults).
+NEW_RUN_COLUMNS = (
+    *("id", "saga_name", "definition_hash", "state", "cursor", "cursor_sub", "input"),
+    *("committed_at", "parent_execution_id", "created_at", "updated_at", "version"),
+)
+
 
 def _param(name: str, column: Any) -> Any:
     return bindparam(name, type_=column.type)
@@ -149,6 +155,12 @@ def complete_in_one(dialect: str, finished: bool, pivot: bool) -> tuple[Any, int
         }
         return update(executions).where(run_at_cursor(), joined, step_held()).values(both), 2
     return None
+
+
+@functools.cache
+def new_run() -> Any:
+    """INSERT a run. Params: a value for each column of ``NEW_RUN_COLUMNS``."""
+    return insert(executions).values({c: _param(c, executions.c[c]) for c in NEW_RUN_COLUMNS})
 
 
 @functools.cache

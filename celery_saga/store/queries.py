@@ -54,17 +54,7 @@ def create_execution(
         "version": 1,
     }
     with db.single_statement() as connection:
-        db.rowcount(connection, _new_run(), values)
-
-
-@functools.cache
-def _new_run() -> Any:
-    columns = (
-        *("id", "saga_name", "definition_hash", "state", "cursor", "cursor_sub", "input"),
-        *("committed_at", "parent_execution_id", "created_at", "updated_at", "version"),
-    )
-    binds = {name: bindparam(name, type_=executions.c[name].type) for name in columns}
-    return insert(executions).values(binds)
+        db.rowcount(connection, prepared.new_run(), values)
 
 
 def snapshot_query(run_id: Any) -> Any:
