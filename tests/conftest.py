@@ -34,8 +34,14 @@ ROOT = Path(__file__).resolve().parent.parent
 PG_ADMIN = os.environ.get(
     "SAGA_TEST_PG_ADMIN", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
+#: The pytest-xdist worker this process is ("gw0", ...; empty when the suite runs in one
+#: process): each has databases of its own, since the harness empties its database.
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+_OWN = f"_{XDIST_WORKER}" if XDIST_WORKER else ""
+#: 0 for the first xdist worker (or no xdist): to pick a Redis database of its own.
+XDIST_INDEX = int(XDIST_WORKER.removeprefix("gw") or 0)
 # Separate names let two checkouts run the suite at once without emptying each other's rows.
-PG_DATABASE = os.environ.get("SAGA_TEST_PG_DATABASE", "celery_saga_tests")
+PG_DATABASE = os.environ.get("SAGA_TEST_PG_DATABASE", "celery_saga_tests") + _OWN
 BROKERS = {
     "postgres-rabbitmq": os.environ.get("SAGA_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672//"),
     "postgres-redis": os.environ.get("SAGA_TEST_REDIS", "redis://127.0.0.1:6379/0"),
@@ -214,7 +220,8 @@ def sqlite_harness(harness: Harness) -> Harness:
     return harness
 
 
-MARIADB = os.environ.get("SAGA_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306/test")
+_MARIADB_SHARED = os.environ.get("SAGA_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306/test")
+MARIADB = _MARIADB_SHARED + _OWN
 
 
 @pytest.fixture(params=["sqlite", "postgres", "mariadb"])
@@ -226,9 +233,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "postgres":
         require_services(PORTS["postgres"])
         return _test_database_url()
-    require_services(3306)
-    _empty_mariadb_once()
-    return MARIADB
+    return mariadb_url()
 
 
 _EMPTIED: list[bool] = []
@@ -241,6 +246,11 @@ def _empty_mariadb_once() -> None:
         return
     from celery_saga.store.database import Database
 
+    if _OWN:  # this xdist worker's own database, next to the shared one
+        admin = create_engine(_MARIADB_SHARED, isolation_level="AUTOCOMMIT")
+        with admin.connect() as connection:
+            connection.execute(text(f"CREATE DATABASE IF NOT EXISTS {MARIADB.rsplit('/', 1)[1]}"))
+        admin.dispose()
     database = Database(MARIADB)
     database.migrate()
     with database.transaction() as connection:
@@ -248,6 +258,13 @@ def _empty_mariadb_once() -> None:
             connection.execute(table.delete())
     database.dispose()
     _EMPTIED.append(True)
+
+
+def mariadb_url() -> str:
+    """This process's MariaDB test database, emptied of saga rows once per session."""
+    require_services(3306)
+    _empty_mariadb_once()
+    return MARIADB
 
 
 def unconsumed_app(prefix: str) -> Any:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 class CuttableProxy:
     def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
         self.target = (target_host, target_port)
-        self.port = _free_port()
+        self.port = free_port()
         self._lock = threading.Lock()
         self._live: set[socket.socket] = set()
         self._listener: socket.socket | None = None
@@ -147,7 +147,8 @@ def _close(sock: socket.socket) -> None:
         sock.close()
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback TCP port nobody listens on now."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,12 +18,7 @@ import pytest
 
 from celery_saga import ExecutionState
 from tests.conftest import ROOT, Harness
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+from tests.faults import free_port
 
 
 def _get(port: int, path: str, **query: str) -> Any:
@@ -63,7 +57,7 @@ def flower(harness: Harness, tmp_path: Any) -> Iterator[int]:
         "PYTHONPATH": str(ROOT),
         "FLOWER_UNAUTHENTICATED_API": "true",
     }
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "celery", "-A", "tests.sagaapp:app", "flower"]
     command += [f"--port={port}", "--address=127.0.0.1"]
     with open(tmp_path / "flower.log", "wb") as log:

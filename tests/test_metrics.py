@@ -4,7 +4,6 @@ prefork worker exporting its children's counters (multiprocess mode)."""
 from __future__ import annotations
 
 import os
-import socket
 import time
 import urllib.request
 import uuid
@@ -25,6 +24,7 @@ from tests.conftest import (
     require_services,
     stop_workers,
 )
+from tests.faults import free_port
 from tests.sagaapp import TestApp
 
 
@@ -94,12 +94,6 @@ def test_metrics_count_runs_steps_and_reversals_of_real_runs(
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _scrape(port: int, wanted: str, deadline: float) -> str:
     text = ""
     while time.monotonic() < deadline:
@@ -120,7 +114,7 @@ def test_a_prefork_worker_exports_its_childrens_counters(tmp_path: Path) -> None
     queue = f"saga-metrics-{uuid.uuid4().hex[:10]}"
     test_app = TestApp(broker, store, queue)
     test_app.engine.ensure_schema()
-    port = _free_port()
+    port = free_port()
     multiproc = tmp_path / "prometheus"
     multiproc.mkdir()
     env = {

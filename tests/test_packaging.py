@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import MARIADB, _test_database_url, require_services
+from tests.conftest import _test_database_url, mariadb_url, require_services
 from tests.docs_runner import run_page
 from tests.test_docs_examples import page_env
 
@@ -131,5 +131,5 @@ def test_the_mysql_extra_alone_runs_a_saga_on_mariadb(
     bin_dir = venv_with("mysql")
     assert not _importable(bin_dir, "psycopg")
     (tmp_path / "check.py").write_text(STORE_CHECK)
-    out = _run([str(bin_dir / "python"), "check.py", MARIADB], cwd=tmp_path)
+    out = _run([str(bin_dir / "python"), "check.py", mariadb_url()], cwd=tmp_path)
     assert out.splitlines() == ["undone", "mysql failed completed"], out

@@ -38,6 +38,7 @@ from tests.conftest import (
     spawn_beat,
     stop_workers,
 )
+from tests.faults import free_port
 from tests.sagaapp import TestApp
 
 LEASE = 3.0
@@ -57,14 +58,8 @@ def _pgbouncer_binary() -> str:
     return binary
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _start_pgbouncer(folder: Path) -> tuple[subprocess.Popen[bytes], int]:
-    binary, port = _pgbouncer_binary(), _free_port()
+    binary, port = _pgbouncer_binary(), free_port()
     config = folder / "pgbouncer.ini"
     config.write_text(
         "[databases]\n"

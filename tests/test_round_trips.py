@@ -9,7 +9,6 @@ of a node's task shares one connection checked out of the pool once.
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from pathlib import Path
@@ -21,7 +20,7 @@ from sqlalchemy import create_engine, event, select
 from celery_saga import Saga, SagaEngine
 from celery_saga.store.tables import executions
 from celery_saga.worker.embedded import embedded_worker
-from tests.conftest import PORTS, _test_database_url, require_services
+from tests.conftest import PORTS, _test_database_url, mariadb_url, require_services
 
 STEPS = 5
 
@@ -77,7 +76,7 @@ def test_postgres_happy_path_takes_at_most_three_statements_per_node() -> None:
 
 def test_mariadb_happy_path_takes_at_most_three_statements_per_node() -> None:
     require_services(3306)
-    url = os.environ.get("SAGA_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306/test")
+    url = mariadb_url()
     assert _count_statements(url) <= 3 * STEPS
 
 
@@ -92,7 +91,7 @@ def test_postgres_node_checks_out_one_connection() -> None:
 
 def test_mariadb_node_checks_out_one_connection() -> None:
     require_services(3306)
-    url = os.environ.get("SAGA_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306/test")
+    url = mariadb_url()
     assert _count(url)[1] <= STEPS
 
 

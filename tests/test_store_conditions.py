@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -14,7 +13,7 @@ from celery_saga.decisions.cursor import Advance
 from celery_saga.records import ExecutionState, RollbackStatus, StepStatus
 from celery_saga.store import forward, queries
 from celery_saga.store.database import Database
-from tests.conftest import PORTS, _test_database_url, require_services
+from tests.conftest import PORTS, _test_database_url, mariadb_url, require_services
 
 NOW = datetime.now(timezone.utc)
 
@@ -28,14 +27,15 @@ def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
         url = _test_database_url()
     else:
         require_services(3306)
-        url = os.environ.get("SAGA_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306/test")
+        url = mariadb_url()
     database = Database(url)
     database.migrate()
     yield database
     database.dispose()
 
 
-def _claimed_run(db: Database) -> str:
+def _claimed_run(db: Database, compensatable: bool = True) -> str:
+    """A run at its first position, where step ``a`` is claimed by attempt 1."""
     execution_id = f"cond-{uuid.uuid4().hex}"
     queries.create_execution(
         db,
@@ -57,7 +57,7 @@ def _claimed_run(db: Database) -> str:
         sub=0,
         definition_hash="h",
         idempotency_key="k",
-        compensatable=True,
+        compensatable=compensatable,
         lease_expires_at=NOW + timedelta(seconds=60),
         now=NOW,
         existing=None,
