@@ -23,7 +23,7 @@ from celery_saga.runtime.navigation import Position
 from celery_saga.runtime.ports import RuntimeParts
 from celery_saga.runtime.store_retry import write_outcome
 from celery_saga.runtime.unwinder import Unwinder, compensations_of
-from celery_saga.store import forward, queries, recovery
+from celery_saga.store import forward, queries, recovery, step_failure
 from celery_saga.store.forward import GroupResult
 
 logger = logging.getLogger("celery_saga")
@@ -65,22 +65,30 @@ class StepFailures(RuntimeParts):
             )
             return True
 
-        unknown: GroupResult | None = GroupResult(settled=False)
-        return write_outcome(
-            lambda: forward.record_step_settled(
+        def record() -> GroupResult | None:
+            fields: dict[str, Any] = {
+                "execution_id": message.execution_id,
+                "name": name,
+                "attempt": attempt,
+                "node": message.node,
+                "sub": message.sub,
+                "compensations": compensations_of(definition),
+                "now": get_clock().now(),
+            }
+            if error is not None and len(members) == 1 and self.db.dialect == "postgresql":
+                return step_failure.fail_held_step(self.db, error=error, **fields)
+            return forward.record_step_settled(
                 self.db,
-                execution_id=message.execution_id,
-                name=name,
-                attempt=attempt,
-                node=message.node,
-                sub=message.sub,
                 members=members,
-                compensations=compensations_of(definition),
-                now=get_clock().now(),
                 advance=step_advance,
                 result_blob=result_blob,
                 error=error,
-            ),
+                **fields,
+            )
+
+        unknown: GroupResult | None = GroupResult(settled=False)
+        return write_outcome(
+            record,
             budget=self.settings.outcome_retry_budget,
             what=f"the outcome of step {name!r} of execution {message.execution_id}",
             landed=landed,

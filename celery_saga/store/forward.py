@@ -281,19 +281,22 @@ def fail_run_locked(
     if steps is None:
         steps = load_steps(connection, execution_id)
     plan = next_unwind_step(steps, committed, compensations)
-    values: dict[str, Any] = {
-        "failure_reason": reason,
-        "updated_at": to_db_time(now),
-        "wake_at": None,
-    }
+    values = {**failed_run_values(plan, reason), "updated_at": to_db_time(now)}
+    statement = prepared.update_run(tuple(sorted(values)))
+    connection.execute(statement, {"run_id": execution_id, **_prefixed("set_", values)})
+    return plan
+
+
+def failed_run_values(plan: UnwindStep, reason: str) -> dict[str, Any]:
+    """The run's columns once it failed for ``reason``: compensating, or failed at once
+    when ``plan`` (the unwind's first move) says nothing is owed a reversal."""
+    values: dict[str, Any] = {"failure_reason": reason, "wake_at": None}
     if plan.kind is UnwindKind.DONE:
         assert plan.rollback_status is not None
         values.update(state=ExecutionState.FAILED.value, rollback_status=plan.rollback_status.value)
     else:
         values.update(state=ExecutionState.COMPENSATING.value)
-    statement = prepared.update_run(tuple(sorted(values)))
-    connection.execute(statement, {"run_id": execution_id, **_prefixed("set_", values)})
-    return plan
+    return values
 
 
 def _prefixed(prefix: str, values: dict[str, Any]) -> dict[str, Any]:

@@ -129,24 +129,49 @@ def _completion_values(finished: bool, pivot: bool) -> tuple[dict[str, Any], dic
     return run, step
 
 
+def _run_and_step_in_one(run: dict[str, Any], step: dict[str, Any]) -> Any:
+    """PostgreSQL: change the run at this position and the step this attempt holds in ONE
+    statement, whose rowcount is 1 only if both changed. The run is locked first: the step
+    row may only change together with it (a CTE's UPDATE commits even when the outer UPDATE
+    then matches nothing)."""
+    run_here = select(executions.c.id).where(run_at_cursor()).with_for_update().cte("run")
+    settled = (
+        update(step_records)
+        .where(step_held(), step_records.c.execution_id.in_(select(run_here.c.id)))
+        .values(**step)
+        .returning(step_records.c.execution_id)
+        .cte("settled")
+    )
+    owner = executions.c.id == select(settled.c.execution_id).scalar_subquery()
+    return update(executions).where(run_at_cursor(), owner).values(**run)
+
+
+@functools.cache
+def fail_in_one(changes: tuple[str, ...]) -> Any:
+    """PostgreSQL: record the held step FAILED and change the run (``set_<column>`` for
+    each of ``changes``) in one statement. Params: the ``run_at_cursor`` and ``step_held``
+    ones, ``run_updated_at``, ``step_error``, ``step_completed_at``."""
+    run = {
+        "version": executions.c.version + 1,
+        "updated_at": _param("run_updated_at", executions.c.updated_at),
+        **{key: _param(f"set_{key}", executions.c[key]) for key in changes},
+    }
+    step = {
+        "status": StepStatus.FAILED.value,
+        "error": _param("step_error", step_records.c.error),
+        "completed_at": _param("step_completed_at", step_records.c.completed_at),
+        "lease_expires_at": None,
+    }
+    return _run_and_step_in_one(run, step)
+
+
 @functools.cache
 def complete_in_one(dialect: str, finished: bool, pivot: bool) -> tuple[Any, int] | None:
     """Settle the step and move the cursor in ONE statement, with the rowcount that means
     both rows changed; None where the dialect has no such statement (SQLite)."""
     run, step = _completion_values(finished, pivot)
     if dialect == "postgresql":
-        # Lock the run at this position first: the step row may only change together with
-        # it (a CTE's UPDATE commits even when the outer UPDATE then matches nothing).
-        run_here = select(executions.c.id).where(run_at_cursor()).with_for_update().cte("run")
-        settled = (
-            update(step_records)
-            .where(step_held(), step_records.c.execution_id.in_(select(run_here.c.id)))
-            .values(**step)
-            .returning(step_records.c.execution_id)
-            .cte("settled")
-        )
-        owner = executions.c.id == select(settled.c.execution_id).scalar_subquery()
-        return update(executions).where(run_at_cursor(), owner).values(**run), 1
+        return _run_and_step_in_one(run, step), 1
     if dialect in ("mysql", "mariadb"):
         joined = step_records.c.execution_id == executions.c.id
         both = {

@@ -1,0 +1,155 @@
+"""A step's final failure recorded in one write on PostgreSQL (store/step_failure.py): it
+fails the run with the unwind's first move, and a refused write changes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+
+from celery_saga.decisions.cursor import Advance
+from celery_saga.decisions.unwind import UnwindKind
+from celery_saga.records import ExecutionState, RollbackStatus, StepStatus
+from celery_saga.store import forward, queries, step_failure
+from celery_saga.store.database import Database
+from tests.conftest import PORTS, _test_database_url, require_services
+from tests.test_store_conditions import NOW, _claimed_run
+
+LEASE = timedelta(seconds=60)
+
+
+@pytest.fixture
+def db() -> Iterator[Database]:
+    require_services(PORTS["postgres"])
+    database = Database(_test_database_url())
+    database.migrate()
+    yield database
+    database.dispose()
+
+
+def _run_at_second_step(db: Database, compensatable: bool = True) -> str:
+    """Step ``a`` completed, step ``b`` claimed by attempt 1; both declare a compensation
+    (``compensatable``) or neither does."""
+    run = _claimed_run(db, compensatable)
+    assert forward.record_step_completed(
+        db,
+        execution_id=run,
+        name="a",
+        attempt=1,
+        node=0,
+        sub=0,
+        result_blob=b"\xc0",
+        advance=Advance(1, 0, False, False),
+        now=NOW,
+    )
+    assert forward.claim_step(
+        db,
+        execution_id=run,
+        name="b",
+        node=1,
+        sub=0,
+        definition_hash="h",
+        idempotency_key="k",
+        compensatable=compensatable,
+        lease_expires_at=NOW + LEASE,
+        now=NOW,
+        existing=None,
+    )
+    return run
+
+
+def _fail_b(db: Database, run: str, attempt: int = 1) -> forward.GroupResult | None:
+    return step_failure.fail_held_step(
+        db,
+        execution_id=run,
+        name="b",
+        attempt=attempt,
+        node=1,
+        sub=0,
+        compensations={"a", "b"},
+        now=NOW,
+        error="ValueError: no stock",
+    )
+
+
+def test_the_failure_fails_the_run_with_the_unwind_s_first_move(db: Database) -> None:
+    run = _run_at_second_step(db)
+    result = _fail_b(db, run)
+    assert result is not None and result.settled
+    assert result.failure_reason == "ValueError: no stock"
+    assert result.unwind is not None and result.unwind.kind is UnwindKind.COMPENSATE
+    # The failed step is reversed first: its body may have done part of its work.
+    assert result.unwind.record is not None and result.unwind.record.name == "b"
+    execution, steps = queries.load_snapshot(db, run)
+    assert execution is not None and execution.state is ExecutionState.COMPENSATING
+    assert execution.failure_reason == "ValueError: no stock" and execution.version == 3
+    failed = steps[1]
+    assert (failed.status, failed.error, failed.lease_expires_at) == (
+        StepStatus.FAILED,
+        "ValueError: no stock",
+        None,
+    )
+
+
+def test_with_nothing_to_reverse_the_run_ends_failed_at_once(db: Database) -> None:
+    run = _run_at_second_step(db, compensatable=False)
+    result = _fail_b(db, run)
+    assert result is not None and result.unwind is not None
+    assert result.unwind.kind is UnwindKind.DONE
+    execution = queries.load_execution(db, run)
+    assert execution is not None and execution.state is ExecutionState.FAILED
+    assert execution.rollback_status is RollbackStatus.NOT_APPLICABLE
+
+
+def _read_before(monkeypatch: pytest.MonkeyPatch, db: Database, run: str) -> None:
+    """The failure's read happens now, its write after what the test does next: the write's
+    own conditions must refuse it."""
+    snapshot = queries.load_snapshot(db, run)
+    monkeypatch.setattr(step_failure.queries, "load_snapshot", lambda *_: snapshot)
+
+
+def test_a_claim_taken_over_records_nothing(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = _run_at_second_step(db)
+    _, steps = queries.load_snapshot(db, run)
+    _read_before(monkeypatch, db, run)
+    later = NOW + LEASE * 2  # attempt 1's lease has lapsed; attempt 2 holds the step now
+    assert (
+        forward.claim_step(
+            db,
+            execution_id=run,
+            name="b",
+            node=1,
+            sub=0,
+            definition_hash="h",
+            idempotency_key="k",
+            compensatable=True,
+            lease_expires_at=later + LEASE,
+            now=later,
+            existing=steps[1],
+        )
+        == 2
+    )
+    assert _fail_b(db, run, attempt=1) is None
+    monkeypatch.undo()
+    execution, steps = queries.load_snapshot(db, run)
+    assert execution is not None and execution.state is ExecutionState.RUNNING
+    assert (steps[1].status, steps[1].attempts) == (StepStatus.RUNNING, 2)
+
+
+def test_a_run_that_left_the_step_records_nothing(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = _run_at_second_step(db)
+    _read_before(monkeypatch, db, run)
+    assert (
+        forward.fail_execution(
+            db, execution_id=run, reason="elsewhere", compensations={"a"}, now=NOW + LEASE * 2
+        )
+        is not None
+    )
+    assert _fail_b(db, run) is None
+    monkeypatch.undo()
+    execution, steps = queries.load_snapshot(db, run)
+    assert execution is not None and execution.failure_reason == "elsewhere"
+    assert steps[1].status is StepStatus.RUNNING, "the step row must not change alone"
