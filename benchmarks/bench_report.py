@@ -40,12 +40,21 @@ def summary(result: dict[str, Any]) -> dict[str, float]:
     out["latency_ratio"] = out["saga_latency_median"] / out["chain_latency_median"]
     out["p95_ratio"] = out["saga_latency_p95"] / out["chain_latency_p95"]
     out["throughput_ratio"] = out["saga_steps_per_s"] / out["chain_steps_per_s"]
+    pairs = _round_ratios(rounds)
+    out["throughput_ratio_low"], out["throughput_ratio_high"] = min(pairs), max(pairs)
     out["reversal_ratio"] = out["reversal_hop"] / out["forward_hop"]
     rss = result.get("rss") or {}
     counts = sorted(int(n) for n in rss if n != "0")
     out["rss_first"] = rss[str(counts[0])]["total"] if counts else float("nan")
     out["rss_last"] = rss[str(counts[-1])]["total"] if counts else float("nan")
     return out
+
+
+def _round_ratios(rounds: dict[str, list[dict[str, float]]]) -> list[float]:
+    """saga/chain steps/s of each round: a saga round runs right after its chain round, so
+    a ratio per round shows how much the machine moved between rounds."""
+    pairs = zip(rounds["chain"], rounds["saga"], strict=True)
+    return [saga["steps_per_s"] / chain["steps_per_s"] for chain, saga in pairs]
 
 
 def _print_latency(result: dict[str, Any], s: dict[str, float]) -> None:
@@ -70,6 +79,8 @@ def _print_throughput(result: dict[str, Any], s: dict[str, float]) -> None:
             f"{s[name + '_steps_per_s']:7.1f} steps/s   rounds (runs/s): {detail}"
         )
     print(f"  unwinds/s (failing sagas fully unwound per second): {s['unwind_runs_per_s']:.1f}")
+    ratios = "  ".join(f"{r:.2f}" for r in _round_ratios(result["throughput"]))
+    print(f"  saga/chain steps/s per round (each saga round right after its chain round): {ratios}")
     if "cpu_worker" in result["throughput"]["chain"][0]:
         print("  CPU ms per step (mean; postgres/broker include other load on those servers):")
         for name in ORDER:
@@ -176,6 +187,7 @@ def print_both(results: dict[str, dict[str, Any]]) -> None:
         ("forward hop / reversal hop (ms)", "forward_hop", "reversal_hop"),
         ("latency / p95 ratio saga/chain", "latency_ratio", "p95_ratio"),
         ("throughput ratio saga/chain", "throughput_ratio", None),
+        ("  lowest / highest round", "throughput_ratio_low", "throughput_ratio_high"),
         ("reversal hop / forward hop", "reversal_ratio", None),
         ("RSS total, first / last count (MB)", "rss_first", "rss_last"),
     )
