@@ -86,6 +86,23 @@ def drop_schema(bench: Any) -> None:
         connection.execute(text(f'DROP SCHEMA IF EXISTS "{bench.SCHEMA}" CASCADE'))
 
 
+#: The tables of a run's schema that a round leaves dead row versions in.
+VACUUMED = ("saga_executions", "saga_steps", "saga_decisions", "bench_writes")
+
+
+def vacuum(bench: Any) -> float:
+    """``VACUUM ANALYZE`` the schema's tables, as autovacuum does between bursts on a
+    default server (this one may run with it off); the seconds it took."""
+    from sqlalchemy import text
+
+    started = time.perf_counter()
+    with bench.bench_db().connect() as connection:
+        connection = connection.execution_options(isolation_level="AUTOCOMMIT")
+        for table in VACUUMED:
+            connection.execute(text(f"VACUUM ANALYZE {table}"))
+    return time.perf_counter() - started
+
+
 def scalar(bench: Any, sql: str, **params: Any) -> Any:
     from sqlalchemy import text
 
@@ -302,7 +319,8 @@ def print_environment(bench: Any, broker: str) -> None:
     names = ("celery-saga-engine", "celery", "kombu", "redis", "SQLAlchemy", "psycopg")
     print("  " + "  ".join(f"{name}={version(name)}" for name in names))
     postgres = scalar(bench, "SHOW server_version")
-    print(f"  postgresql={postgres}  broker={broker_version(bench)}")
+    autovacuum = scalar(bench, "SHOW autovacuum")
+    print(f"  postgresql={postgres} (autovacuum={autovacuum})  broker={broker_version(bench)}")
     print("== setup")
     print(
         "  a `celery worker` per phase: prefork --concurrency 2 --prefetch-multiplier 1 -O fair,"

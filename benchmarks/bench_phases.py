@@ -15,7 +15,7 @@ import argparse
 import time
 from typing import Any
 
-from bench_infra import Deadline, Worker, running, worker_rss_mb
+from bench_infra import Deadline, Worker, running, vacuum, worker_rss_mb
 from bench_sides import ChainSide, SagaSide, UnwindSide, hops, throughput_round
 
 ORDER = ("chain", "saga", "unwind")
@@ -63,6 +63,7 @@ def _throughput(
         for name in ORDER:
             deadline.check("throughput")
             worker.alive()
+            vacuumed = vacuum(sides[name].bench) if args.vacuum else None
             result = throughput_round(
                 sides[name],
                 _batch_size(name, args),
@@ -71,9 +72,10 @@ def _throughput(
                 worker.pid if args.profile else None,
             )
             rounds[name].append(result)
+            before = "" if vacuumed is None else f", after a {vacuumed:.2f} s VACUUM ANALYZE"
             print(
                 f"  round {name:<6}: {result['runs_per_s']:7.1f} runs/s "
-                f"({result['steps_per_s']:.1f} steps/s)",
+                f"({result['steps_per_s']:.1f} steps/s{before})",
                 flush=True,
             )
     return rounds

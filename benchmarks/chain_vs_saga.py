@@ -10,7 +10,8 @@ For each broker (``--broker rabbitmq|redis|both``) one run of this script:
    - latency: one run end to end, ``--samples`` rounds of chain, saga, unwind,
    - forward and reversal hops, from the step timestamps of those single runs,
    - throughput: ``--batch`` chains, ``--batch`` sagas and ``--unwinds`` failing sagas in
-     flight, ``--rounds`` rounds in the same order,
+     flight, ``--rounds`` rounds in the same order, each after a ``VACUUM ANALYZE`` of the
+     schema's tables (what autovacuum does on a default server; ``--no-vacuum`` skips it),
 3. on a fresh, profiled worker, counts statements and commits per node of each kind,
 4. with ``--rss``, on a fresh worker: its RSS after 1,000 and after 10,000 sagas,
 5. prints the figures and the saga/chain ratios, stops every worker it started, purges and
@@ -63,6 +64,12 @@ def _parse_args() -> argparse.Namespace:
     add("--run-timeout", type=float, default=30.0, help="limit for one latency sample (s)")
     add("--batch-timeout", type=float, default=180.0, help="limit for one batch (s)")
     add("--max-seconds", type=float, default=900.0, help="limit for one broker's run (s)")
+    add(
+        "--no-vacuum",
+        dest="vacuum",
+        action="store_false",
+        help="do not VACUUM ANALYZE the tables before each throughput round",
+    )
     add("--profile", action="store_true", help="instrument the timed worker (bench_profile)")
     add("--keep", action="store_true", help="keep the schema and the worker logs")
     add("--json-out", help=argparse.SUPPRESS)  # used by --broker both
