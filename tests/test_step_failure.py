@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 
@@ -106,7 +107,8 @@ def _read_before(monkeypatch: pytest.MonkeyPatch, db: Database, run: str) -> Non
     """The failure's read happens now, its write after what the test does next: the write's
     own conditions must refuse it."""
     snapshot = queries.load_snapshot(db, run)
-    monkeypatch.setattr(step_failure.queries, "load_snapshot", lambda *_: snapshot)
+    read = SimpleNamespace(load_snapshot=lambda *_: snapshot)
+    monkeypatch.setattr(step_failure, "queries", read)
 
 
 def test_a_claim_taken_over_records_nothing(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:

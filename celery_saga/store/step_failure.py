@@ -7,6 +7,11 @@ at this step and this attempt holds the step, no other record of the run changes
 else runs at a sequential position, nothing is reversed before the run is compensating),
 and the write lands only under exactly those conditions; otherwise it changes nothing and
 the claim counts as lost, as the transaction it replaces would have found.
+
+This rests on two invariants that any new writer must keep: a run never becomes
+``running`` again at a position it was at (the cursor only moves forward, and nothing turns
+a compensating, failed or parked run back into a running one), and nothing changes a step
+record's ``compensatable`` or ``compensation_status`` while its run is running.
 """
 
 from __future__ import annotations
@@ -41,6 +46,9 @@ def fail_held_step(
     here = execution is not None and (execution.cursor, execution.cursor_sub) == (node, sub)
     if execution is None or not here or execution.state is not ExecutionState.RUNNING:
         return None
+    held = next((s for s in steps if s.name == name), None)
+    if held is None or (held.status, held.attempts) != (StepStatus.RUNNING, attempt):
+        return None  # taken over: the write would be refused
     settled = [
         replace(s, status=StepStatus.FAILED, error=error) if s.name == name else s for s in steps
     ]
