@@ -3,19 +3,26 @@ fails the run with the unwind's first move, and a refused write changes nothing.
 
 from __future__ import annotations
 
+import time
+import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
+from celery import Celery
 
+from celery_saga import Saga, SagaContext, SagaEngine
 from celery_saga.decisions.cursor import Advance
 from celery_saga.decisions.unwind import UnwindKind
 from celery_saga.records import ExecutionState, RollbackStatus, StepStatus
 from celery_saga.store import forward, queries, step_failure
 from celery_saga.store.database import Database
+from celery_saga.worker.embedded import embedded_worker
 from tests.conftest import PORTS, _test_database_url, require_services
 from tests.test_store_conditions import NOW, _claimed_run
+from tests.test_store_failures import _failing_first
 
 LEASE = timedelta(seconds=60)
 
@@ -155,3 +162,68 @@ def test_a_run_that_left_the_step_records_nothing(
     execution, steps = queries.load_snapshot(db, run)
     assert execution is not None and execution.failure_reason == "elsewhere"
     assert steps[1].status is StepStatus.RUNNING, "the step row must not change alone"
+
+
+# -- through the engine, with the store failing around the write ---------------------------
+UNDONE: dict[str, list[str]] = {}
+
+
+def _undo(name: str) -> Any:
+    def compensate(ctx: SagaContext) -> None:
+        UNDONE.setdefault(ctx.execution_id, []).append(name)
+
+    return compensate
+
+
+def _boom() -> None:
+    raise ValueError("no stock")
+
+
+@pytest.fixture
+def engine() -> Iterator[SagaEngine]:
+    """A PostgreSQL store and an in-process worker: the store functions can be patched."""
+    require_services(PORTS["postgres"])
+    app = Celery(f"fail-{uuid.uuid4().hex[:6]}", broker="memory://localhost/", set_as_current=False)
+    app.conf.broker_transport_options = {"polling_interval": 0.01}
+    app.conf.task_default_queue = app.main
+    saga_engine = SagaEngine(app, store_url=_test_database_url())
+    saga = Saga("failing_here")
+    saga.step("s0", lambda: None, compensate=_undo("s0"))
+    saga.step("s1", lambda: None, compensate=_undo("s1"))
+    saga.step("fails", _boom, retry=1)
+    saga_engine.register(saga)
+    saga_engine.ensure_schema()
+    with embedded_worker(app, concurrency=2):
+        yield saga_engine
+    saga_engine.db.dispose()
+
+
+def _unwound(engine: SagaEngine, run_id: str) -> Any:
+    deadline = time.monotonic() + 30
+    while (execution := engine.handle(run_id).get()).state is not ExecutionState.FAILED:
+        assert time.monotonic() < deadline, execution.state
+        engine.fire_timers()  # beat's timer sweep sends what a lost reply left owed
+        time.sleep(0.05)
+    return execution
+
+
+@pytest.mark.parametrize("lost_reply", [False, True], ids=["refused", "reply-lost"])
+def test_the_failure_is_recorded_once_through_store_errors(
+    engine: SagaEngine, monkeypatch: pytest.MonkeyPatch, lost_reply: bool
+) -> None:
+    flaky = _failing_first(step_failure.fail_held_step, failures=2, after=lost_reply)
+    calls: list[str] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs["name"])
+        return flaky(*args, **kwargs)
+
+    monkeypatch.setattr(step_failure, "fail_held_step", counted)
+    run = engine.start("failing_here", {})
+    execution = _unwound(engine, run.id)
+    assert execution.failure_reason == "ValueError: no stock"
+    assert execution.rollback_status is RollbackStatus.COMPLETED
+    assert UNDONE[run.id] == ["s1", "s0"], "each reversal once, in reverse order"
+    assert execution.step("fails").attempts == 1
+    # Refused twice, then written; or written with its reply lost, then found landed.
+    assert calls == (["fails"] if lost_reply else ["fails"] * 3)
