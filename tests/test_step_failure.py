@@ -51,7 +51,14 @@ def _run_at_second_step(db: Database, compensatable: bool = True) -> str:
         advance=Advance(1, 0, False, False),
         now=NOW,
     )
-    assert forward.claim_step(
+    assert _claim_b(db, run, compensatable) == 1
+    return run
+
+
+def _claim_b(
+    db: Database, run: str, compensatable: bool, existing: Any = None, now: Any = NOW
+) -> int | None:
+    return forward.claim_step(
         db,
         execution_id=run,
         name="b",
@@ -60,11 +67,10 @@ def _run_at_second_step(db: Database, compensatable: bool = True) -> str:
         definition_hash="h",
         idempotency_key="k",
         compensatable=compensatable,
-        lease_expires_at=NOW + LEASE,
-        now=NOW,
-        existing=None,
+        lease_expires_at=now + LEASE,
+        now=now,
+        existing=existing,
     )
-    return run
 
 
 def _fail_b(db: Database, run: str, attempt: int = 1) -> forward.GroupResult | None:
@@ -123,22 +129,7 @@ def test_a_claim_taken_over_records_nothing(db: Database, monkeypatch: pytest.Mo
     _, steps = queries.load_snapshot(db, run)
     _read_before(monkeypatch, db, run)
     later = NOW + LEASE * 2  # attempt 1's lease has lapsed; attempt 2 holds the step now
-    assert (
-        forward.claim_step(
-            db,
-            execution_id=run,
-            name="b",
-            node=1,
-            sub=0,
-            definition_hash="h",
-            idempotency_key="k",
-            compensatable=True,
-            lease_expires_at=later + LEASE,
-            now=later,
-            existing=steps[1],
-        )
-        == 2
-    )
+    assert _claim_b(db, run, True, existing=steps[1], now=later) == 2
     assert _fail_b(db, run, attempt=1) is None
     monkeypatch.undo()
     execution, steps = queries.load_snapshot(db, run)
