@@ -183,6 +183,10 @@ def engine() -> Iterator[SagaEngine]:
     saga.step("s1", lambda: None, compensate=_undo("s1"))
     saga.step("fails", _boom, retry=1)
     saga_engine.register(saga)
+    nothing_owed = Saga("nothing_owed")  # nothing to reverse: the failure ends the run
+    nothing_owed.step("s0", lambda: None)
+    nothing_owed.step("fails", _boom, retry=1)
+    saga_engine.register(nothing_owed)
     saga_engine.ensure_schema()
     with embedded_worker(app, concurrency=2):
         yield saga_engine
@@ -218,3 +222,20 @@ def test_the_failure_is_recorded_once_through_store_errors(
     assert execution.step("fails").attempts == 1
     # Refused twice, then written; or written with its reply lost, then found landed.
     assert calls == (["fails"] if lost_reply else ["fails"] * 3)
+
+
+def test_a_run_ended_by_a_write_whose_reply_was_lost_is_announced(
+    engine: SagaEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lost = _failing_first(step_failure.fail_held_step, failures=1, after=True)
+    monkeypatch.setattr(step_failure, "fail_held_step", lost)
+    ended: list[dict[str, Any]] = []
+    engine.on("saga-failed", lambda _event, fields: ended.append(fields))
+    run = engine.start("nothing_owed", {})
+    execution = _unwound(engine, run.id)
+    assert execution.rollback_status is RollbackStatus.NOT_APPLICABLE
+    deadline = time.monotonic() + 5
+    while not ended and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert [f["execution_id"] for f in ended] == [run.id], "the end is announced once"
+    assert ended[0]["rollback_status"] == "not_applicable"

@@ -11,10 +11,11 @@ from typing import Any
 from celery_saga.decisions.admission import NodeMessage
 from celery_saga.decisions.cursor import Advance
 from celery_saga.decisions.retry import plan_retry
+from celery_saga.decisions.unwind import UnwindKind, UnwindStep
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import ParallelNode, StepSpec
 from celery_saga.errors import PayloadError, SchemaValidationError, StepRetryRequested
-from celery_saga.records import StepRecord, StepStatus
+from celery_saga.records import ExecutionState, StepRecord, StepStatus
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.invoke import running_body
@@ -87,7 +88,7 @@ class StepFailures(RuntimeParts):
             )
 
         unknown: GroupResult | None = GroupResult(settled=False)
-        return write_outcome(
+        result = write_outcome(
             record,
             budget=self.settings.outcome_retry_budget,
             what=f"the outcome of step {name!r} of execution {message.execution_id}",
@@ -95,6 +96,20 @@ class StepFailures(RuntimeParts):
             if_landed=unknown,
             cause=cause,
         )
+        return self._ended_by_us(message.execution_id) if result is unknown else result
+
+    def _ended_by_us(self, execution_id: str) -> GroupResult:
+        """After a lost reply: when the write that landed ended the run (failed with nothing
+        to reverse, or completed), its end is announced here, to monitors and to a parent
+        run, as the write's own caller would have; the sweep carries on any other run. (No
+        one else moves the run meanwhile: its next message is owed, not sent.)"""
+        execution = queries.load_execution(self.db, execution_id)
+        if execution is None or execution.state is ExecutionState.COMPLETED:
+            return GroupResult(settled=execution is not None)
+        if execution.state is not ExecutionState.FAILED:
+            return GroupResult(settled=False)
+        done = UnwindStep(UnwindKind.DONE, rollback_status=execution.rollback_status)
+        return GroupResult(settled=True, failure_reason=execution.failure_reason, unwind=done)
 
     def _step_failed(
         self,
