@@ -104,9 +104,9 @@ class StepFailures(RuntimeParts):
         run, as the write's own caller would have; the sweep carries on any other run. (No
         one else moves the run meanwhile: its next message is owed, not sent.)"""
         execution = queries.load_execution(self.db, execution_id)
-        if execution is None or execution.state is ExecutionState.COMPLETED:
-            return GroupResult(settled=execution is not None)
-        if execution.state is not ExecutionState.FAILED:
+        if execution is not None and execution.state is ExecutionState.COMPLETED:
+            return GroupResult(settled=True)
+        if execution is None or execution.state is not ExecutionState.FAILED:
             return GroupResult(settled=False)
         done = UnwindStep(UnwindKind.DONE, rollback_status=execution.rollback_status)
         return GroupResult(settled=True, failure_reason=execution.failure_reason, unwind=done)

@@ -151,18 +151,13 @@ def fail_in_one(changes: tuple[str, ...]) -> Any:
     """PostgreSQL: record the held step FAILED and change the run (``set_<column>`` for
     each of ``changes``) in one statement. Params: the ``run_at_cursor`` and ``step_held``
     ones, ``run_updated_at``, ``step_error``, ``step_completed_at``."""
-    run = {
-        "version": executions.c.version + 1,
-        "updated_at": _param("run_updated_at", executions.c.updated_at),
-        **{key: _param(f"set_{key}", executions.c[key]) for key in changes},
-    }
     step = {
         "status": StepStatus.FAILED.value,
         "error": _param("step_error", step_records.c.error),
         "completed_at": _param("step_completed_at", step_records.c.completed_at),
         "lease_expires_at": None,
     }
-    return _run_and_step_in_one(run, step)
+    return _run_and_step_in_one(_bumped_run(changes), step)
 
 
 @functools.cache
@@ -192,12 +187,17 @@ def new_run() -> Any:
 def lock_run_at_cursor(changes: tuple[str, ...] = ()) -> Any:
     """Bump the run's version at this position (its row lock). Params: the
     ``run_at_cursor`` ones, ``run_updated_at`` and ``set_<column>`` for each of ``changes``."""
-    values = {
+    return update(executions).where(run_at_cursor()).values(**_bumped_run(changes))
+
+
+def _bumped_run(changes: tuple[str, ...]) -> dict[str, Any]:
+    """A run row's new version, ``run_updated_at``, and ``set_<column>`` for each of
+    ``changes``."""
+    return {
         "version": executions.c.version + 1,
         "updated_at": _param("run_updated_at", executions.c.updated_at),
         **{key: _param(f"set_{key}", executions.c[key]) for key in changes},
     }
-    return update(executions).where(run_at_cursor()).values(**values)
 
 
 @functools.cache
