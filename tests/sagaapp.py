@@ -185,6 +185,9 @@ class TestApp:
         time.sleep(plan.get("sleep", 0) + (plan.get("first_sleep", 0) if ctx.attempt == 1 else 0))
         self.write(ctx, "forward", f"attempt={ctx.attempt}")
         _misbehave(plan)
+        if plan.get("fail_after_cut"):  # the failure's record meets the outage
+            request_cut(int(os.environ["SAGA_TEST_FAULT_CONTROL"]), plan["fail_after_cut"])
+            raise ValueError(f"{ctx.step_name} refused order {ctx.input.get('order')}")
         if plan.get("fail_attempts", 0) >= ctx.attempt or plan.get("fail"):
             raise ValueError(f"{ctx.step_name} refused order {ctx.input.get('order')}")
         if plan.get("cut_after"):

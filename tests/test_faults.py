@@ -127,6 +127,22 @@ def test_a_cut_during_a_reversal_outcome_write_neither_parks_nor_repeats_it(
     assert rig.client.engine.get(run.id).state is ExecutionState.FAILED
 
 
+@pytest.mark.parametrize("seconds", [1, 30])
+def test_a_cut_as_a_step_fails_records_the_failure_once_and_unwinds(
+    rig: FaultRig, seconds: int
+) -> None:
+    plan = {"s4": {"fail_after_cut": seconds}}
+    run = rig.client.engine.start("five", {"order": 72, "plan": plan})
+    execution = rig.wait_terminal(run.id, timeout=180)
+    assert execution.state is ExecutionState.FAILED
+    assert execution.failure_reason == "ValueError: s4 refused order 72"
+    assert execution.rollback_status is RollbackStatus.COMPLETED
+    assert rig.ledger(run.id, "forward") == {f"{run.id}:s{n}:0:forward": 1 for n in range(1, 5)}
+    undone = rig.ledger(run.id, "compensate")
+    assert undone == {f"{run.id}:s{n}:0:compensate": 1 for n in (1, 2, 3)}
+    assert rig.proxy.cuts, "the failing step did cut the store"
+
+
 def test_a_cut_during_a_step_outcome_write_runs_the_step_once(rig: FaultRig) -> None:
     run = rig.client.engine.start("five", {"order": 71, "plan": {"s2": {"cut_after": 8}}})
     execution = rig.wait_terminal(run.id)
