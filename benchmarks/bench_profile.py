@@ -183,7 +183,7 @@ def install(app_module: Any) -> None:
     """Wrap the executor's store/publish/body calls and listen to task signals."""
     saga_engine, engine_getter = app_module.engine, app_module.bench_db
     from celery_saga.runtime.executor import Executor
-    from celery_saga.store import forward, queries
+    from celery_saga.store import forward, queries, reversal
     from celery_saga.worker.events import EventHub
     from celery_saga.worker.publisher import CeleryPublisher
 
@@ -192,7 +192,10 @@ def install(app_module: Any) -> None:
         (queries, "load_snapshot", "snapshot_ms"),
         (forward, "claim_step", "claim_ms"),
         (forward, "record_step_completed", "record_ms"),
+        (reversal, "claim_next_reversal", "claim_ms"),
+        (reversal, "record_compensation", "record_ms"),
         (CeleryPublisher, "publish_node", "publish_ms"),
+        (CeleryPublisher, "publish_compensation", "publish_ms"),
         (Executor, "_invoke", "body_ms"),  # gone since steps became tasks: body not timed
         (app_module, "insert_row", "body_ms"),
         (EventHub, "__call__", "emit_ms"),

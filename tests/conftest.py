@@ -284,6 +284,36 @@ def unconsumed_app(prefix: str) -> Any:
 
 
 @pytest.fixture
+def pg_db() -> Iterator[Any]:
+    """The saga store on the test PostgreSQL database, migrated."""
+    from celery_saga.store.database import Database
+
+    require_services(PORTS["postgres"])
+    database = Database(_test_database_url())
+    database.migrate()
+    yield database
+    database.dispose()
+
+
+@contextlib.contextmanager
+def in_process_pg_engine(prefix: str, *sagas: Any, concurrency: int = 1) -> Iterator[Any]:
+    """A ``SagaEngine`` on the test PostgreSQL database with ``sagas`` registered, and an
+    in-process worker consuming its own ``memory://`` queue."""
+    from celery_saga import SagaEngine
+
+    require_services(PORTS["postgres"])
+    app = unconsumed_app(prefix)
+    app.conf.broker_transport_options = {"polling_interval": 0.01}
+    engine = SagaEngine(app, store_url=_test_database_url())
+    for saga in sagas:
+        engine.register(saga)
+    engine.ensure_schema()
+    with embedded_worker(app, concurrency=concurrency):
+        yield engine
+    engine.db.dispose()
+
+
+@pytest.fixture
 def direct(store_url: str) -> Iterator[Any]:
     """A ``SagaEngine`` whose messages go to an unconsumed ``memory://`` queue: the test
     delivers them itself (``engine.executor.run_node``), in the order and threads it wants."""

@@ -4,14 +4,12 @@ fails the run with the unwind's first move, and a refused write changes nothing.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from celery import Celery
 
 from celery_saga import Saga, SagaContext, SagaEngine
 from celery_saga.decisions.cursor import Advance
@@ -19,8 +17,7 @@ from celery_saga.decisions.unwind import UnwindKind
 from celery_saga.records import ExecutionState, RollbackStatus, StepStatus
 from celery_saga.store import forward, queries, step_failure
 from celery_saga.store.database import Database
-from celery_saga.worker.embedded import embedded_worker
-from tests.conftest import PORTS, _test_database_url, require_services
+from tests.conftest import in_process_pg_engine
 from tests.test_store_conditions import NOW, _claimed_run
 from tests.test_store_failures import _failing_first
 
@@ -28,12 +25,8 @@ LEASE = timedelta(seconds=60)
 
 
 @pytest.fixture
-def db() -> Iterator[Database]:
-    require_services(PORTS["postgres"])
-    database = Database(_test_database_url())
-    database.migrate()
-    yield database
-    database.dispose()
+def db(pg_db: Database) -> Database:
+    return pg_db
 
 
 def _run_at_second_step(db: Database, compensatable: bool = True) -> str:
@@ -173,24 +166,15 @@ def _boom() -> None:
 @pytest.fixture
 def engine() -> Iterator[SagaEngine]:
     """A PostgreSQL store and an in-process worker: the store functions can be patched."""
-    require_services(PORTS["postgres"])
-    app = Celery(f"fail-{uuid.uuid4().hex[:6]}", broker="memory://localhost/", set_as_current=False)
-    app.conf.broker_transport_options = {"polling_interval": 0.01}
-    app.conf.task_default_queue = app.main
-    saga_engine = SagaEngine(app, store_url=_test_database_url())
     saga = Saga("failing_here")
     saga.step("s0", lambda: None, compensate=_undo("s0"))
     saga.step("s1", lambda: None, compensate=_undo("s1"))
     saga.step("fails", _boom, retry=1)
-    saga_engine.register(saga)
     nothing_owed = Saga("nothing_owed")  # nothing to reverse: the failure ends the run
     nothing_owed.step("s0", lambda: None)
     nothing_owed.step("fails", _boom, retry=1)
-    saga_engine.register(nothing_owed)
-    saga_engine.ensure_schema()
-    with embedded_worker(app, concurrency=2):
+    with in_process_pg_engine("fail", saga, nothing_owed, concurrency=2) as saga_engine:
         yield saga_engine
-    saga_engine.db.dispose()
 
 
 def _unwound(engine: SagaEngine, run_id: str) -> Any:

@@ -12,6 +12,7 @@ from celery_saga.runtime.context import SagaContext
 from celery_saga.runtime.invoke import needs_context
 from celery_saga.store import queries
 from celery_saga.store.database import Database
+from celery_saga.store.reversal import Unwinding
 from celery_saga.store.waits import load_signals
 
 Snapshot = tuple[ExecutionRecord | None, list[StepRecord]]
@@ -103,33 +104,48 @@ def step_context(
 def reversal_context(
     db: Database,
     definition: SagaDefinition,
-    execution: ExecutionRecord,
-    steps: Sequence[StepRecord],
+    unwinding: Unwinding,
     record: StepRecord,
     key: str,
     attempt: int,
 ) -> SagaContext:
     """A reversal's context: its record's own result and key, and for a loop iteration its
-    own iteration and (for_each) item."""
+    own iteration and (for_each) item; the input and results when the claim read the run."""
     iteration = split_iteration(record.name)[1]
     node = definition.nodes[record.node] if record.node < len(definition.nodes) else None
     for_each = isinstance(node, ForEachNode) and iteration is not None
     item = None
     if for_each:
-        items = queries.load_decision(db, execution.id, f"items:{record.node}")
+        items = queries.load_decision(db, record.execution_id, f"items:{record.node}")
         assert iteration is not None
         item = items[0][iteration] if items is not None else None
+    extra = loop_arguments(iteration, item, for_each)
+    if unwinding.run is None:
+        return SagaContext(
+            record.execution_id,
+            definition.name,
+            record.name,
+            None,
+            {},
+            key,
+            attempt,
+            forward_key=record.idempotency_key,
+            forward_result=record.result,
+            extra=extra,
+            iteration=iteration,
+            item=item,
+        )
     return run_context(
         db,
         definition,
-        execution,
-        steps,
+        unwinding.run,
+        unwinding.steps,
         step_name=record.name,
         key=key,
         attempt=attempt,
         iteration=iteration,
         item=item,
-        extra=loop_arguments(iteration, item, for_each),
+        extra=extra,
         forward_key=record.idempotency_key,
         forward_result=record.result,
     )

@@ -101,6 +101,18 @@ def needs_context(spec: StepSpec) -> bool:
     return bool(_parameters(spec.action))
 
 
+def reversal_needs_run(spec: StepSpec) -> bool:
+    """Whether calling ``spec``'s compensation needs the saga input or results (a stored
+    read): a mapper, or a compensation that takes anything but its step's ``result``."""
+    if spec.compensation_args is not None:
+        return True
+    parameters = _parameters(spec.compensation)
+    return any(
+        name != "result" or parameter.kind is inspect.Parameter.VAR_KEYWORD
+        for name, parameter in parameters.items()
+    )
+
+
 def as_plain_mapping(value: Any) -> Mapping[str, Any]:
     """A validated model's fields, or the mapping itself; anything else maps to nothing."""
     dump = getattr(value, "model_dump", None)

@@ -69,7 +69,7 @@ class ReversalOutcomes(RuntimeParts):
             execution, steps = queries.load_snapshot(self.db, execution_id)
             if execution is None:
                 return None
-            unwinding = (execution, steps)
+            unwinding = Unwinding(execution, steps)
         return reversal.record_compensation(
             self.db,
             execution_id=execution_id,
@@ -79,8 +79,8 @@ class ReversalOutcomes(RuntimeParts):
             reason=reason,
             compensations=definition.reversible,
             now=get_clock().now(),
-            steps=unwinding[1],
-            committed=unwinding[0].committed_at is not None,
+            steps=unwinding.steps,
+            committed=unwinding.committed,
         )
 
     def _landed(

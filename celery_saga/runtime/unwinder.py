@@ -28,7 +28,7 @@ from celery_saga.runtime.child_unwind import ChildUnwind
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.contexts import reversal_context
 from celery_saga.runtime.describe import describe_error
-from celery_saga.runtime.invoke import body_of, call_arguments
+from celery_saga.runtime.invoke import body_of, call_arguments, reversal_needs_run
 from celery_saga.runtime.keys import record_key
 from celery_saga.runtime.limits import run_with_timeout
 from celery_saga.runtime.reversal_outcome import ReversalOutcomes
@@ -199,7 +199,7 @@ class Unwinder(ReversalOutcomes):
         spec = definition.find_step(step_name)
         assert spec is not None and spec.compensation is not None
         if lease is not None and record.compensation_attempts > spec.compensation_retry:
-            self._lost_too_often(definition, (execution, steps), record)
+            self._lost_too_often(definition, Unwinding(execution, steps), record)
             return
         self._reverse(definition, execution, steps, spec, record)
 
@@ -218,10 +218,11 @@ class Unwinder(ReversalOutcomes):
             name=step_name,
             attempt=attempt,
             lease_expires_at=lease,
+            with_run=reversal_needs_run(spec),
         )
         if claimed is None:
             return False
-        record = next(s for s in claimed[1] if s.name == step_name)
+        record = next(s for s in claimed.steps if s.name == step_name)
         self._run_reversal(definition, claimed, spec, record)
         return True
 
@@ -285,13 +286,12 @@ class Unwinder(ReversalOutcomes):
             compensation_lease_expires_at=lease,
         )
         steps = [claimed if s.id == record.id else s for s in steps]
-        self._run_reversal(definition, (execution, steps), spec, claimed)
+        self._run_reversal(definition, Unwinding(execution, steps), spec, claimed)
 
     def _run_reversal(
         self, definition: SagaDefinition, unwinding: Unwinding, spec: StepSpec, record: StepRecord
     ) -> None:
         """Run the reversal this worker claimed (``record`` as claimed) and record it."""
-        execution, steps = unwinding
         timeout = spec.compensation_timeout or self.settings.compensation_timeout
         execution_id = record.execution_id
         attempt = record.compensation_attempts
@@ -315,7 +315,7 @@ class Unwinder(ReversalOutcomes):
         what = f"the reversal of step {record.name!r} of execution {execution_id}"
         with self.holding(lambda expiry: renew(lease_expires_at=expiry), what):
             try:
-                ctx = reversal_context(self.db, definition, execution, steps, record, key, attempt)
+                ctx = reversal_context(self.db, definition, unwinding, record, key, attempt)
             except SQLAlchemyError:
                 raise  # reading the context failed, not the reversal: its claim expires
             except Exception as error:  # e.g. the soft time limit, spent before the handler

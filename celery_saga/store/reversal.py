@@ -2,16 +2,20 @@
 
 The claim of a first delivery is guarded by the unwind's admission rule itself (the run is
 compensating, this step is the latest started one still owed a reversal, no claim on it)
-and returns the run with its steps, so the worker reads nothing else. The outcome carries
-the unwind's next move, decided beforehand from that snapshot (``next_after_outcome``):
-settling the step, bumping the run and closing or parking it are one write.
+and returns what the worker needs, so it reads nothing else: the run with all its steps
+when the compensation is given the saga's input or results, otherwise just the two step
+records that decide the next move (the claimed one and the latest one started before it
+that is still owed something; every step started after it is settled, or the claim would
+have been refused). The outcome carries the unwind's next move, decided beforehand from
+what the claim returned (``next_after_outcome``): settling the step, bumping the run and
+closing or parking it are one write.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Collection, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -30,9 +34,24 @@ from celery_saga.store import prepared
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.forward import Conflict
 from celery_saga.store.queries import snapshot_from_rows, snapshot_query
+from celery_saga.store.rows import step_from_row
 from celery_saga.store.tables import executions, step_records
 
-Unwinding = tuple[ExecutionRecord, list[StepRecord]]
+
+@dataclass(frozen=True)
+class Unwinding:
+    """The run as a reversal's claim found it. ``run``: its row, None when the claim did
+    not read it (the compensation needs neither input nor results); ``steps``: all its
+    step records, or only those that decide the next move, in start order."""
+
+    run: ExecutionRecord | None
+    steps: list[StepRecord]
+
+    @property
+    def committed(self) -> bool:
+        """Whether the run passed its pivot (a lean claim is only granted before it)."""
+        return self.run is not None and self.run.committed_at is not None
+
 
 _later = aliased(step_records)
 
@@ -80,12 +99,12 @@ def _next_owed() -> Any:
     )
 
 
-@functools.cache
-def _claim_with_snapshot(durable: bool) -> Any:
+def _claimed(durable: bool) -> Any:
+    """The claim itself, a CTE returning the claimed record's id (no row: refused)."""
     guard = _next_owed()
     if not durable:
         guard &= prepared.commit_without_flush_wait()
-    claimed = (
+    return (
         update(step_records)
         .where(guard)
         .values(
@@ -97,9 +116,30 @@ def _claim_with_snapshot(durable: bool) -> Any:
         .returning(step_records.c.id)
         .cte("claimed")
     )
-    # The snapshot is the statement's own: the claimed row shows its state before the claim.
-    run_id = _param("run_id", executions.c.id)
-    return snapshot_query(run_id).where(exists(select(claimed.c.id)))
+
+
+@functools.cache
+def _claim_returning(with_run: bool, durable: bool) -> Any:
+    """The claim and what it returns, in one statement; either read is the statement's own
+    snapshot, in which the claimed row shows its state before the claim."""
+    claimed = _claimed(durable)
+    if with_run:
+        return snapshot_query(_param("run_id", executions.c.id)).where(exists(select(claimed.c.id)))
+    # The claimed record (no outcome yet) and the latest one before it still owed one.
+    return (
+        select(step_records)
+        .where(
+            step_records.c.execution_id == _param("run_id", step_records.c.execution_id),
+            step_records.c.compensatable.is_(True),
+            step_records.c.id <= select(claimed.c.id).scalar_subquery(),
+            or_(
+                step_records.c.compensation_status.is_(None),
+                step_records.c.compensation_status == CompensationOutcome.FAILED.value,
+            ),
+        )
+        .order_by(step_records.c.id.desc())
+        .limit(2)
+    )
 
 
 def claim_next_reversal(
@@ -109,9 +149,11 @@ def claim_next_reversal(
     name: str,
     attempt: int,
     lease_expires_at: datetime,
+    with_run: bool,
 ) -> Unwinding | None:
     """Claim attempt ``attempt`` of the reversal of ``name`` if it is the unwind's next move,
-    returning the run and its steps as of the claim; None: not ours (read and decide).
+    returning the run as of the claim (``with_run``: its row and all its steps; otherwise
+    the steps that decide the next move); None: not ours (read and decide).
 
     PostgreSQL only (one statement); elsewhere the checked path reads, then claims."""
     params = {
@@ -121,17 +163,22 @@ def claim_next_reversal(
         "lease": to_db_time(lease_expires_at),
     }
     with db.single_statement() as connection:
-        rows = db.rows(connection, _claim_with_snapshot(db.durable_claims), params)
-    execution, steps = snapshot_from_rows(rows)
-    if execution is None:
-        return None
+        rows = db.rows(connection, _claim_returning(with_run, db.durable_claims), params)
+    if with_run:
+        execution, steps = snapshot_from_rows(rows)
+        if execution is None:
+            return None
+    else:
+        execution, steps = None, [step_from_row(row) for row in reversed(rows)]
+        if not steps:
+            return None
     claimed = [
         replace(s, compensation_attempts=attempt, compensation_lease_expires_at=lease_expires_at)
         if s.name == name
         else s
         for s in steps
     ]
-    return execution, claimed
+    return Unwinding(execution, claimed)
 
 
 def _run_changes(plan: UnwindStep, name: str, reason: str | None) -> dict[str, Any]:

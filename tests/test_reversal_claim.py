@@ -1,0 +1,217 @@
+"""A reversal's claim on PostgreSQL reads the run only when the compensation needs it
+(store/reversal.py): otherwise it returns two step records, and the unwind's next move
+decided from them is the one decided from the whole run."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from celery_saga import Saga, SagaContext, SagaEngine
+from celery_saga.decisions.unwind import UnwindStep, next_after_outcome
+from celery_saga.records import CompensationOutcome, ExecutionState, StepRecord
+from celery_saga.store import queries, reversal
+from celery_saga.store.database import Database
+from celery_saga.store.tables import step_records
+from tests.conftest import in_process_pg_engine
+from tests.test_store_conditions import NOW
+
+LEASE = NOW + timedelta(seconds=60)
+#: What the deployed definition can reverse; ``gone`` was removed from it.
+COMPENSATIONS = frozenset({"a", "b", "c", "d", "e", "f", "child"})
+STATUSES = (
+    None,
+    CompensationOutcome.COMPENSATED,
+    CompensationOutcome.SKIPPED,
+    CompensationOutcome.FAILED,
+)
+
+
+@pytest.fixture
+def db(pg_db: Database) -> Database:
+    return pg_db
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    compensatable: bool
+    status: CompensationOutcome | None
+    child: bool = False
+
+
+def _store_run(db: Database, steps: list[Step]) -> str:
+    """A compensating run whose steps are as given, in start order."""
+    run = f"claim-{uuid.uuid4().hex}"
+    queries.create_execution(
+        db,
+        execution_id=run,
+        saga_name="s",
+        definition_hash="h",
+        input_blob=b"\x80",
+        node=len(steps),
+        sub=0,
+        state=ExecutionState.COMPENSATING,
+        committed=False,
+        now=NOW,
+    )
+    rows = [
+        {
+            "execution_id": run,
+            "name": step.name,
+            "node": index,
+            "sub": 0,
+            "status": "completed",
+            "attempts": 1,
+            "idempotency_key": f"key-{step.name}",
+            "compensatable": step.compensatable,
+            "result": b"\xc0",
+            "started_at": NOW,
+            "completed_at": NOW,
+            "compensation_status": None if step.status is None else step.status.value,
+            "compensation_attempts": 0 if step.status is None else 1,
+            "child_execution_id": f"{run}-child" if step.child else None,
+        }
+        for index, step in enumerate(steps)
+    ]
+    with db.transaction() as connection:
+        for row in rows:  # one by one: ids in start order
+            connection.execute(step_records.insert(), row)
+    return run
+
+
+def _claim(db: Database, run: str, name: str, with_run: bool) -> reversal.Unwinding | None:
+    return reversal.claim_next_reversal(
+        db, execution_id=run, name=name, attempt=1, lease_expires_at=LEASE, with_run=with_run
+    )
+
+
+def _comparable(plan: UnwindStep) -> tuple[Any, ...]:
+    record = plan.record
+    name = None if record is None else record.name
+    return plan.kind, name, plan.rollback_status
+
+
+@st.composite
+def unwinds(draw: Any) -> tuple[list[Step], str]:
+    """A run's steps and the step whose reversal a message asks for: usually the one the
+    unwind owes next, sometimes one that is not (a later step still owed one)."""
+    names = draw(st.lists(st.sampled_from(sorted(COMPENSATIONS | {"gone"})), unique=True))
+    names = [*names, "target"]
+    steps = [
+        Step(
+            name,
+            draw(st.booleans()),
+            draw(st.sampled_from(STATUSES)),
+            child=name == "child",
+        )
+        for name in names
+    ]
+    target = draw(st.integers(0, len(steps) - 1))
+    steps[target] = Step(steps[target].name, True, None)
+    if draw(st.integers(0, 4)):  # mostly: every step started after it is settled
+        settled = (CompensationOutcome.COMPENSATED, CompensationOutcome.SKIPPED)
+        for index in range(target + 1, len(steps)):
+            if steps[index].compensatable:
+                status = draw(st.sampled_from(settled))
+                steps[index] = replace(steps[index], status=status)
+    return steps, steps[target].name
+
+
+@settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(unwinds())
+def test_the_lean_claim_decides_the_next_move_as_the_whole_run_does(
+    db: Database, unwind: tuple[list[Step], str]
+) -> None:
+    steps, name = unwind
+    whole = _claim(db, _store_run(db, steps), name, with_run=True)
+    lean = _claim(db, _store_run(db, steps), name, with_run=False)
+    assert (whole is None) == (lean is None)
+    if whole is None or lean is None:
+        return
+    assert lean.run is None and whole.run is not None
+    assert len(lean.steps) <= 2 and lean.steps[-1].name == name
+    mine: list[StepRecord] = [s for s in whole.steps if s.name == name]
+    assert replace(lean.steps[-1], id=0, execution_id="") == replace(mine[0], id=0, execution_id="")
+    for outcome in (CompensationOutcome.COMPENSATED, CompensationOutcome.FAILED):
+        decided = [
+            next_after_outcome(u.steps, u.committed, COMPENSATIONS, name, outcome, "r")
+            for u in (whole, lean)
+        ]
+        assert _comparable(decided[0]) == _comparable(decided[1])
+
+
+def test_the_lean_claim_returns_the_claimed_record_as_claimed(db: Database) -> None:
+    run = _store_run(db, [Step("a", True, None), Step("x", False, None), Step("b", True, None)])
+    lean = _claim(db, run, "b", with_run=False)
+    assert lean is not None
+    assert [s.name for s in lean.steps] == ["a", "b"]
+    assert lean.steps[-1].compensation_attempts == 1
+    assert lean.steps[-1].compensation_lease_expires_at == LEASE
+    assert _claim(db, run, "b", with_run=False) is None  # claimed once
+
+
+# -- through the engine: each compensation gets what it asks for ---------------------------
+
+received: list[tuple[str, Any]] = []
+
+
+def _charge() -> dict[str, int]:
+    return {"charged": 7}
+
+
+def _refund(result: dict[str, int]) -> None:
+    received.append(("refund", result))
+
+
+def _reserve() -> str:
+    return "seat-3"
+
+
+def _release(ctx: SagaContext) -> None:
+    received.append(("release", (ctx.input, dict(ctx.results), ctx.forward_result)))
+
+
+def _noop_step() -> None:
+    return None
+
+
+def _notify() -> None:
+    received.append(("notify", None))
+
+
+def _boom() -> None:
+    raise RuntimeError("declined")
+
+
+@pytest.fixture
+def pg_engine() -> Iterator[SagaEngine]:
+    with in_process_pg_engine("lean") as engine:
+        yield engine
+
+
+def test_each_compensation_gets_its_result_or_the_whole_context(pg_engine: SagaEngine) -> None:
+    saga = Saga(f"lean{uuid.uuid4().hex[:6]}")
+    saga.step("charge", _charge, compensate=_refund)
+    saga.step("reserve", _reserve, compensate=_release)
+    saga.step("notify", _noop_step, compensate=_notify)
+    saga.step("fails", _boom, retry=1)
+    pg_engine.register(saga)
+    received.clear()
+    run = pg_engine.start(saga.name, {"order": 1}).wait(timeout=30)
+    assert run.state is ExecutionState.FAILED, run
+    results = {"charge": {"charged": 7}, "reserve": "seat-3"}
+    assert received == [
+        ("notify", None),
+        ("release", ({"order": 1}, {**results, "notify": None}, "seat-3")),
+        ("refund", {"charged": 7}),
+    ]
