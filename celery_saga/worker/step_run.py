@@ -130,8 +130,24 @@ def _report(task: Any, body: RunningBody, verdict: tuple[str, str, float] | None
     if isinstance(error, StepRetryRequested) and cause is None:
         raise task.MaxRetriesExceededError(f"{text} (max_retries={error.max_retries})")
     if isinstance(cause, Exception):
-        raise cause
+        raise _from_user_code(cause)
     raise outcome.StepFailed(text)
+
+
+def _from_user_code(error: BaseException) -> BaseException:
+    """The body's exception with the engine's frames between this task and the user's code
+    left out of its traceback, which then reads as a plain task's failure does. (Celery
+    copies and formats every frame of it, for its log, ``task_failure``, the result backend
+    and Flower: a third of the CPU of a failing task went to the engine's frames.) An
+    exception raised by the engine itself keeps its whole traceback."""
+    tb = error.__traceback__
+    while tb is not None and _engine_frame(tb.tb_frame):
+        tb = tb.tb_next
+    return error if tb is None else error.with_traceback(tb)
+
+
+def _engine_frame(frame: Any) -> bool:
+    return str(frame.f_globals.get("__name__", "")).startswith("celery_saga.")
 
 
 def _redelivered(request: Any, header: dict[str, Any]) -> bool:
