@@ -12,8 +12,9 @@ task, from ``task_prerun`` to ``task_postrun`` (which includes publishing the ne
   return (a write statement run in autocommit, or an explicit transaction with a write; a
   claim that sets ``synchronous_commit`` off for its own transaction does not count),
 - for saga nodes, the time spent in the store calls of ``Executor.run_node``
-  (``load_snapshot``, ``claim_step``, ``record_step_completed``), in publishing the next
-  node, in the step body and in event emission; the rest is Celery/engine overhead.
+  (``load_snapshot``, ``claim_step``, ``record_step_completed``; for a reversal
+  ``claim_next_reversal`` and ``record_compensation``), in publishing the next node or
+  reversal, in the step body and in event emission; the rest is Celery/engine overhead.
 
 Rows are buffered per process and written to the ``bench_profile`` table of the run's
 schema in small batches (outside the measured task), and finally on process shutdown.

@@ -37,12 +37,16 @@ def summary(result: dict[str, Any]) -> dict[str, float]:
     out["forward_hop"] = _median(hop["saga_forward"])
     out["unwind_forward_hop"] = _median(hop["unwind_forward"])
     out["reversal_hop"] = _median(hop["unwind_reversal"])
+    out["first_reversal_hop"] = _median(hop.get("unwind_first", []))
+    out["later_reversal_hop"] = _median(hop.get("unwind_later", []))
     out["latency_ratio"] = out["saga_latency_median"] / out["chain_latency_median"]
     out["p95_ratio"] = out["saga_latency_p95"] / out["chain_latency_p95"]
     out["throughput_ratio"] = out["saga_steps_per_s"] / out["chain_steps_per_s"]
     pairs = _round_ratios(rounds)
     out["throughput_ratio_low"], out["throughput_ratio_high"] = min(pairs), max(pairs)
     out["reversal_ratio"] = out["reversal_hop"] / out["forward_hop"]
+    out["first_ratio"] = out["first_reversal_hop"] / out["forward_hop"]
+    out["later_ratio"] = out["later_reversal_hop"] / out["forward_hop"]
     rss = result.get("rss") or {}
     counts = sorted(int(n) for n in rss if n != "0")
     out["rss_first"] = rss[str(counts[0])]["total"] if counts else float("nan")
@@ -155,7 +159,11 @@ def print_ratios(s: dict[str, float]) -> None:
             ">= 0.85x",
             s["throughput_ratio"] >= 0.85,
         ),
-        ("reversal hop / forward hop", s["reversal_ratio"], "<= 1.1x", s["reversal_ratio"] <= 1.1),
+        # A reversal's own hop runs from one reversal's outcome to the next's; the first
+        # hop runs from the failing step's record instead (see the README).
+        ("reversal hop / forward hop", s["later_ratio"], "<= 1.1x", s["later_ratio"] <= 1.1),
+        ("  first hop (failure) / fwd", s["first_ratio"], "", None),
+        ("  all reversal hops / fwd", s["reversal_ratio"], "", None),
     )
     for name, ratio, target, ok in lines:
         verdict = "" if ok is None else ("OK" if ok else "MISSED")
@@ -184,11 +192,13 @@ def print_both(results: dict[str, dict[str, Any]]) -> None:
         ("saga latency median / p95 (ms)", "saga_latency_median", "saga_latency_p95"),
         ("chain / saga steps/s", "chain_steps_per_s", "saga_steps_per_s"),
         ("unwinds/s", "unwind_runs_per_s", None),
-        ("forward hop / reversal hop (ms)", "forward_hop", "reversal_hop"),
+        ("forward hop / reversal hop (ms)", "forward_hop", "later_reversal_hop"),
+        ("first hop (failure) / all hops (ms)", "first_reversal_hop", "reversal_hop"),
         ("latency / p95 ratio saga/chain", "latency_ratio", "p95_ratio"),
         ("throughput ratio saga/chain", "throughput_ratio", None),
         ("  lowest / highest round", "throughput_ratio_low", "throughput_ratio_high"),
-        ("reversal hop / forward hop", "reversal_ratio", None),
+        ("reversal hop / forward hop", "later_ratio", None),
+        ("  first hop / all hops vs forward", "first_ratio", "reversal_ratio"),
         ("RSS total, first / last count (MB)", "rss_first", "rss_last"),
     )
     print("\n== summary, both brokers")
