@@ -296,15 +296,19 @@ def pg_db() -> Iterator[Any]:
 
 
 @contextlib.contextmanager
-def in_process_pg_engine(prefix: str, *sagas: Any, concurrency: int = 1) -> Iterator[Any]:
-    """A ``SagaEngine`` on the test PostgreSQL database with ``sagas`` registered, and an
-    in-process worker consuming its own ``memory://`` queue."""
+def in_process_pg_engine(
+    prefix: str, *sagas: Any, concurrency: int = 1, store_url: str | None = None, **conf: Any
+) -> Iterator[Any]:
+    """A ``SagaEngine`` on the test PostgreSQL database (or ``store_url``, e.g. through a
+    cuttable proxy) with ``sagas`` registered and ``conf`` in its app's configuration, and
+    an in-process worker consuming its own ``memory://`` queue."""
     from celery_saga import SagaEngine
 
     require_services(PORTS["postgres"])
     app = unconsumed_app(prefix)
     app.conf.broker_transport_options = {"polling_interval": 0.01}
-    engine = SagaEngine(app, store_url=_test_database_url())
+    app.conf.update(conf)
+    engine = SagaEngine(app, store_url=store_url or _test_database_url())
     for saga in sagas:
         engine.register(saga)
     engine.ensure_schema()

@@ -4,6 +4,7 @@ decided from them is the one decided from the whole run."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -13,14 +14,16 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sqlalchemy.exc import OperationalError
 
-from celery_saga import Saga, SagaContext, SagaEngine
+from celery_saga import RollbackStatus, Saga, SagaContext, SagaEngine, SagaError
 from celery_saga.decisions.unwind import UnwindStep, next_after_outcome
 from celery_saga.records import CompensationOutcome, ExecutionState, StepRecord
 from celery_saga.store import queries, reversal
 from celery_saga.store.database import Database
 from celery_saga.store.tables import step_records
-from tests.conftest import in_process_pg_engine
+from tests.conftest import PORTS, _test_database_url, in_process_pg_engine
+from tests.faults import CuttableProxy, proxy
 from tests.test_store_conditions import NOW
 
 LEASE = NOW + timedelta(seconds=60)
@@ -215,3 +218,63 @@ def test_each_compensation_gets_its_result_or_the_whole_context(pg_engine: SagaE
         ("release", ({"order": 1}, {**results, "notify": None}, "seat-3")),
         ("refund", {"charged": 7}),
     ]
+
+
+# -- the store cut at a lean claim ----------------------------------------------------------
+
+
+def _cut_at_claim(cuttable: CuttableProxy, name: str, seconds: float, reply_lost: bool) -> Any:
+    """``claim_next_reversal``, with the store cut (really, at the proxy) for ``seconds``
+    once, as the reversal of ``name`` is claimed: before its statement, or, with
+    ``reply_lost``, right after it committed (its reply then counts as lost)."""
+    real, done = reversal.claim_next_reversal, []
+
+    def claim(db: Database, **fields: Any) -> reversal.Unwinding | None:
+        if fields["name"] != name or done:
+            return real(db, **fields)
+        done.append(True)
+        if not reply_lost:
+            cuttable.cut(seconds)
+            return real(db, **fields)
+        claimed = real(db, **fields)
+        assert claimed is not None and claimed.run is None  # the lean claim landed
+        cuttable.cut(seconds)
+        raise OperationalError("WITH claimed AS ...", {}, Exception("connection lost"))
+
+    return claim
+
+
+@pytest.mark.parametrize(("seconds", "reply_lost"), [(1, False), (30, False), (1, True)])
+def test_a_store_cut_at_a_lean_claim_runs_each_reversal_once(
+    monkeypatch: pytest.MonkeyPatch, seconds: float, reply_lost: bool
+) -> None:
+    saga = Saga(f"cut{uuid.uuid4().hex[:6]}")
+    saga.step("charge", _charge, compensate=_refund)
+    saga.step("reserve", _reserve, compensate=_release)
+    saga.step("fails", _boom, retry=1)
+    received.clear()
+    with proxy(PORTS["postgres"]) as cuttable:
+        monkeypatch.setattr(
+            reversal, "claim_next_reversal", _cut_at_claim(cuttable, "charge", seconds, reply_lost)
+        )
+        through = _test_database_url().replace(
+            f"127.0.0.1:{PORTS['postgres']}", f"127.0.0.1:{cuttable.port}"
+        )
+        with in_process_pg_engine("cut", saga, store_url=through, saga_lease_seconds=3) as engine:
+            run = engine.start(saga.name, {"order": 2})
+            deadline = time.monotonic() + seconds + 60
+            while (state := _state_or_none(engine, run.id)) is not ExecutionState.FAILED:
+                assert time.monotonic() < deadline, state
+                time.sleep(0.2)
+            execution = engine.get(run.id)
+    assert cuttable.cuts, "the store was cut"
+    assert execution.rollback_status is RollbackStatus.COMPLETED
+    assert [name for name, _ in received] == ["release", "refund"]  # each once
+    assert received[-1] == ("refund", {"charged": 7})
+
+
+def _state_or_none(engine: SagaEngine, run_id: str) -> ExecutionState | None:
+    try:
+        return engine.get(run_id).state
+    except SagaError:  # the store is cut
+        return None
