@@ -138,8 +138,8 @@ def _from_user_code(error: BaseException) -> BaseException:
     """The body's exception with the engine's frames between this task and the user's code
     left out of its traceback, which then reads as a plain task's failure does. (Celery
     copies and formats every frame of it, for its log, ``task_failure``, the result backend
-    and Flower: a third of the CPU of a failing task went to the engine's frames.) An
-    exception raised by the engine itself keeps its whole traceback."""
+    and Flower: the engine's seven frames cost a failing task about 1 ms of its 8 ms of
+    CPU.) An exception raised by the engine itself keeps its whole traceback."""
     tb = error.__traceback__
     while tb is not None and _engine_frame(tb.tb_frame):
         tb = tb.tb_next
