@@ -112,7 +112,7 @@ def _lock_execution(
         "run_node": node,
         "run_sub": sub,
         "run_updated_at": to_db_time(now),
-        **_prefixed("set_", changes),
+        **prefixed("set_", changes),
     }
     statement = prepared.lock_run_at_cursor(tuple(sorted(changes)))
     if connection.execute(statement, params).rowcount != 1:
@@ -126,7 +126,7 @@ def _settle_step(
         "step_run": execution_id,
         "step_name": name,
         "step_attempt": attempt,
-        **_prefixed("set_", changes),
+        **prefixed("set_", changes),
     }
     statement = prepared.settle_held_step(tuple(sorted(changes)))
     if connection.execute(statement, params).rowcount != 1:
@@ -283,7 +283,7 @@ def fail_run_locked(
     plan = next_unwind_step(steps, committed, compensations)
     values = {**failed_run_values(plan, reason), "updated_at": to_db_time(now)}
     statement = prepared.update_run(tuple(sorted(values)))
-    connection.execute(statement, {"run_id": execution_id, **_prefixed("set_", values)})
+    connection.execute(statement, {"run_id": execution_id, **prefixed("set_", values)})
     return plan
 
 
@@ -299,7 +299,8 @@ def failed_run_values(plan: UnwindStep, reason: str) -> dict[str, Any]:
     return values
 
 
-def _prefixed(prefix: str, values: dict[str, Any]) -> dict[str, Any]:
+def prefixed(prefix: str, values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` as bind parameters named ``<prefix><column>``."""
     return {f"{prefix}{key}": value for key, value in values.items()}
 
 

@@ -129,21 +129,23 @@ def _completion_values(finished: bool, pivot: bool) -> tuple[dict[str, Any], dic
     return run, step
 
 
-def _run_and_step_in_one(run: dict[str, Any], step: dict[str, Any]) -> Any:
-    """PostgreSQL: change the run at this position and the step this attempt holds in ONE
-    statement, whose rowcount is 1 only if both changed. The run is locked first: the step
-    row may only change together with it (a CTE's UPDATE commits even when the outer UPDATE
-    then matches nothing)."""
-    run_here = select(executions.c.id).where(run_at_cursor()).with_for_update().cte("run")
+def run_and_step_in_one(
+    run_guard: Any, step_guard: Any, run: dict[str, Any], step: dict[str, Any]
+) -> Any:
+    """PostgreSQL: change the run matching ``run_guard`` and the step matching
+    ``step_guard`` in ONE statement, whose rowcount is 1 only if both changed. The run is
+    locked first: the step row may only change together with it (a CTE's UPDATE commits
+    even when the outer UPDATE then matches nothing)."""
+    run_here = select(executions.c.id).where(run_guard).with_for_update().cte("run")
     settled = (
         update(step_records)
-        .where(step_held(), step_records.c.execution_id.in_(select(run_here.c.id)))
+        .where(step_guard, step_records.c.execution_id.in_(select(run_here.c.id)))
         .values(**step)
         .returning(step_records.c.execution_id)
         .cte("settled")
     )
     owner = executions.c.id == select(settled.c.execution_id).scalar_subquery()
-    return update(executions).where(run_at_cursor(), owner).values(**run)
+    return update(executions).where(run_guard, owner).values(**run)
 
 
 @functools.cache
@@ -157,7 +159,7 @@ def fail_in_one(changes: tuple[str, ...]) -> Any:
         "completed_at": _param("step_completed_at", step_records.c.completed_at),
         "lease_expires_at": None,
     }
-    return _run_and_step_in_one(_bumped_run(changes), step)
+    return run_and_step_in_one(run_at_cursor(), step_held(), bumped_run(changes), step)
 
 
 @functools.cache
@@ -166,7 +168,7 @@ def complete_in_one(dialect: str, finished: bool, pivot: bool) -> tuple[Any, int
     both rows changed; None where the dialect has no such statement (SQLite)."""
     run, step = _completion_values(finished, pivot)
     if dialect == "postgresql":
-        return _run_and_step_in_one(run, step), 1
+        return run_and_step_in_one(run_at_cursor(), step_held(), run, step), 1
     if dialect in ("mysql", "mariadb"):
         joined = step_records.c.execution_id == executions.c.id
         both = {
@@ -187,10 +189,10 @@ def new_run() -> Any:
 def lock_run_at_cursor(changes: tuple[str, ...] = ()) -> Any:
     """Bump the run's version at this position (its row lock). Params: the
     ``run_at_cursor`` ones, ``run_updated_at`` and ``set_<column>`` for each of ``changes``."""
-    return update(executions).where(run_at_cursor()).values(**_bumped_run(changes))
+    return update(executions).where(run_at_cursor()).values(**bumped_run(changes))
 
 
-def _bumped_run(changes: tuple[str, ...]) -> dict[str, Any]:
+def bumped_run(changes: tuple[str, ...]) -> dict[str, Any]:
     """A run row's new version, ``run_updated_at``, and ``set_<column>`` for each of
     ``changes``."""
     return {

@@ -32,7 +32,7 @@ from celery_saga.records import (
 )
 from celery_saga.store import prepared
 from celery_saga.store.database import Database, to_db_time
-from celery_saga.store.forward import Conflict
+from celery_saga.store.forward import Conflict, prefixed
 from celery_saga.store.queries import snapshot_from_rows, snapshot_query
 from celery_saga.store.rows import step_from_row
 from celery_saga.store.tables import executions, step_records
@@ -216,29 +216,12 @@ _STEP_OUTCOME = {
 }
 
 
-def _run_values(changes: Collection[str]) -> dict[str, Any]:
-    values: dict[str, Any] = {
-        "version": executions.c.version + 1,
-        "updated_at": _param("at", executions.c.updated_at),
-    }
-    values.update({key: _param(f"run_{key}", executions.c[key]) for key in changes})
-    return values
-
-
 @functools.cache
 def _outcome_in_one(changes: tuple[str, ...]) -> Any:
     """PostgreSQL: lock the compensating run, settle the step held by this attempt, and
     move the run, in one statement whose rowcount is 1 only if all three happened."""
-    run_here = select(executions.c.id).where(_compensating_run()).with_for_update().cte("run")
-    settled = (
-        update(step_records)
-        .where(_step_settled(), step_records.c.execution_id.in_(select(run_here.c.id)))
-        .values(**_STEP_OUTCOME)
-        .returning(step_records.c.execution_id)
-        .cte("settled")
-    )
-    owner = executions.c.id == select(settled.c.execution_id).scalar_subquery()
-    return update(executions).where(_compensating_run(), owner).values(**_run_values(changes))
+    run = prepared.bumped_run(changes)
+    return prepared.run_and_step_in_one(_compensating_run(), _step_settled(), run, _STEP_OUTCOME)
 
 
 def _outcome_in_a_transaction(
@@ -246,7 +229,8 @@ def _outcome_in_a_transaction(
 ) -> None:
     """Elsewhere: the same two row changes in one transaction, run row (its lock) first."""
     moved = connection.execute(
-        update(executions).where(_compensating_run()).values(**_run_values(changes)), params
+        update(executions).where(_compensating_run()).values(**prepared.bumped_run(changes)),
+        params,
     )
     if moved.rowcount != 1:
         raise Conflict(params["run_id"])
@@ -278,14 +262,16 @@ def record_compensation(
     """
     plan = next_after_outcome(steps, committed, compensations, name, outcome, reason)
     changes = _run_changes(plan, name, reason)
+    stamp = to_db_time(now)
     params: dict[str, Any] = {
         "run_id": execution_id,
         "step_name": name,
         "attempt": attempt,
         "outcome": outcome.value,
         "reason": reason,
-        "at": to_db_time(now),
-        **{f"run_{key}": value for key, value in changes.items()},
+        "at": stamp,
+        "run_updated_at": stamp,
+        **prefixed("set_", changes),
     }
     shape = tuple(sorted(changes))
     if db.dialect == "postgresql":

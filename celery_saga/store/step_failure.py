@@ -65,7 +65,7 @@ def fail_held_step(
         "step_attempt": attempt,
         "step_error": error,
         "step_completed_at": stamp,
-        **{f"set_{key}": value for key, value in changes.items()},
+        **forward.prefixed("set_", changes),
     }
     statement = prepared.fail_in_one(tuple(sorted(changes)))
     with db.single_statement() as connection:
