@@ -58,6 +58,35 @@ def loop_arguments(iteration: int | None, item: Any, for_each: bool) -> dict[str
     return {"iteration": iteration, "item": item} if for_each else {"iteration": iteration}
 
 
+def _without_run(
+    execution_id: str,
+    definition: SagaDefinition,
+    record_name: str,
+    key: str,
+    attempt: int,
+    loop: tuple[int | None, Any, bool],
+    forward_key: str | None = None,
+    forward_result: Any = None,
+) -> SagaContext:
+    """The context of a callable that needs neither the run's input nor its results.
+    ``loop``: (iteration, item, is for_each) of a loop body step."""
+    iteration, item, for_each = loop
+    return SagaContext(
+        execution_id,
+        definition.name,
+        record_name,
+        None,
+        {},
+        key,
+        attempt,
+        forward_key=forward_key,
+        forward_result=forward_result,
+        extra=loop_arguments(iteration, item, for_each),
+        iteration=iteration,
+        item=item,
+    )
+
+
 def step_context(
     db: Database,
     definition: SagaDefinition,
@@ -73,18 +102,7 @@ def step_context(
     ``loop``: (iteration, item, is for_each) of a loop body step."""
     iteration, item, for_each = loop
     if not needs_context(spec):
-        return SagaContext(
-            execution_id,
-            definition.name,
-            record_name,
-            None,
-            {},
-            key,
-            attempt,
-            extra=loop_arguments(iteration, item, for_each),
-            iteration=iteration,
-            item=item,
-        )
+        return _without_run(execution_id, definition, record_name, key, attempt, loop)
     execution, steps = snapshot or queries.load_snapshot(db, execution_id)
     assert execution is not None
     return run_context(
@@ -119,21 +137,16 @@ def reversal_context(
         items = queries.load_decision(db, record.execution_id, f"items:{record.node}")
         assert iteration is not None
         item = items[0][iteration] if items is not None else None
-    extra = loop_arguments(iteration, item, for_each)
     if unwinding.run is None:
-        return SagaContext(
+        return _without_run(
             record.execution_id,
-            definition.name,
+            definition,
             record.name,
-            None,
-            {},
             key,
             attempt,
+            (iteration, item, for_each),
             forward_key=record.idempotency_key,
             forward_result=record.result,
-            extra=extra,
-            iteration=iteration,
-            item=item,
         )
     return run_context(
         db,
@@ -145,7 +158,7 @@ def reversal_context(
         attempt=attempt,
         iteration=iteration,
         item=item,
-        extra=extra,
+        extra=loop_arguments(iteration, item, for_each),
         forward_key=record.idempotency_key,
         forward_result=record.result,
     )
