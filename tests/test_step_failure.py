@@ -12,13 +12,12 @@ from typing import Any
 import pytest
 
 from celery_saga import Saga, SagaContext, SagaEngine
-from celery_saga.decisions.cursor import Advance
 from celery_saga.decisions.unwind import UnwindKind
 from celery_saga.records import ExecutionState, RollbackStatus, StepStatus
 from celery_saga.store import forward, queries, step_failure
 from celery_saga.store.database import Database
 from tests.conftest import in_process_pg_engine
-from tests.test_store_conditions import NOW, _claimed_run
+from tests.test_store_conditions import NOW, _claimed_run, _complete_a
 from tests.test_store_failures import _failing_first
 
 LEASE = timedelta(seconds=60)
@@ -33,17 +32,7 @@ def _run_at_second_step(db: Database, compensatable: bool = True) -> str:
     """Step ``a`` completed, step ``b`` claimed by attempt 1; both declare a compensation
     (``compensatable``) or neither does."""
     run = _claimed_run(db, compensatable)
-    assert forward.record_step_completed(
-        db,
-        execution_id=run,
-        name="a",
-        attempt=1,
-        node=0,
-        sub=0,
-        result_blob=b"\xc0",
-        advance=Advance(1, 0, False, False),
-        now=NOW,
-    )
+    assert _complete_a(db, run)
     assert _claim_b(db, run, compensatable) == 1
     return run
 

@@ -66,6 +66,24 @@ def _claimed_run(db: Database, compensatable: bool = True) -> str:
     return execution_id
 
 
+def _complete_a(
+    db: Database, execution_id: str, now: datetime = NOW, advance: Advance | None = None
+) -> bool:
+    """Record attempt 1 of step ``a`` (node 0) completed, moving to node 1 unless
+    ``advance`` says otherwise."""
+    return forward.record_step_completed(
+        db,
+        execution_id=execution_id,
+        name="a",
+        attempt=1,
+        node=0,
+        sub=0,
+        result_blob=b"\xc0",
+        advance=advance or Advance(1, 0, False, False),
+        now=now,
+    )
+
+
 def test_outcome_is_not_recorded_once_the_run_left_the_position(db: Database) -> None:
     execution_id = _claimed_run(db)
     assert (
@@ -78,17 +96,7 @@ def test_outcome_is_not_recorded_once_the_run_left_the_position(db: Database) ->
         )
         is not None
     )
-    recorded = forward.record_step_completed(
-        db,
-        execution_id=execution_id,
-        name="a",
-        attempt=1,
-        node=0,
-        sub=0,
-        result_blob=b"\xc0",
-        advance=Advance(1, 0, False, False),
-        now=NOW,
-    )
+    recorded = _complete_a(db, execution_id)
     execution, steps = queries.load_snapshot(db, execution_id)
     assert recorded is False
     assert steps[0].status is StepStatus.RUNNING, "the step row must not change alone"
@@ -115,17 +123,7 @@ def test_outcome_of_a_claim_taken_over_is_refused(db: Database) -> None:
         )
         == 2
     )
-    assert not forward.record_step_completed(
-        db,
-        execution_id=execution_id,
-        name="a",
-        attempt=1,
-        node=0,
-        sub=0,
-        result_blob=b"\xc0",
-        advance=Advance(1, 0, False, False),
-        now=later,
-    )
+    assert not _complete_a(db, execution_id, now=later)
     execution, steps = queries.load_snapshot(db, execution_id)
     assert execution is not None and execution.cursor == 0
     assert (steps[0].status, steps[0].attempts) == (StepStatus.RUNNING, 2)
@@ -173,17 +171,7 @@ def test_a_run_is_not_failed_from_outside_while_a_step_holds_a_live_lease(db: Da
 
 def test_failing_from_outside_honours_a_pivot_passed_after_any_earlier_read(db: Database) -> None:
     execution_id = _claimed_run(db)
-    assert forward.record_step_completed(
-        db,
-        execution_id=execution_id,
-        name="a",
-        attempt=1,
-        node=0,
-        sub=0,
-        result_blob=b"\xc0",
-        advance=Advance(2, 0, False, True),
-        now=NOW,
-    )
+    assert _complete_a(db, execution_id, advance=Advance(2, 0, False, True))
     plan = forward.fail_execution(
         db,
         execution_id=execution_id,
