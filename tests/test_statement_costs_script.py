@@ -1,0 +1,37 @@
+"""The statement-cost benchmark runs the store's real hot-path writes and cleans up."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from sqlalchemy import create_engine, text
+
+from tests.conftest import PORTS, ROOT, _test_database_url, require_services
+
+
+def test_statement_costs_measures_every_write_and_drops_its_schema() -> None:
+    require_services(PORTS["postgres"])
+    url = _test_database_url()
+    done = subprocess.run(
+        [sys.executable, "benchmarks/statement_costs.py", "--count", "20", "--repeats", "1"],
+        cwd=ROOT,
+        env={**os.environ, "BENCH_STORE_URL": url},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    number = r"\s+\d+\.\d{3}"
+    for label in ("chain write", "new run", "forward claim", "reversal outcome"):
+        assert re.search(rf"^  {label}{number}{number}{number}$", done.stdout, re.M), done.stdout
+    assert re.search(r"^  reversal(\s+\d+\.\d{3}){3}(\s+\d+\.\d\dx){3}$", done.stdout, re.M)
+    engine = create_engine(url)
+    with engine.connect() as connection:
+        left = connection.execute(
+            text("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'statement_costs_%'")
+        ).all()
+    engine.dispose()
+    assert left == []
