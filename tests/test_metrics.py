@@ -73,7 +73,14 @@ def test_metrics_count_runs_steps_and_reversals_of_real_runs(
     assert saga_kit.run("metered", {"fail": True, "stuck": True}).state is (
         ExecutionState.COMPENSATION_STUCK
     )
+    # The run is parked in the store before its event is counted: wait for the count.
+    deadline = time.monotonic() + 10
     found = samples(generate_latest(registry).decode())
+    while not value(found, "saga_runs_parked_total", saga="metered") and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.05)
+        found = samples(generate_latest(registry).decode())
     assert value(found, "saga_runs_started_total", saga="metered") == 3
     assert value(found, "saga_runs_completed_total", saga="metered") == 1
     assert value(found, "saga_runs_failed_total", saga="metered", rollback_status="completed") == 1

@@ -27,7 +27,9 @@ def test_statement_costs_measures_every_write_and_drops_its_schema() -> None:
     number = r"\s+\d+\.\d{3}"
     for label in ("chain write", "new run", "forward claim", "reversal outcome"):
         assert re.search(rf"^  {label}{number}{number}{number}$", done.stdout, re.M), done.stdout
-    assert re.search(r"^  reversal(\s+\d+\.\d{3}){3}(\s+\d+\.\d\dx){3}$", done.stdout, re.M)
+    # Twenty runs may spend less than one clock tick of server CPU: no ratio is shown then.
+    ratios = r"(\s+\d+\.\d\dx){2}\s+(\d+\.\d\dx|-)"
+    assert re.search(rf"^  reversal(\s+\d+\.\d{{3}}){{3}}{ratios}$", done.stdout, re.M), done.stdout
     engine = create_engine(url)
     with engine.connect() as connection:
         left = connection.execute(
