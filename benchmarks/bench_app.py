@@ -33,6 +33,7 @@ import sys
 import threading
 from typing import Any
 
+from bench_infra import WRITE_SQL
 from celery import Celery
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
@@ -116,12 +117,12 @@ if CHAIN_ACKS_LATE:
     _CHAIN_TASK_OPTIONS.update(acks_late=True, reject_on_worker_lost=True)
 
 
+_WRITE = text(WRITE_SQL.format(table=WRITES_TABLE))
+
+
 def insert_row(run_id: str, batch: str, seq: int) -> None:
     with bench_db().begin() as connection:
-        connection.execute(
-            text(f"INSERT INTO {WRITES_TABLE} (run_id, batch, seq) VALUES (:r, :b, :s)"),
-            {"r": run_id, "b": batch, "s": seq},
-        )
+        connection.execute(_WRITE, {"r": run_id, "b": batch, "s": seq})
 
 
 @app.task(name="bench.write", **_CHAIN_TASK_OPTIONS)

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,21 +60,32 @@ def wait_until(predicate: Callable[[], bool], timeout: float, interval: float, w
 
 
 # --- database ------------------------------------------------------------------------------
+#: The chain task's one write (``bench.write``), into a table made by ``create_writes_table``.
+WRITE_SQL = "INSERT INTO {table} (run_id, batch, seq) VALUES (:r, :b, :s)"
+
+
+def create_writes_table(connection: Any, table: str) -> None:
+    """The chain's table: one row per task, found by run and by batch."""
+    from sqlalchemy import text
+
+    connection.execute(
+        text(
+            f"CREATE TABLE {table} (id BIGSERIAL PRIMARY KEY, "
+            "run_id VARCHAR(64) NOT NULL, batch VARCHAR(64) NOT NULL, seq INTEGER NOT NULL, "
+            "written_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+        )
+    )
+    for name, columns in (("run", "run_id, seq"), ("batch", "batch, seq")):
+        connection.execute(text(f"CREATE INDEX ix_{table}_{name} ON {table} ({columns})"))
+
+
 def prepare_database(bench: Any) -> None:
     import bench_profile
     from sqlalchemy import text
 
     with bench.bench_db().begin() as connection:
         connection.execute(text(f'CREATE SCHEMA "{bench.SCHEMA}"'))
-        connection.execute(
-            text(
-                f"CREATE TABLE {bench.WRITES_TABLE} (id BIGSERIAL PRIMARY KEY, "
-                "run_id VARCHAR(64) NOT NULL, batch VARCHAR(64) NOT NULL, seq INTEGER NOT NULL, "
-                "written_at TIMESTAMPTZ NOT NULL DEFAULT now())"
-            )
-        )
-        for name, columns in (("ix_bench_run", "run_id, seq"), ("ix_bench_batch", "batch, seq")):
-            connection.execute(text(f"CREATE INDEX {name} ON {bench.WRITES_TABLE} ({columns})"))
+        create_writes_table(connection, bench.WRITES_TABLE)
         connection.execute(text(bench_profile.CREATE_TABLE))  # the counting phase needs it
     bench.engine.ensure_schema()  # saga store tables, inside the same private schema
 
@@ -93,12 +104,17 @@ VACUUMED = ("saga_executions", "saga_steps", "saga_decisions", "bench_writes")
 def vacuum(bench: Any) -> float:
     """``VACUUM ANALYZE`` the schema's tables, as autovacuum does between bursts on a
     default server (this one may run with it off); the seconds it took."""
+    return vacuum_tables(bench.bench_db(), VACUUMED)
+
+
+def vacuum_tables(engine: Any, tables: Sequence[str]) -> float:
+    """``VACUUM ANALYZE`` each of ``tables`` through ``engine``; the seconds it took."""
     from sqlalchemy import text
 
     started = time.perf_counter()
-    with bench.bench_db().connect() as connection:
+    with engine.connect() as connection:
         connection = connection.execution_options(isolation_level="AUTOCOMMIT")
-        for table in VACUUMED:
+        for table in tables:
             connection.execute(text(f"VACUUM ANALYZE {table}"))
     return time.perf_counter() - started
 
@@ -232,29 +248,42 @@ def purge_queue(bench: Any) -> int:
 
 
 # --- /proc ---------------------------------------------------------------------------------
+def _stat(pid: int | str) -> tuple[str, list[str]] | None:
+    """(command name, stat fields after the name) of process ``pid``; None if unreadable."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return raw[raw.index("(") + 1 : raw.rindex(")")], raw[raw.rindex(")") + 2 :].split()
+
+
 def _proc_stats() -> list[tuple[str, list[str], int]]:
     """(command name, stat fields after the name, pid) of every readable process."""
     result = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            raw = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        name = raw[raw.index("(") + 1 : raw.rindex(")")]
-        result.append((name, raw[raw.rindex(")") + 2 :].split(), int(entry)))
+        stat = _stat(entry) if entry.isdigit() else None
+        if stat is not None:
+            result.append((*stat, int(entry)))
     return result
+
+
+def _cpu_seconds(fields: list[str]) -> float:
+    # fields[0] = state, [2] = pgid, [11] = utime, [12] = stime
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds_of(pid: int) -> float | None:
+    """CPU seconds process ``pid`` used so far; None if it is not on this host."""
+    stat = _stat(pid)
+    return None if stat is None else _cpu_seconds(stat[1])
 
 
 def process_cpu_seconds(worker_pid: int | None) -> dict[str, float]:
     """CPU seconds used so far by the worker's processes, PostgreSQL, the broker and this
     driver (Linux /proc; other users of the same servers are counted too)."""
     groups = {"worker": 0.0, "postgres": 0.0, "broker": 0.0}
-    tick = os.sysconf("SC_CLK_TCK")
     for name, fields, _pid in _proc_stats():
-        # fields[0] = state, [2] = pgid, [11] = utime, [12] = stime
-        cpu = (int(fields[11]) + int(fields[12])) / tick
+        cpu = _cpu_seconds(fields)
         if worker_pid is not None and int(fields[2]) == worker_pid:
             groups["worker"] += cpu
         elif name.startswith("postgres"):

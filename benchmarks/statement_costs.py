@@ -29,6 +29,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from bench_infra import WRITE_SQL, cpu_seconds_of, create_writes_table, vacuum_tables
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
@@ -43,25 +44,15 @@ WRITES = "statement_costs_writes"
 STEPS = ("a", "b")
 Measures = dict[str, tuple[float, float, float | None]]
 NOTHING = pack(None, what="an empty payload")
+CHAIN_WRITE = text(WRITE_SQL.format(table=WRITES))
 
 
 def now() -> datetime:
     return datetime.now(UTC)
 
 
-def backend_cpu(pid: int) -> float | None:
-    """CPU seconds of server process ``pid`` so far; None if it is not on this host."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def backend_pid(db: Database) -> int:
-    with db.single_statement() as connection:
-        return int(connection.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+def backend_pid(connection: Any) -> int:
+    return int(connection.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
 
 
 class Store:
@@ -78,15 +69,7 @@ class Store:
         # The chain task's own engine and table, as in bench_app.py.
         self.chain = create_engine(scoped, pool_size=1)
         with self.chain.begin() as connection:
-            connection.execute(
-                text(
-                    f"CREATE TABLE {WRITES} (id BIGSERIAL PRIMARY KEY, run_id VARCHAR(64) NOT "
-                    "NULL, batch VARCHAR(64) NOT NULL, seq INTEGER NOT NULL, written_at "
-                    "TIMESTAMPTZ NOT NULL DEFAULT now())"
-                )
-            )
-            for columns in ("run_id, seq", "batch, seq"):
-                connection.execute(text(f"CREATE INDEX ON {WRITES} ({columns})"))
+            create_writes_table(connection, WRITES)
 
     def drop(self) -> None:
         self.db.dispose()
@@ -101,16 +84,12 @@ class Store:
         those of the tables as they were when first analyzed, or never: on tables analyzed
         when they held 50 runs, a reversal's claim then cost 1.5 ms of server CPU at 2,000
         runs, 0.2-0.3 ms after a new ``ANALYZE``."""
-        with self.admin.connect() as connection:
-            connection = connection.execution_options(isolation_level="AUTOCOMMIT")
-            for table in ("saga_executions", "saga_steps", WRITES):
-                connection.execute(text(f'VACUUM ANALYZE "{self.schema}".{table}'))
+        vacuum_tables(self.chain, ("saga_executions", "saga_steps", WRITES))
 
     # -- the writes, one run id each ------------------------------------------------------
     def chain_write(self, run_id: str) -> None:
-        insert = text(f"INSERT INTO {WRITES} (run_id, batch, seq) VALUES (:r, :b, :s)")
         with self.chain.begin() as connection:
-            connection.execute(insert, {"r": run_id, "b": "costs", "s": 0})
+            connection.execute(CHAIN_WRITE, {"r": run_id, "b": "costs", "s": 0})
 
     def new_run(self, run_id: str) -> None:
         queries.create_execution(
@@ -201,11 +180,11 @@ class Meter:
         self.server_known = True
 
     def __call__(self, label: str, pid: int, call: Callable[..., Any], *args: Any) -> Any:
-        server_before = backend_cpu(pid)
+        server_before = cpu_seconds_of(pid)
         client_before, started = time.process_time(), time.perf_counter()
         result = call(*args)
         wall, client = time.perf_counter() - started, time.process_time() - client_before
-        server_after = backend_cpu(pid)
+        server_after = cpu_seconds_of(pid)
         if server_before is None or server_after is None:
             self.server_known = False
             server = 0.0
@@ -244,9 +223,10 @@ def one_repeat(store: Store, count: int) -> Measures:
     reversal of its last step. Row versions then land as they do on a worker (an update
     finds room on its page, PostgreSQL's HOT update), not as a batch per kind would."""
     meter = Meter()
-    saga = backend_pid(store.db)
+    with store.db.single_statement() as connection:
+        saga = backend_pid(connection)
     with store.chain.connect() as connection:
-        chain = int(connection.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+        chain = backend_pid(connection)
     for _ in range(count):
         run_id = uuid.uuid4().hex
         meter("chain write", chain, store.chain_write, run_id)
@@ -257,7 +237,9 @@ def one_repeat(store: Store, count: int) -> Measures:
         store.fail(run_id)
         unwinding = meter("reversal claim", saga, store.reversal_claim, run_id)
         meter("reversal outcome", saga, store.reversal_outcome, run_id, unwinding)
-    if backend_pid(store.db) != saga:
+    with store.db.single_statement() as connection:
+        moved = backend_pid(connection) != saga
+    if moved:
         raise RuntimeError("the store changed connections during the repeat")
     return meter.per_call()
 
