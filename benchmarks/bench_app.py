@@ -85,6 +85,11 @@ app.conf.update(
     broker_connection_max_retries=3,
 )
 
+if PROFILE:
+    import bench_profile
+
+    bench_profile.count_store_statements()
+
 engine = SagaEngine(app, store_url=STORE_URL)
 
 
@@ -163,6 +168,4 @@ unwind_saga.step(f"s{STEPS_PER_RUN}", fail, retry=1)
 engine.register(unwind_saga)
 
 if PROFILE:
-    import bench_profile
-
     bench_profile.install(sys.modules[__name__])

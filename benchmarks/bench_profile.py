@@ -16,6 +16,15 @@ task, from ``task_prerun`` to ``task_postrun`` (which includes publishing the ne
   ``claim_next_reversal`` and ``record_compensation``), in publishing the next node or
   reversal, in the step body and in event emission; the rest is Celery/engine overhead.
 
+- the host-clock time of the task's start and end, and of the first call and last return
+  of its claim, outcome write and publish, with the run's id: ``bench_hop_split`` splits
+  each hop of the single runs with them.
+
+The store's statements are counted through the store's own statement counter, which it also
+calls for the statements it sends straight to the driver: a listener of its engine's
+statement events would make it run them through SQLAlchemy instead, and the profile would
+time another path than the one an unprofiled worker runs.
+
 Rows are buffered per process and written to the ``bench_profile`` table of the run's
 schema in small batches (outside the measured task), and finally on process shutdown.
 The wrappers cost microseconds per call; use the numbers of a run WITHOUT ``--profile`` for
@@ -51,6 +60,9 @@ COLUMNS = (
     "publish_ms",
     "body_ms",
     "emit_ms",
+    "run_id",
+    *(f"t_{point}" for point in ("start", "end")),
+    *(f"t_{field}_{edge}" for field in ("claim", "record", "publish") for edge in ("in", "out")),
 )
 TIMED = ("snapshot_ms", "claim_ms", "record_ms", "publish_ms", "body_ms", "emit_ms")
 KINDS = {"bench.write": "chain", "bench_unwind.s5": "unwind-fail"}
@@ -69,7 +81,10 @@ CREATE_TABLE = (
     "cpu_ms DOUBLE PRECISION, statements INTEGER, commits INTEGER, durable INTEGER, "
     "pings INTEGER, "
     "snapshot_ms DOUBLE PRECISION, claim_ms DOUBLE PRECISION, record_ms DOUBLE PRECISION, "
-    "publish_ms DOUBLE PRECISION, body_ms DOUBLE PRECISION, emit_ms DOUBLE PRECISION)"
+    "publish_ms DOUBLE PRECISION, body_ms DOUBLE PRECISION, emit_ms DOUBLE PRECISION, "
+    "run_id VARCHAR(64), "
+    + ", ".join(f"{name} DOUBLE PRECISION" for name in COLUMNS if name.startswith("t_"))
+    + ")"
 )
 
 _current: dict[str, Any] | None = None
@@ -84,11 +99,15 @@ def _timed(field: str, function: Callable[..., Any]) -> Callable[..., Any]:
         if _current is None:
             return function(*args, **kwargs)
         started = time.perf_counter()
+        # The first call's start and the last call's end, on the host's clock (the hop
+        # split in bench_hop_split compares them across pool processes).
+        _current.setdefault(f"t_{field[:-3]}_in", time.time())
         try:
             return function(*args, **kwargs)
         finally:
             if _current is not None:
                 _current[field] += (time.perf_counter() - started) * 1000
+                _current[f"t_{field[:-3]}_out"] = time.time()
 
     return wrapper
 
@@ -144,9 +163,19 @@ def _on_prerun(sender: Any = None, task: Any = None, **_kwargs: Any) -> None:
         "durable": 0,
         "pings": 0,
         **dict.fromkeys(TIMED, 0.0),
+        "run_id": _run_of(task),
+        "t_start": time.time(),
         "_wall": time.perf_counter(),
         "_cpu": time.process_time(),
     }
+
+
+def _run_of(task: Any) -> str | None:
+    """The execution id in the saga header of the message ``task`` runs (None: a chain)."""
+    from celery_saga.worker.saga_header import read_header
+
+    header = read_header(task.request)
+    return None if header is None else str(header["id"])
 
 
 def _on_postrun(**_kwargs: Any) -> None:
@@ -157,6 +186,7 @@ def _on_postrun(**_kwargs: Any) -> None:
     current["wall_ms"] = (time.perf_counter() - current.pop("_wall")) * 1000
     current["cpu_ms"] = (time.process_time() - current.pop("_cpu")) * 1000
     current["ts"], current["pid"] = time.time(), os.getpid()
+    current["t_end"] = current["ts"]
     _buffer.append(current)
     if len(_buffer) >= 200 or time.monotonic() - _last_flush[0] > 0.5:
         flush()
@@ -178,6 +208,20 @@ def flush(**_kwargs: Any) -> None:
             )
     except Exception as error:  # profiling must never break the benchmark
         print(f"bench_profile: could not write {len(rows)} rows: {error!r}", flush=True)
+
+
+def count_store_statements() -> None:
+    """Count the store's statements with the counter it tells of every statement, the ones
+    it sends straight to the driver included. Call before the store is created."""
+    from celery_saga.store.database import Database
+
+    counted = Database._count
+
+    def _count(self: Any, conn: Any, cursor: Any, statement: str, *rest: Any) -> Any:
+        _on_statement(conn, cursor, statement)
+        return counted(self, conn, cursor, statement, *rest)
+
+    Database._count = _count  # type: ignore[method-assign]
 
 
 def install(app_module: Any) -> None:
@@ -204,7 +248,19 @@ def install(app_module: Any) -> None:
         if hasattr(owner, attribute):  # the engine's internals move; time what is there
             setattr(owner, attribute, _timed(field, getattr(owner, attribute)))
 
-    event.listen(Engine, "before_cursor_execute", _on_statement)
+    # Statements of the chain's engine are seen through its events; the store's through its
+    # own counter (see count_store_statements): a listener of its engine's statement events
+    # would make it run its hot path through SQLAlchemy instead of straight to the driver.
+    original_db = app_module.bench_db
+
+    @functools.wraps(original_db)
+    def bench_db() -> Engine:
+        engine = original_db()
+        if not event.contains(engine, "before_cursor_execute", _on_statement):
+            event.listen(engine, "before_cursor_execute", _on_statement)
+        return engine
+
+    app_module.bench_db = bench_db
     event.listen(Engine, "commit", _on_commit)
     event.listen(Engine, "rollback", _on_rollback)
     dialect_class = type(saga_engine.db.engine.dialect)

@@ -83,11 +83,17 @@ def _measure(bench: Any, args: argparse.Namespace) -> dict[str, Any]:
     deadline = Deadline(args.max_seconds)
     result = bench_phases.timed(bench, args, deadline)
     if args.profile:
+        import bench_hop_split
         import bench_profile
 
         print("\n== profile of the timed worker: mean per task (ms, counts)")
         with bench.bench_db().connect() as connection:
             for line in bench_profile.summarize(connection, result["windows"]):
+                print(line)
+            print("\n== where a hop of the single runs goes (profiled worker)")
+            for line in bench_hop_split.report(
+                bench_hop_split.split(connection, *result["windows"]["latency"])
+            ):
                 print(line)
     deadline.check("counting")
     result["counts"] = bench_phases.counted(bench, args)
