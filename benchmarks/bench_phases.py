@@ -16,7 +16,14 @@ import time
 from typing import Any
 
 from bench_infra import Deadline, Worker, running, vacuum, worker_rss_mb
-from bench_sides import ChainSide, SagaSide, UnwindSide, hops, throughput_round
+from bench_sides import (
+    ChainSide,
+    SagaSide,
+    UnwindSide,
+    chain_hops,
+    hops,
+    throughput_round,
+)
 
 ORDER = ("chain", "saga", "unwind")
 
@@ -69,7 +76,7 @@ def _throughput(
                 _batch_size(name, args),
                 args.batch_poll,
                 args.batch_timeout,
-                worker.pid if args.profile else None,
+                worker.pid,
             )
             rounds[name].append(result)
             before = "" if vacuumed is None else f", after a {vacuumed:.2f} s VACUUM ANALYZE"
@@ -94,6 +101,7 @@ def timed(bench: Any, args: argparse.Namespace, deadline: Deadline) -> dict[str,
         latency = _latency(sides, args, worker, deadline)
         windows = {"latency": (window_start, time.time())}
         measured_hops = {
+            "chain": chain_hops(bench, sides["chain"].single_ids),
             "saga_forward": hops(bench, sides["saga"].single_ids)["forward"],
             **{
                 f"unwind_{kind}": values

@@ -34,6 +34,7 @@ def summary(result: dict[str, Any]) -> dict[str, float]:
         out[f"{name}_latency_p95"] = _p95(latency[name])
         out[f"{name}_runs_per_s"] = _median([r["runs_per_s"] for r in rounds[name]])
         out[f"{name}_steps_per_s"] = _median([r["steps_per_s"] for r in rounds[name]])
+    out["chain_hop"] = _median(hop.get("chain", []))
     out["forward_hop"] = _median(hop["saga_forward"])
     out["unwind_forward_hop"] = _median(hop["unwind_forward"])
     out["reversal_hop"] = _median(hop["unwind_reversal"])
@@ -47,6 +48,7 @@ def summary(result: dict[str, Any]) -> dict[str, float]:
     out["reversal_ratio"] = out["reversal_hop"] / out["forward_hop"]
     out["first_ratio"] = out["first_reversal_hop"] / out["forward_hop"]
     out["later_ratio"] = out["later_reversal_hop"] / out["forward_hop"]
+    out["hop_ratio"] = out["forward_hop"] / out["chain_hop"]
     rss = result.get("rss") or {}
     counts = sorted(int(n) for n in rss if n != "0")
     out["rss_first"] = rss[str(counts[0])]["total"] if counts else float("nan")
@@ -97,6 +99,11 @@ def _print_throughput(result: dict[str, Any], s: dict[str, float]) -> None:
 def _print_hops(result: dict[str, Any], s: dict[str, float]) -> None:
     hop = result["hops"]
     print("\n== hops of the single runs (ms, from one node's recorded outcome to the next's)")
+    chain = hop.get("chain", [])
+    print(
+        f"  chain hop    (write, write)  median {s['chain_hop']:6.2f}  "
+        f"p95 {_p95(chain):6.2f}  n={len(chain)}"
+    )
     print(
         f"  forward hop  (saga)          median {s['forward_hop']:6.2f}  "
         f"p95 {_p95(hop['saga_forward']):6.2f}  n={len(hop['saga_forward'])}"
@@ -153,6 +160,7 @@ def print_ratios(s: dict[str, float]) -> None:
     lines = (
         ("latency median saga/chain", s["latency_ratio"], "<= 1.15x", s["latency_ratio"] <= 1.15),
         ("latency p95    saga/chain", s["p95_ratio"], "", None),
+        ("  forward hop / chain hop", s["hop_ratio"], "", None),
         (
             "throughput     saga/chain",
             s["throughput_ratio"],
@@ -192,9 +200,11 @@ def print_both(results: dict[str, dict[str, Any]]) -> None:
         ("saga latency median / p95 (ms)", "saga_latency_median", "saga_latency_p95"),
         ("chain / saga steps/s", "chain_steps_per_s", "saga_steps_per_s"),
         ("unwinds/s", "unwind_runs_per_s", None),
+        ("chain hop / forward hop (ms)", "chain_hop", "forward_hop"),
         ("forward hop / reversal hop (ms)", "forward_hop", "later_reversal_hop"),
         ("first hop (failure) / all hops (ms)", "first_reversal_hop", "reversal_hop"),
         ("latency / p95 ratio saga/chain", "latency_ratio", "p95_ratio"),
+        ("  forward hop / chain hop", "hop_ratio", None),
         ("throughput ratio saga/chain", "throughput_ratio", None),
         ("  lowest / highest round", "throughput_ratio_low", "throughput_ratio_high"),
         ("reversal hop / forward hop", "later_ratio", None),

@@ -29,6 +29,7 @@ class ChainSide:
     def __init__(self, bench: Any, poll: float) -> None:
         self.bench, self.poll = bench, poll
         self.submit_times: list[float] = []
+        self.single_ids: list[str] = []
         last = bench.STEPS_PER_RUN - 1
         self.marker_sql = (
             f"SELECT count(*) FROM {bench.WRITES_TABLE} WHERE run_id = :r AND seq = {last}"
@@ -48,6 +49,7 @@ class ChainSide:
             self.poll,
             f"chain {run_id}",
         )
+        self.single_ids.append(run_id)
         return time.perf_counter() - started
 
     def submit(self, batch: str, count: int) -> None:
@@ -205,6 +207,24 @@ def hops(bench: Any, execution_ids: list[str]) -> dict[str, list[float]]:
             gaps = [(b - a).total_seconds() * 1000 for a, b in pairwise(chain)]
             first, later = first + gaps[:1], later + gaps[1:]
     return {"forward": forward, "reversal": first + later, "first": first, "later": later}
+
+
+def chain_hops(bench: Any, run_ids: list[str]) -> list[float]:
+    """Milliseconds between consecutive writes of one chain (each row's ``written_at`` is
+    its transaction's start, right before its INSERT): the chain's hop, as ``hops`` gives
+    the saga's (each ``completed_at`` is stamped right before the outcome write)."""
+    found = rows(
+        bench,
+        f"SELECT run_id, written_at FROM {bench.WRITES_TABLE} "
+        "WHERE run_id = ANY(:ids) ORDER BY run_id, seq",
+        ids=run_ids,
+    )
+    by_run: dict[str, list[Any]] = {}
+    for row in found:
+        by_run.setdefault(row.run_id, []).append(row.written_at)
+    return [
+        (b - a).total_seconds() * 1000 for written in by_run.values() for a, b in pairwise(written)
+    ]
 
 
 def median(values: list[float]) -> float:

@@ -34,6 +34,7 @@ import time
 import uuid
 from pathlib import Path
 
+from bench_infra import process_cpu_seconds
 from celery import Celery
 from celery_saga.backends.redis import RedisSagaBackend
 
@@ -164,9 +165,10 @@ class Worker:
             os.unlink(self.log.name)
 
 
-def measure(args: argparse.Namespace) -> dict[str, object]:
+def measure(args: argparse.Namespace, worker_pid: int) -> dict[str, object]:
     latency: dict[str, list[float]] = {"saga": [], "unwind": []}
     rounds: dict[str, list[float]] = {"saga": [], "unwind": []}
+    cpu: dict[str, list[dict[str, float]]] = {"saga": [], "unwind": []}
     for kind in SAGAS:  # warm-up
         run_batch(kind, 20, args.batch_timeout, args.batch_poll)
     for _ in range(args.samples):
@@ -175,9 +177,12 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
     for _ in range(args.rounds):
         for kind in SAGAS:
             count = args.batch if kind == "saga" else args.unwinds
+            before = process_cpu_seconds(worker_pid)
             rounds[kind].append(count / run_batch(kind, count, args.batch_timeout, args.batch_poll))
+            after = process_cpu_seconds(worker_pid)
+            cpu[kind].append({g: (after[g] - before[g]) * 1000 / count for g in after})
             print(f"  round {kind:<6}: {rounds[kind][-1]:.1f} runs/s", flush=True)
-    return {"latency": latency, "runs_per_s": rounds}
+    return {"latency": latency, "runs_per_s": rounds, "cpu_per_run": cpu}
 
 
 def report(broker: str, result: dict[str, dict[str, list[float]]]) -> None:
@@ -191,6 +196,13 @@ def report(broker: str, result: dict[str, dict[str, list[float]]]) -> None:
             f"   {runs:7.1f} runs/s ({runs * 5:.1f} steps/s)"
         )
     print(f"  unwinds/s: {statistics.median(result['runs_per_s']['unwind']):.1f}")
+    # The broker's group is redis-server or RabbitMQ; on Redis it also holds the peer's state.
+    print("  CPU ms per run in the rounds (mean; the servers' other load included):")
+    for kind in SAGAS:
+        rounds = result["cpu_per_run"][kind]
+        groups = ("worker", "postgres", "broker", "driver")
+        parts = [f"{g} {statistics.mean(r[g] for r in rounds):6.2f}" for g in groups]
+        print(f"    {kind:<6} {'  '.join(parts)}")
 
 
 def purge() -> None:
@@ -212,7 +224,8 @@ def run_one(args: argparse.Namespace) -> int:
     worker = Worker()
     try:
         worker.start()
-        result = measure(args)
+        assert worker.proc is not None
+        result = measure(args, worker.proc.pid)
         report(args.broker, result)
         return 0
     finally:
