@@ -37,6 +37,7 @@ import functools
 import os
 import re
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -252,12 +253,14 @@ def install(app_module: Any) -> None:
     # own counter (see count_store_statements): a listener of its engine's statement events
     # would make it run its hot path through SQLAlchemy instead of straight to the driver.
     original_db = app_module.bench_db
+    listened: weakref.WeakSet[Engine] = weakref.WeakSet()
 
     @functools.wraps(original_db)
     def bench_db() -> Engine:
         engine = original_db()
-        if not event.contains(engine, "before_cursor_execute", _on_statement):
+        if engine not in listened:  # a new engine after a fork gets its listener too
             event.listen(engine, "before_cursor_execute", _on_statement)
+            listened.add(engine)
         return engine
 
     app_module.bench_db = bench_db

@@ -213,6 +213,8 @@ def chain_hops(bench: Any, run_ids: list[str]) -> list[float]:
     """Milliseconds between consecutive writes of one chain (each row's ``written_at`` is
     its transaction's start, right before its INSERT): the chain's hop, as ``hops`` gives
     the saga's (each ``completed_at`` is stamped right before the outcome write)."""
+    if not run_ids:
+        return []
     found = rows(
         bench,
         f"SELECT run_id, written_at FROM {bench.WRITES_TABLE} "
