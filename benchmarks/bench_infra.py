@@ -295,6 +295,21 @@ def process_cpu_seconds(worker_pid: int | None) -> dict[str, float]:
     return groups
 
 
+#: The groups ``process_cpu_seconds`` reports, in the order they are printed.
+CPU_GROUPS = ("worker", "postgres", "broker", "driver")
+
+
+def cpu_ms_per(before: dict[str, float], after: dict[str, float], count: int) -> dict[str, float]:
+    """CPU milliseconds per unit (step or run) of each group between two readings."""
+    return {group: (after[group] - before[group]) * 1000 / count for group in CPU_GROUPS}
+
+
+def cpu_means(rounds: Sequence[dict[str, float]], prefix: str = "") -> str:
+    """Each group's mean over ``rounds`` (keys ``<prefix><group>``), on one line."""
+    means = (sum(r[prefix + g] for r in rounds) / len(rounds) for g in CPU_GROUPS)
+    return "  ".join(f"{g} {m:6.2f}" for g, m in zip(CPU_GROUPS, means, strict=True))
+
+
 def worker_rss_mb(worker_pid: int) -> dict[str, float]:
     """Resident memory of the worker's session: the main process and each pool process."""
     page = os.sysconf("SC_PAGE_SIZE")

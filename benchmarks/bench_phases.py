@@ -44,8 +44,7 @@ def _warm_up(sides: dict[str, Any], args: argparse.Namespace) -> None:
     for side in sides.values():
         throughput_round(side, 20, args.batch_poll, args.batch_timeout)
         side.submit_times.clear()
-        if hasattr(side, "single_ids"):
-            side.single_ids.clear()
+        side.single_ids.clear()
 
 
 def _latency(sides: dict[str, Any], args: argparse.Namespace, worker: Worker, deadline: Deadline):

@@ -95,20 +95,22 @@ _engine_getter: list[Callable[[], Engine]] = []
 
 
 def _timed(field: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    # The first call's start and the last call's end, on the host's clock (the hop split in
+    # bench_hop_split compares them across pool processes): "claim_ms" -> "t_claim_in".
+    first_in, last_out = (f"t_{field.removesuffix('_ms')}_{edge}" for edge in ("in", "out"))
+
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if _current is None:
             return function(*args, **kwargs)
         started = time.perf_counter()
-        # The first call's start and the last call's end, on the host's clock (the hop
-        # split in bench_hop_split compares them across pool processes).
-        _current.setdefault(f"t_{field[:-3]}_in", time.time())
+        _current.setdefault(first_in, time.time())
         try:
             return function(*args, **kwargs)
         finally:
             if _current is not None:
                 _current[field] += (time.perf_counter() - started) * 1000
-                _current[f"t_{field[:-3]}_out"] = time.time()
+                _current[last_out] = time.time()
 
     return wrapper
 

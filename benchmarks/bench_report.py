@@ -5,6 +5,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from bench_infra import cpu_means
+
 ORDER = ("chain", "saga", "unwind")
 COUNT_KINDS = (
     ("chain", "chain task (bench.write)"),
@@ -90,10 +92,7 @@ def _print_throughput(result: dict[str, Any], s: dict[str, float]) -> None:
     if "cpu_worker" in result["throughput"]["chain"][0]:
         print("  CPU ms per step (mean; postgres/broker include other load on those servers):")
         for name in ORDER:
-            rounds = result["throughput"][name]
-            groups = ("worker", "postgres", "broker", "driver")
-            parts = [f"{g} {statistics.mean(r['cpu_' + g] for r in rounds):5.2f}" for g in groups]
-            print(f"    {name:<7} " + "  ".join(parts))
+            print(f"    {name:<7} " + cpu_means(result["throughput"][name], prefix="cpu_"))
 
 
 def _print_hops(result: dict[str, Any], s: dict[str, float]) -> None:

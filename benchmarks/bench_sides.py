@@ -18,7 +18,14 @@ import uuid
 from itertools import pairwise
 from typing import Any
 
-from bench_infra import BenchError, process_cpu_seconds, rows, scalar, wait_until
+from bench_infra import (
+    BenchError,
+    cpu_ms_per,
+    process_cpu_seconds,
+    rows,
+    scalar,
+    wait_until,
+)
 
 DONE_STATES = ("completed", "failed", "compensation_stuck")
 
@@ -169,9 +176,8 @@ def throughput_round(
         "steps_per_s": steps / elapsed,
     }
     if cpu_before is not None:
-        cpu_after = process_cpu_seconds(worker_pid)
-        for group, before in cpu_before.items():
-            result[f"cpu_{group}"] = (cpu_after[group] - before) * 1000 / steps
+        used = cpu_ms_per(cpu_before, process_cpu_seconds(worker_pid), steps)
+        result.update({f"cpu_{group}": ms for group, ms in used.items()})
     side.verify(batch, count)
     return result
 
@@ -192,9 +198,7 @@ def hops(bench: Any, execution_ids: list[str]) -> dict[str, list[float]]:
         "WHERE execution_id = ANY(:ids) ORDER BY execution_id, node",
         ids=execution_ids,
     )
-    by_run: dict[str, list[Any]] = {}
-    for row in found:
-        by_run.setdefault(row.execution_id, []).append(row)
+    by_run = _by_run(found, "execution_id")
     forward: list[float] = []
     first: list[float] = []
     later: list[float] = []
@@ -221,12 +225,19 @@ def chain_hops(bench: Any, run_ids: list[str]) -> list[float]:
         "WHERE run_id = ANY(:ids) ORDER BY run_id, seq",
         ids=run_ids,
     )
+    return [
+        (b.written_at - a.written_at).total_seconds() * 1000
+        for written in _by_run(found, "run_id").values()
+        for a, b in pairwise(written)
+    ]
+
+
+def _by_run(found: Any, column: str) -> dict[str, list[Any]]:
+    """Rows grouped by the run named in ``column``, in the order they were read."""
     by_run: dict[str, list[Any]] = {}
     for row in found:
-        by_run.setdefault(row.run_id, []).append(row.written_at)
-    return [
-        (b - a).total_seconds() * 1000 for written in by_run.values() for a, b in pairwise(written)
-    ]
+        by_run.setdefault(getattr(row, column), []).append(row)
+    return by_run
 
 
 def median(values: list[float]) -> float:

@@ -34,7 +34,7 @@ import time
 import uuid
 from pathlib import Path
 
-from bench_infra import process_cpu_seconds
+from bench_infra import cpu_means, cpu_ms_per, process_cpu_seconds
 from celery import Celery
 from celery_saga.backends.redis import RedisSagaBackend
 
@@ -179,8 +179,7 @@ def measure(args: argparse.Namespace, worker_pid: int) -> dict[str, object]:
             count = args.batch if kind == "saga" else args.unwinds
             before = process_cpu_seconds(worker_pid)
             rounds[kind].append(count / run_batch(kind, count, args.batch_timeout, args.batch_poll))
-            after = process_cpu_seconds(worker_pid)
-            cpu[kind].append({g: (after[g] - before[g]) * 1000 / count for g in after})
+            cpu[kind].append(cpu_ms_per(before, process_cpu_seconds(worker_pid), count))
             print(f"  round {kind:<6}: {rounds[kind][-1]:.1f} runs/s", flush=True)
     return {"latency": latency, "runs_per_s": rounds, "cpu_per_run": cpu}
 
@@ -199,10 +198,7 @@ def report(broker: str, result: dict[str, dict[str, list[float]]]) -> None:
     # The broker's group is redis-server or RabbitMQ; on Redis it also holds the peer's state.
     print("  CPU ms per run in the rounds (mean; the servers' other load included):")
     for kind in SAGAS:
-        rounds = result["cpu_per_run"][kind]
-        groups = ("worker", "postgres", "broker", "driver")
-        parts = [f"{g} {statistics.mean(r[g] for r in rounds):6.2f}" for g in groups]
-        print(f"    {kind:<6} {'  '.join(parts)}")
+        print(f"    {kind:<6} {cpu_means(result['cpu_per_run'][kind])}")
 
 
 def purge() -> None:
