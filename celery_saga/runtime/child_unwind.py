@@ -5,7 +5,6 @@ parent's record of it is settled once the child reports back."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from celery_saga.decisions.admission import NodeMessage
 from celery_saga.decisions.children import (
@@ -23,20 +22,28 @@ from celery_saga.records import (
     StepRecord,
 )
 from celery_saga.runtime.clock import get_clock
+from celery_saga.runtime.moves import (
+    FollowUnwind,
+    PublishNode,
+    PublishReversal,
+    RecordReversal,
+    Stay,
+    UnwindMove,
+)
+from celery_saga.runtime.ports import RuntimeParts
 from celery_saga.store import queries, unwind
-
-if TYPE_CHECKING:
-    from celery_saga.runtime.unwinder import Unwinder
 
 logger = logging.getLogger("celery_saga")
 
 
 class ChildUnwind:
-    def __init__(self, unwinder: Unwinder) -> None:
-        self.unwinder = unwinder
+    """A parent's unwind through its children; returns the move for its owner."""
 
-    def _definition(self, execution: ExecutionRecord) -> SagaDefinition:
-        definition = self.unwinder.registry(execution.saga_name)
+    def __init__(self, parts: RuntimeParts) -> None:
+        self.parts = parts
+
+    def definition_of(self, execution: ExecutionRecord) -> SagaDefinition:
+        definition = self.parts.registry(execution.saga_name)
         if definition is None:
             raise UnknownSagaError(
                 f"saga {execution.saga_name!r} of execution {execution.id!r} is not registered "
@@ -46,16 +53,16 @@ class ChildUnwind:
 
     def reverse(
         self, definition: SagaDefinition, parent: ExecutionRecord, record: StepRecord
-    ) -> None:
+    ) -> UnwindMove:
         """The parent's unwind reached its record of a child."""
-        u = self.unwinder
+        u = self.parts
         assert record.child_execution_id is not None
         child = queries.load_execution(u.db, record.child_execution_id)
         decision = decide_child_reversal(child, record.child_execution_id)
         fields = {"execution_id": parent.id, "saga": definition.name, "step": record.name}
         if decision.kind is ChildReversalKind.START_UNWIND:
             assert child is not None
-            child_definition = self._definition(child)
+            child_definition = self.definition_of(child)
             plan = unwind.reopen_for_unwind(
                 u.db,
                 execution_id=child.id,
@@ -66,41 +73,28 @@ class ChildUnwind:
                 compensations=child_definition.reversible,
                 now=get_clock().now(),
             )
-            if plan is not None:
-                u.emit("saga-compensation-started", {**fields, "child_execution_id": child.id})
-                u.follow(child_definition, child.id, plan)
-            return
+            if plan is None:
+                return Stay()
+            u.emit("saga-compensation-started", {**fields, "child_execution_id": child.id})
+            return FollowUnwind(child_definition, child.id, plan)
         if decision.kind is ChildReversalKind.WAIT:
-            return  # the child reports back when its unwind settles
+            return Stay()  # the child reports back when its unwind settles
         settled = decision.kind is ChildReversalKind.SETTLED
         outcome = CompensationOutcome.COMPENSATED if settled else CompensationOutcome.FAILED
-        plan = u.record_outcome(
-            definition,
-            parent.id,
-            record.name,
-            record.compensation_attempts,
-            outcome,
-            decision.reason,
-        )
-        if plan is None:
-            return
-        if settled:
-            u.emit("saga-step-compensated", fields)
-        else:
-            u.emit("saga-compensation-failed", {**fields, "error": decision.reason})
-        u.follow(definition, parent.id, plan)
+        return RecordReversal(definition, parent.id, record, outcome, decision.reason)
 
-    def notify_parent(self, child_id: str) -> None:
-        """The child settled: publish what its parent waits on (no parent polls a child)."""
-        u = self.unwinder
+    def notify_parent(self, child_id: str) -> UnwindMove:
+        """The child settled: what its parent waits on is published (no parent polls a
+        child)."""
+        u = self.parts
         child = queries.load_execution(u.db, child_id)
         if child is None or child.parent_execution_id is None:
-            return
+            return Stay()
         parent, steps = queries.load_snapshot(u.db, child.parent_execution_id)
         record = next((s for s in steps if s.child_execution_id == child_id), None)
         notify = decide_notification(parent, record)
         if notify is Notify.NOTHING or parent is None or record is None:
-            return
+            return Stay()
         definition = u.registry(parent.saga_name)
         if definition is None:
             logger.warning(
@@ -109,35 +103,25 @@ class ChildUnwind:
                 child_id,
                 parent.saga_name,
             )
-            return
+            return Stay()
         if notify is Notify.NODE:
             message = NodeMessage(parent.id, record.node, record.sub, 0, 1)
-            label = f"{definition.name}.{record.name}"
-            u.publisher.publish_node(definition.name, None, message, label=label)
-        else:
-            u.publish_reversal(definition, parent.id, record)
+            return PublishNode(definition, message, f"{definition.name}.{record.name}")
+        return PublishReversal(definition, parent.id, record)
 
-    def _parked_children(
+    def parked_children(
         self, parent_id: str, outcomes: tuple[CompensationOutcome | None, ...]
     ) -> list[ExecutionRecord]:
-        _, steps = queries.load_snapshot(self.unwinder.db, parent_id)
+        """The parked children of ``parent_id`` whose reversal stands at one of
+        ``outcomes``: a resume of the parent resumes those it halted on (``FAILED``) first;
+        an abandon abandons those still owed too (``None``), so none is left parked under a
+        parent that has ended."""
+        _, steps = queries.load_snapshot(self.parts.db, parent_id)
         parked = []
         for record in steps:
             if record.child_execution_id is None or record.compensation_status not in outcomes:
                 continue
-            child = queries.load_execution(self.unwinder.db, record.child_execution_id)
+            child = queries.load_execution(self.parts.db, record.child_execution_id)
             if child is not None and child.state is ExecutionState.COMPENSATION_STUCK:
                 parked.append(child)
         return parked
-
-    def resume_children(self, parent_id: str) -> None:
-        """Before a parent's unwind is resumed: resume the parked children it halted on."""
-        for child in self._parked_children(parent_id, (CompensationOutcome.FAILED,)):
-            self.unwinder.resume(self._definition(child), child.id)
-
-    def abandon_children(self, parent_id: str) -> None:
-        """Before a parent's unwind is abandoned: abandon its parked children too, so none
-        is left parked under a parent that has ended."""
-        owed = (None, CompensationOutcome.FAILED)
-        for child in self._parked_children(parent_id, owed):
-            self.unwinder.abandon(self._definition(child), child.id)

@@ -11,9 +11,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
-
-from sqlalchemy.exc import IntegrityError
+from typing import Any
 
 from celery_saga.decisions.admission import Admission, NodeMessage
 from celery_saga.decisions.children import ChildStep, child_failure, decide_child_step
@@ -27,12 +25,19 @@ from celery_saga.runtime.contexts import Snapshot
 from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.invoke import as_plain_mapping
 from celery_saga.runtime.keys import record_key
+from celery_saga.runtime.moves import (
+    CompleteStep,
+    FailRun,
+    FailStep,
+    Move,
+    Refuse,
+    StartChild,
+    Stay,
+)
 from celery_saga.runtime.navigation import ask, journaled
+from celery_saga.runtime.ports import RuntimeParts
 from celery_saga.store import forward, queries
 from celery_saga.store.codec import pack
-
-if TYPE_CHECKING:
-    from celery_saga.runtime.executor import Executor
 
 logger = logging.getLogger("celery_saga")
 _CHILD_IDS = uuid.UUID("6f1c2b8e-5d0a-4c8e-9a43-2b1f7c9d0e55")
@@ -44,8 +49,10 @@ def child_execution_id(parent_id: str, record_name: str) -> str:
 
 
 class Children:
-    def __init__(self, executor: Executor) -> None:
-        self.executor = executor
+    """A parent's sub-saga nodes; returns the move for its owner to carry out."""
+
+    def __init__(self, parts: RuntimeParts) -> None:
+        self.parts = parts
 
     def enter(
         self,
@@ -53,38 +60,24 @@ class Children:
         snapshot: Snapshot,
         message: NodeMessage,
         node: SubSagaNode,
-    ) -> None:
-        ex = self.executor
+    ) -> Move:
         execution, steps = snapshot
         assert execution is not None
         record = next((s for s in steps if s.name == node.name), None)
         if record is not None and record.status is not StepStatus.RUNNING:
-            ex.refused(message, Admission.REJECT_ALREADY_DONE)
-            return
+            return Refuse(message, Admission.REJECT_ALREADY_DONE)
         child_id = child_execution_id(execution.id, node.name)
-        child = queries.load_execution(ex.db, child_id)
+        child = queries.load_execution(self.parts.db, child_id)
         step = decide_child_step(child)
         if step is ChildStep.START or record is None:
-            self._start(definition, (execution, steps), message, node, record, child_id)
-        elif step is ChildStep.COMPLETE:
-            assert child is not None
-            self._complete(definition, message, node, record, child)
-        elif step is ChildStep.FAIL:
-            assert child is not None
-            reason = child_failure(node.saga, child)
-            ex.settle_failure(
-                definition, message, node.name, record.attempts, [node.name], reason, None
-            )
-            ex.emit(
-                "saga-step-failed",
-                {
-                    "execution_id": execution.id,
-                    "saga": definition.name,
-                    "step": node.name,
-                    "attempt": record.attempts,
-                    "error": reason,
-                },
-            )
+            return self._start(definition, (execution, steps), message, node, record, child_id)
+        if step is ChildStep.WAIT:
+            return Stay()  # the child notifies its parent when it settles
+        assert child is not None
+        if step is ChildStep.COMPLETE:
+            return self._complete(definition, message, node, record, child)
+        reason = child_failure(node.saga, child)
+        return FailStep(definition, message, node.name, record.attempts, reason)
 
     def _start(
         self,
@@ -94,8 +87,8 @@ class Children:
         node: SubSagaNode,
         record: StepRecord | None,
         child_id: str,
-    ) -> None:
-        ex = self.executor
+    ) -> Move:
+        ex = self.parts
         execution = snapshot[0]
         child_definition = ex.registry(node.saga)
         if child_definition is None:
@@ -106,8 +99,7 @@ class Children:
         try:
             child_input = self._child_input(definition, snapshot, node, message.node)
         except (SubSagaError, PayloadError) as error:
-            ex.fail_outside_step(definition, execution.id, describe_error(error))
-            return
+            return FailRun(definition, execution.id, describe_error(error))
         if (
             record is None
             and forward.claim_step(
@@ -126,14 +118,8 @@ class Children:
             )
             is None
         ):
-            ex.refused(message, Admission.REJECT_IN_FLIGHT)
-            return
-        try:
-            ex.create(child_definition, child_input, child_id, parent_execution_id=execution.id)
-        except IntegrityError:
-            logger.info("execution %s adopts its existing child %s", execution.id, child_id)
-            return
-        ex.launch(child_definition, child_id, parent_execution_id=execution.id)
+            return Refuse(message, Admission.REJECT_IN_FLIGHT)
+        return StartChild(child_definition, child_input, child_id, execution.id)
 
     def _child_input(
         self,
@@ -143,7 +129,7 @@ class Children:
         index: int,
     ) -> dict[str, Any]:
         """Journaled ``child:<node>``: the child's input, fixed before the child starts."""
-        db = self.executor.db
+        db = self.parts.db
         what = f"saga {definition.name!r}: the input of sub_saga {node.name!r}"
 
         def compute() -> dict[str, Any]:
@@ -172,8 +158,8 @@ class Children:
         node: SubSagaNode,
         record: StepRecord,
         child: ExecutionRecord,
-    ) -> None:
-        ex = self.executor
+    ) -> Move:
+        ex = self.parts
         _, child_steps = queries.load_snapshot(ex.db, child.id)
         blob = pack(
             completed_results(child_steps),
@@ -188,4 +174,4 @@ class Children:
             "idempotency_key": record.idempotency_key,
         }
         onward = advance(definition.nodes, message.node, 0)
-        ex.step_completed(definition, node.name, message, record.attempts, blob, onward, fields)
+        return CompleteStep(definition, message, node.name, record.attempts, blob, onward, fields)

@@ -7,33 +7,48 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from celery_saga.decisions.admission import Admission, NodeMessage, decide_admission
-from celery_saga.decisions.cursor import Advance, advance, first_position
+from celery_saga.decisions.cursor import advance
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import (
-    BranchNode,
     ParallelNode,
     StepNode,
     SubSagaNode,
     WaitNode,
 )
 from celery_saga.errors import BranchPathError, LoopError, PayloadError, UnknownSagaError
-from celery_saga.records import ExecutionRecord, ExecutionState, StepRecord, StepStatus
+from celery_saga.records import ExecutionRecord, StepRecord
 from celery_saga.runtime.children import Children
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.contexts import Snapshot, step_context
 from celery_saga.runtime.describe import describe_error
-from celery_saga.runtime.failures import StepFailures
 from celery_saga.runtime.invoke import invoke_step
 from celery_saga.runtime.keys import record_key
-from celery_saga.runtime.navigation import Position, choose_path, node_at, resolve, route
+from celery_saga.runtime.moves import (
+    BeginUnwind,
+    CompleteStep,
+    FailRun,
+    FailStep,
+    FollowUnwind,
+    Move,
+    MoveOn,
+    PublishNode,
+    PublishReversal,
+    RecordReversal,
+    Refuse,
+    StartChild,
+    Stay,
+    unreachable,
+)
+from celery_saga.runtime.navigation import Position, node_at, resolve, route
+from celery_saga.runtime.outcomes import Failed, NoBody, Outcome, Ran, TakenOver, attempt_failed
 from celery_saga.runtime.ports import Catalog, EventSink, Publisher, Settings
-from celery_saga.runtime.store_retry import write_outcome
+from celery_saga.runtime.progress import Progress
 from celery_saga.runtime.unwinder import Unwinder
 from celery_saga.runtime.waits import Waits
-from celery_saga.store import forward, queries
+from celery_saga.store import forward, queries, waits
 from celery_saga.store.codec import pack
 from celery_saga.store.database import Database
 
@@ -43,7 +58,7 @@ logger = logging.getLogger("celery_saga")
 CHOICE_ERRORS = (BranchPathError, LoopError, PayloadError)
 
 
-class Executor(StepFailures):
+class Executor(Progress):
     """Carries out forward decisions; every rule it follows lives in ``decisions/``."""
 
     def __init__(
@@ -56,90 +71,75 @@ class Executor(StepFailures):
     ) -> None:
         super().__init__(db, registry, publisher, emit, settings)
         self.unwinder = Unwinder(db, registry, publisher, emit, settings)
-        self.waits = Waits(self)
-        self.children = Children(self)
+        self.waits = Waits(self.parts())
+        self.children = Children(self.parts())
 
-    # -- starting ---------------------------------------------------------------------
-    def create(
-        self,
-        definition: SagaDefinition,
-        saga_input: Any,
-        execution_id: str,
-        parent_execution_id: str | None = None,
-    ) -> None:
-        """Store a new run at its first position (one INSERT; a taken id raises
-        ``IntegrityError``)."""
-        blob = pack(
-            saga_input,
-            what=f"input of saga {definition.name!r}",
-            limit=self.settings.max_payload_bytes,
-        )
-        first = first_position(definition.nodes)
-        queries.create_execution(
-            self.db,
-            execution_id=execution_id,
-            saga_name=definition.name,
-            definition_hash=definition.hash,
-            input_blob=blob,
-            node=first.node,
-            sub=0,
-            state=ExecutionState.RUNNING,
-            committed=first.passes_pivot,
-            now=get_clock().now(),
-            parent_execution_id=parent_execution_id,
-        )
+    def carry_out(self, move: Move) -> None:
+        """Do what a helper decided: the store write that follows it, then the publish."""
+        match move:
+            case MoveOn(definition, execution_id, onward):
+                self.advanced(definition, execution_id, onward)
+            case FailRun(definition, execution_id, reason):
+                self.fail_outside_step(definition, execution_id, reason)
+            case Refuse(message, verdict):
+                self.refused(message, verdict)
+            case FailStep(definition, message, name, attempt, reason):
+                self.settle_failure(definition, message, name, attempt, [name], reason, None)
+                fields: dict[str, Any] = {"execution_id": message.execution_id}
+                fields.update(saga=definition.name, step=name, attempt=attempt, error=reason)
+                self.emit("saga-step-failed", fields)
+            case CompleteStep(definition, message, name, attempt, blob, onward, fields):
+                self.step_completed(definition, name, message, attempt, blob, onward, fields)
+            case StartChild():
+                self._start_child(move)
+            case Stay() | BeginUnwind() | FollowUnwind() | PublishNode() | PublishReversal():
+                self.unwinder.carry_out(move)
+            case RecordReversal():
+                self.unwinder.carry_out(move)
+            case _:
+                unreachable(move)
 
-    def launch(
-        self,
-        definition: SagaDefinition,
-        execution_id: str,
-        parent_execution_id: str | None = None,
-        announce: bool = True,
-    ) -> None:
-        """Send the first message of a stored run (and, with ``announce``, its
-        ``saga-started`` event). A broker that refuses it leaves the run marked as owed a
-        message (see ``CeleryPublisher``); the run is stored either way."""
-        fields = {"execution_id": execution_id, "saga": definition.name}
-        if parent_execution_id is not None:
-            fields["parent_execution_id"] = parent_execution_id
-        if announce:
-            self.emit("saga-started", fields)
-        first = first_position(definition.nodes)
-        self.publish_position(definition, execution_id, first.node, 0)
+    def _start_child(self, move: StartChild) -> None:
+        try:
+            self.create(move.definition, move.child_input, move.child_id, move.parent_id)
+        except IntegrityError:
+            logger.info("execution %s adopts its existing child %s", move.parent_id, move.child_id)
+            return
+        self.launch(move.definition, move.child_id, parent_execution_id=move.parent_id)
 
-    # -- publishing -------------------------------------------------------------------
-    def publish_position(
-        self, definition: SagaDefinition, execution_id: str, node: int, sub: int
-    ) -> None:
-        target = definition.nodes[node]
-        message = NodeMessage(execution_id, node, sub, 0, 1)
-        if isinstance(target, ParallelNode):
-            for member, spec in enumerate(target.steps):
-                message = NodeMessage(execution_id, node, 0, member, 1)
-                self.publisher.publish_node(definition.name, spec, message)
-            return
-        if isinstance(target, WaitNode):
-            label = f"{definition.name}.wait:{target.event}"
-            self.publisher.publish_node(definition.name, None, message, label=label)
-            return
-        if isinstance(target, SubSagaNode):
-            label = f"{definition.name}.{target.name}"
-            self.publisher.publish_node(definition.name, None, message, label=label)
-            return
-        if isinstance(target, BranchNode):
-            try:
-                path = target.paths[choose_path(self.db, definition, target, execution_id, node)]
-            except BranchPathError as error:
-                self.fail_outside_step(definition, execution_id, describe_error(error))
-                return
-            self.publisher.publish_node(definition.name, path[sub], message)
-            return
-        self.publisher.publish_node(definition.name, route(target, sub, 0), message)
+    def fire_timers(self, page: int = 200, most: int = 10_000) -> int:
+        """Fire every wait whose deadline passed (see ``Waits.expire``); returns how many
+        runs were moved. Safe with several sweepers at once."""
+        now = get_clock().now()
+        acted = seen = 0
+        after = None
+        while seen < most:
+            rows = waits.list_expired_waits(self.db, now=now, limit=page, after=after)
+            for row in rows:
+                try:
+                    move = self.waits.expire(row, now)
+                    self.carry_out(move)
+                    acted += not isinstance(move, Stay)
+                except Exception:
+                    logger.exception("the deadline of execution %s could not be fired", row.id)
+            seen += len(rows)
+            if len(rows) < page:
+                break
+            after = (rows[-1].wake_at, rows[-1].id)
+        return acted
+
+    def signal(
+        self, definition: SagaDefinition, execution_id: str, event: str, payload: Any
+    ) -> bool:
+        """Record the signal once; True if it resumed the run parked at its gate."""
+        move = self.waits.signal(definition, execution_id, event, payload)
+        self.carry_out(move)
+        return isinstance(move, MoveOn)
 
     # -- running a node ---------------------------------------------------------------
     def run_node(
         self, message: NodeMessage, saga_name: str | None = None, redelivered: bool = False
-    ) -> None:
+    ) -> Outcome:
         """Handle one node message.
 
         Fast path (first delivery of a first attempt of a plain or parallel step): claim
@@ -156,11 +156,10 @@ class Executor(StepFailures):
                 position = Position(spec, spec.name)
                 attempt = self._claim(definition, position, message, None)
                 if attempt is not None:
-                    self._run_claimed(definition, position, message, attempt, None)
-                    return
-        self._run_checked(message, redelivered)
+                    return self._run_claimed(definition, position, message, attempt, None)
+        return self._run_checked(message, redelivered)
 
-    def _run_checked(self, message: NodeMessage, redelivered: bool) -> None:
+    def _run_checked(self, message: NodeMessage, redelivered: bool) -> Outcome:
         """Admission decided on a fresh snapshot. A duplicate of a node held by a live lease
         is dropped; a *redelivered* one waits for the lease to expire, since its holder may
         be the worker that died."""
@@ -172,7 +171,7 @@ class Executor(StepFailures):
         verdict = decide_admission(execution, None, message, deployed, now)
         if verdict is Admission.REJECT_DEFINITION_CHANGED and execution and definition:
             self._definition_changed(definition, execution)
-            return
+            return NoBody(verdict.value)
         if execution is not None and definition is None:
             # A worker without this saga imported must not swallow the message silently.
             raise UnknownSagaError(
@@ -180,24 +179,28 @@ class Executor(StepFailures):
                 "on this worker; import its definitions module in every worker"
             )
         if verdict is not Admission.RUN or execution is None or definition is None:
-            self.refused(message, verdict)
-            return
+            return self.refused(message, verdict)
         target = definition.nodes[message.node]
         if isinstance(target, WaitNode):
-            self.waits.arrive(definition, message, target)
-            return
+            self.carry_out(self.waits.arrive(definition, message, target))
+            return NoBody(f"the gate of {target.event!r}")
         if isinstance(target, SubSagaNode):
-            self.children.enter(definition, snapshot, message, target)
-            return
+            move = self.children.enter(definition, snapshot, message, target)
+            self.carry_out(move)
+            if isinstance(move, FailStep):
+                failed = attempt_failed(
+                    "step", definition.name, move.name, move.attempt, move.reason
+                )
+                return Failed(failed)
+            return NoBody(f"the sub-saga node {target.name!r}")
         try:
             position = resolve(self.db, definition, snapshot, message)
         except CHOICE_ERRORS as error:
             self.fail_outside_step(definition, execution.id, describe_error(error))
-            return
+            return NoBody("a choice that could not be made")
         if position.spec is None:
-            self._pass(definition, message)
-            return
-        self._admit_step(definition, position, message, steps, snapshot, redelivered)
+            return self._pass(definition, message)
+        return self._admit_step(definition, position, message, steps, snapshot, redelivered)
 
     def _admit_step(
         self,
@@ -207,7 +210,7 @@ class Executor(StepFailures):
         steps: list[StepRecord],
         snapshot: Snapshot,
         redelivered: bool,
-    ) -> None:
+    ) -> Outcome:
         now = get_clock().now()
         execution = snapshot[0]
         record = next((s for s in steps if s.name == position.record_name), None)
@@ -223,18 +226,16 @@ class Executor(StepFailures):
                 wait,
             )
             self.publisher.publish_node(definition.name, position.spec, message, countdown=wait)
-            return
+            return NoBody("held back until the lease in flight ends")
         if verdict is not Admission.RUN:
-            self.refused(message, verdict)
-            return
+            return self.refused(message, verdict)
         take = lambda: self._claim(definition, position, message, record)  # noqa: E731
         if self._exhausted(definition, position, message, record, take):
-            return
+            return NoBody("no attempt left after lost ones")
         attempt = self._claim(definition, position, message, record)
         if attempt is None:
-            self.refused(message, Admission.REJECT_IN_FLIGHT)
-            return
-        self._run_claimed(definition, position, message, attempt, snapshot)
+            return self.refused(message, Admission.REJECT_IN_FLIGHT)
+        return self._run_claimed(definition, position, message, attempt, snapshot)
 
     def _claim(
         self,
@@ -267,7 +268,7 @@ class Executor(StepFailures):
         message: NodeMessage,
         attempt: int,
         snapshot: Snapshot | None,
-    ) -> None:
+    ) -> Outcome:
         spec = position.spec
         assert spec is not None
         execution_id, name = message.execution_id, position.record_name
@@ -293,86 +294,24 @@ class Executor(StepFailures):
             except SQLAlchemyError:
                 raise  # the store failed, not the step: the claim waits for its lease or a retry
             except Exception as error:
-                self._step_failed(definition, position, message, attempt, error)
-                return
+                return self._step_failed(definition, position, message, attempt, error)
             try:
+                result = invoke_step(definition.name, spec, ctx)
                 blob = pack(
-                    invoke_step(definition.name, spec, ctx),
+                    result,
                     what=f"result of step {name!r} of saga {definition.name!r}",
                     limit=self.settings.max_payload_bytes,
                 )
             except (Exception, SystemExit) as error:
                 # Everything the step does counts as its attempt, ``sys.exit()`` included:
                 # an error here must settle it, or the run would wait for its lease.
-                self._step_failed(definition, position, message, attempt, error)
-                return
+                return self._step_failed(definition, position, message, attempt, error)
             step_advance = advance(definition.nodes, message.node, message.sub, position.length)
-            self.step_completed(definition, name, message, attempt, blob, step_advance, fields)
+            if self.step_completed(definition, name, message, attempt, blob, step_advance, fields):
+                return Ran(result)
+        return TakenOver(f"step {name!r} of execution {execution_id} attempt {attempt}", result)
 
-    def step_completed(
-        self,
-        definition: SagaDefinition,
-        name: str,
-        message: NodeMessage,
-        attempt: int,
-        blob: bytes,
-        step_advance: Advance,
-        fields: dict[str, Any],
-    ) -> None:
-        """Record ``name`` completed and move the run on (a parallel member: join first).
-        The result exists only in this process: its record is retried through store outages
-        (guarantee 20) rather than left to a lease that would run the body again."""
-        target = definition.nodes[message.node]
-        if not isinstance(target, ParallelNode):
-            if write_outcome(
-                lambda: forward.record_step_completed(
-                    self.db,
-                    execution_id=message.execution_id,
-                    name=name,
-                    attempt=attempt,
-                    node=message.node,
-                    sub=message.sub,
-                    result_blob=blob,
-                    advance=step_advance,
-                    now=get_clock().now(),
-                ),
-                budget=self.settings.outcome_retry_budget,
-                what=f"the result of step {name!r} of execution {message.execution_id}",
-                landed=lambda: self.landed(
-                    message.execution_id, name, attempt, StepStatus.COMPLETED
-                ),
-                if_landed=True,
-            ):
-                self.emit("saga-step-completed", fields)
-                self.advanced(definition, message.execution_id, step_advance)
-            return
-        members = [s.name for s in target.steps]
-        group = self.settle(
-            definition, message, name, attempt, members, step_advance, result_blob=blob
-        )
-        if group is None:
-            return
-        self.emit("saga-step-completed", fields)
-        if not group.settled:
-            return
-        if group.unwind is not None:
-            self.unwinder.begin(
-                definition, message.execution_id, group.unwind, group.failure_reason
-            )
-        else:
-            self.advanced(definition, message.execution_id, step_advance)
-
-    def advanced(
-        self, definition: SagaDefinition, execution_id: str, step_advance: Advance
-    ) -> None:
-        """The run moved to ``step_advance`` (committed): publish it, or report the end."""
-        if step_advance.finished:
-            self.emit("saga-completed", {"execution_id": execution_id, "saga": definition.name})
-            self.unwinder.settled(definition, execution_id)
-        else:
-            self.publish_position(definition, execution_id, step_advance.node, step_advance.sub)
-
-    def _pass(self, definition: SagaDefinition, message: NodeMessage) -> None:
+    def _pass(self, definition: SagaDefinition, message: NodeMessage) -> Outcome:
         """Nothing runs at this position (a loop ended): move past the node."""
         onward = advance(definition.nodes, message.node, 0)
         if forward.pass_position(
@@ -384,8 +323,8 @@ class Executor(StepFailures):
             now=get_clock().now(),
         ):
             self.advanced(definition, message.execution_id, onward)
-        else:
-            self.refused(message, Admission.REJECT_STALE_CURSOR)
+            return NoBody("nothing runs at this position")
+        return self.refused(message, Admission.REJECT_STALE_CURSOR)
 
     def _definition_changed(self, definition: SagaDefinition, execution: ExecutionRecord) -> None:
         reason = (
@@ -396,9 +335,10 @@ class Executor(StepFailures):
         logger.error(reason)
         self.fail_outside_step(definition, execution.id, reason)
 
-    def refused(self, message: NodeMessage, verdict: Admission) -> None:
+    def refused(self, message: NodeMessage, verdict: Admission) -> NoBody:
         logger.info("node message %s refused: %s", message, verdict.value)
         self.emit(
             "saga-message-refused",
             {"execution_id": message.execution_id, "node": message.node, "reason": verdict.value},
         )
+        return NoBody(verdict.value)

@@ -18,9 +18,10 @@ from celery_saga.errors import PayloadError, SchemaValidationError, StepRetryReq
 from celery_saga.records import ExecutionState, StepRecord, StepStatus
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.describe import describe_error
-from celery_saga.runtime.invoke import running_body
+from celery_saga.runtime.invoke import body_error
 from celery_saga.runtime.keys import record_key
 from celery_saga.runtime.navigation import Position
+from celery_saga.runtime.outcomes import Failed, Outcome, Retrying, TakenOver, attempt_failed
 from celery_saga.runtime.ports import RuntimeParts
 from celery_saga.runtime.store_retry import write_outcome
 from celery_saga.runtime.unwinder import Unwinder, compensations_of
@@ -76,14 +77,15 @@ class StepFailures(RuntimeParts):
                 "compensations": compensations_of(definition),
                 "now": get_clock().now(),
             }
-            if error is not None and len(members) == 1 and self.db.dialect == "postgresql":
-                return step_failure.fail_held_step(self.db, error=error, **fields)
+            if error is not None:
+                return step_failure.record_step_failed(
+                    self.db, members=members, advance=step_advance, error=error, **fields
+                )
             return forward.record_step_settled(
                 self.db,
                 members=members,
                 advance=step_advance,
                 result_blob=result_blob,
-                error=error,
                 **fields,
             )
 
@@ -118,7 +120,7 @@ class StepFailures(RuntimeParts):
         message: NodeMessage,
         attempt: int,
         error: BaseException,
-    ) -> None:
+    ) -> Outcome:
         spec, name = position.spec, position.record_name
         assert spec is not None
         cause = error.cause if isinstance(error, StepRetryRequested) else None
@@ -143,12 +145,15 @@ class StepFailures(RuntimeParts):
             reason,
             exc_info=None if _traced_by_celery(error) or (cause and not final) else error,
         )
+        description = attempt_failed("step", definition.name, name, attempt, reason)
         if delay is not None:
-            self._schedule_retry(definition, position, message, attempt, reason, fields, delay)
-            return
+            if self._schedule_retry(definition, position, message, attempt, reason, fields, delay):
+                return Retrying(f"{description}; retry in {delay:.3g}s", delay, body_error())
+            return TakenOver(f"{description}; its claim was taken over")
         members = _members(definition, message, name)
         self.settle_failure(definition, message, name, attempt, members, reason, error)
         self.emit("saga-step-failed", fields)
+        return Failed(description, body_error())
 
     def _exhausted(
         self,
@@ -212,8 +217,9 @@ class StepFailures(RuntimeParts):
         reason: str,
         fields: dict[str, Any],
         delay: float,
-    ) -> None:
-        """Release the claim and publish the next attempt with a countdown (no slot held)."""
+    ) -> bool:
+        """Release the claim and publish the next attempt with a countdown (no slot held);
+        False: the claim was no longer ours."""
         spec = position.spec
         assert spec is not None
         if forward.record_step_retry(
@@ -227,6 +233,8 @@ class StepFailures(RuntimeParts):
             self.publisher.publish_node(
                 definition.name, spec, replace(message, attempt=attempt + 1), countdown=delay
             )
+            return True
+        return False
 
     def fail_outside_step(self, definition: SagaDefinition, execution_id: str, reason: str) -> None:
         """Fail a live run for a reason no step raised (a choice that could not be made, a
@@ -251,8 +259,7 @@ class StepFailures(RuntimeParts):
 def _traced_by_celery(error: BaseException) -> bool:
     """Whether the step's own task ends with ``error``, so Celery logs it with its traceback
     (once is enough; ``self.retry()`` asked for the attempt: no traceback anywhere)."""
-    body = running_body.get()
-    return body is not None and body.error is error
+    return body_error() is error
 
 
 def _retry_delay(spec: StepSpec, attempt: int, error: BaseException) -> float | None:

@@ -29,8 +29,7 @@ class RunningBody:
     call: Callable[[dict[str, Any]], Any]
     task_id: str | None = None
     header: Mapping[str, Any] | None = None
-    ran: bool = False
-    result: Any = None
+    #: What the body raised, if it did: the task then ends with it (``body_error``).
     error: BaseException | None = None
 
     def runs(self, target: Any) -> bool:
@@ -38,16 +37,22 @@ class RunningBody:
         return target is self.function or getattr(target, "name", None) == self.task_name
 
     def __call__(self, kwargs: dict[str, Any]) -> Any:
-        self.ran = True
         try:
-            self.result = self.call(kwargs)
+            return self.call(kwargs)
         except BaseException as error:
             self.error = error
             raise
-        return self.result
 
 
 running_body: ContextVar[RunningBody | None] = ContextVar("running_body", default=None)
+
+
+def body_error() -> BaseException | None:
+    """What the running task's own body raised (None: it did not, or no task body runs
+    here): a failed attempt's outcome carries it, so the task ends with the user's own
+    exception, as a plain call would."""
+    body = running_body.get()
+    return None if body is None else body.error
 
 
 def body_of(target: Any) -> Callable[[dict[str, Any]], Any]:
@@ -188,8 +193,4 @@ def invoke_step(saga_name: str, spec: StepSpec, ctx: SagaContext) -> Any:
         kwargs = call_arguments(spec.action, ctx, spec.args)
         call = body_of(spec.action)
         value = run_with_timeout(lambda: call(kwargs), spec.timeout, what)
-    result = storable(apply_schema(spec.output_schema, value, f"output of {what}"))
-    body = running_body.get()
-    if body is not None:  # a transform runs here, not through the task's body: it ran too
-        body.ran, body.result = True, result
-    return result
+    return storable(apply_schema(spec.output_schema, value, f"output of {what}"))

@@ -111,6 +111,10 @@ class RuntimeParts:
         self.db, self.registry, self.publisher = db, registry, publisher
         self.emit, self.settings = emit, settings
 
+    def parts(self) -> RuntimeParts:
+        """The same parts on their own, for a helper that must not hold its owner."""
+        return RuntimeParts(self.db, self.registry, self.publisher, self.emit, self.settings)
+
     @property
     def lease(self) -> float:
         return self.settings.lease_seconds

@@ -9,14 +9,16 @@ announced. A resume then re-runs that reversal under the same idempotency key.
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from celery_saga.decisions.unwind import UnwindStep
 from celery_saga.definition.builder import SagaDefinition
-from celery_saga.records import CompensationOutcome
+from celery_saga.records import CompensationOutcome, StepRecord
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.keys import record_key
+from celery_saga.runtime.moves import RecordReversal
 from celery_saga.runtime.ports import RuntimeParts
 from celery_saga.runtime.store_retry import write_outcome
 from celery_saga.store import queries, recovery, reversal, unwind
@@ -82,6 +84,60 @@ class ReversalOutcomes(RuntimeParts):
             steps=unwinding.steps,
             committed=unwinding.committed,
         )
+
+    def lost_too_often(
+        self, definition: SagaDefinition, unwinding: Unwinding, record: StepRecord
+    ) -> UnwindStep | None:
+        """A reversal whose attempts never finished (its worker died each time) halts the
+        unwind after ``compensation_retry + 1`` of them, like one that kept failing;
+        returns the unwind's next move (None: the claim was not ours to take)."""
+        attempt = record.compensation_attempts
+        reason = (
+            f"WorkerLostError: attempt {attempt} of the reversal of step {record.name!r} "
+            "never finished (its worker stopped) and no attempt is left"
+        )
+        now = get_clock().now()
+        # Take the lapsed claim over first: a holder that renewed its lease keeps it.
+        if not unwind.claim_compensation(
+            self.db,
+            execution_id=record.execution_id,
+            name=record.name,
+            attempts_before=attempt,
+            lease_expires_at=now + timedelta(seconds=self.lease),
+            now=now,
+        ):
+            return None
+        logger.warning("execution %s: %s", record.execution_id, reason)
+        return self.record_outcome(
+            definition,
+            record.execution_id,
+            record.name,
+            attempt + 1,
+            CompensationOutcome.FAILED,
+            reason,
+            unwinding,
+        )
+
+    def record_child_reversal(self, move: RecordReversal) -> UnwindStep | None:
+        """Record how a parent's reversal of its child ended; returns the next move."""
+        record = move.record
+        plan = self.record_outcome(
+            move.definition,
+            move.execution_id,
+            record.name,
+            record.compensation_attempts,
+            move.outcome,
+            move.reason,
+        )
+        if plan is None:
+            return None
+        fields = {"execution_id": move.execution_id, "saga": move.definition.name}
+        fields["step"] = record.name
+        if move.outcome is CompensationOutcome.COMPENSATED:
+            self.emit("saga-step-compensated", fields)
+        else:
+            self.emit("saga-compensation-failed", {**fields, "error": move.reason})
+        return plan
 
     def _landed(
         self, execution_id: str, name: str, attempt: int, outcome: CompensationOutcome

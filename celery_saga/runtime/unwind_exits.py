@@ -1,46 +1,34 @@
-"""The operator's exits from a parked unwind: resume it, or abandon it for good."""
+"""The operator's exits from a parked unwind: reopen it, or close it for good. The owner
+(``Unwinder.resume`` / ``abandon``) first checks the run is parked and handles the parked
+children it halted on, then carries out what these return."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.runtime.clock import get_clock
+from celery_saga.runtime.moves import FollowUnwind
+from celery_saga.runtime.ports import RuntimeParts
 from celery_saga.store import unwind
 
-if TYPE_CHECKING:
-    from celery_saga.runtime.unwinder import Unwinder
 
-
-def resume(unwinder: Unwinder, definition: SagaDefinition, execution_id: str) -> None:
-    """Reopen a parked unwind (and first the parked children it halted on). The
-    reversal that failed, or whose outcome could not be recorded, runs again under its
-    own idempotency key; the log line names it."""
-    unwind.require_stuck(unwinder.db, execution_id, "resume_compensation")
-    unwinder.name_reruns(execution_id)
-    unwinder.children.resume_children(execution_id)
-    unwind.resume_compensation(unwinder.db, execution_id, get_clock().now())
-    unwinder.emit(
-        "saga-compensation-resumed", {"execution_id": execution_id, "saga": definition.name}
+def reopen(parts: RuntimeParts, definition: SagaDefinition, execution_id: str) -> FollowUnwind:
+    """Reopen a parked unwind; the reversal that failed, or whose outcome could not be
+    recorded, runs again under its own idempotency key."""
+    unwind.resume_compensation(parts.db, execution_id, get_clock().now())
+    parts.emit("saga-compensation-resumed", {"execution_id": execution_id, "saga": definition.name})
+    plan = unwind.plan_unwind(
+        parts.db,
+        execution_id=execution_id,
+        compensations=definition.reversible,
+        now=get_clock().now(),
     )
-    unwinder.follow(
-        definition,
-        execution_id,
-        unwind.plan_unwind(
-            unwinder.db,
-            execution_id=execution_id,
-            compensations=definition.reversible,
-            now=get_clock().now(),
-        ),
-    )
+    return FollowUnwind(definition, execution_id, plan)
 
 
-def abandon(unwinder: Unwinder, definition: SagaDefinition, execution_id: str) -> int:
-    """Close a parked unwind for good (and the parked children it halted on)."""
-    unwind.require_stuck(unwinder.db, execution_id, "abandon_compensation")
-    unwinder.children.abandon_children(execution_id)
-    skipped = unwind.abandon_compensation(unwinder.db, execution_id, get_clock().now())
-    unwinder.emit(
+def close(parts: RuntimeParts, definition: SagaDefinition, execution_id: str) -> int:
+    """Close a parked unwind for good; returns how many steps were marked skipped."""
+    skipped = unwind.abandon_compensation(parts.db, execution_id, get_clock().now())
+    parts.emit(
         "saga-failed",
         {
             "execution_id": execution_id,
@@ -49,5 +37,4 @@ def abandon(unwinder: Unwinder, definition: SagaDefinition, execution_id: str) -
             "abandoned": True,
         },
     )
-    unwinder.settled(definition, execution_id)
     return skipped

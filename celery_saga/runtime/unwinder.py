@@ -28,9 +28,28 @@ from celery_saga.runtime.child_unwind import ChildUnwind
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.contexts import reversal_context
 from celery_saga.runtime.describe import describe_error
-from celery_saga.runtime.invoke import body_of, call_arguments, reversal_needs_run
+from celery_saga.runtime.invoke import body_error, body_of, call_arguments, reversal_needs_run
 from celery_saga.runtime.keys import record_key
 from celery_saga.runtime.limits import run_with_timeout
+from celery_saga.runtime.moves import (
+    BeginUnwind,
+    FollowUnwind,
+    PublishNode,
+    PublishReversal,
+    RecordReversal,
+    Stay,
+    UnwindMove,
+    unreachable,
+)
+from celery_saga.runtime.outcomes import (
+    Failed,
+    NoBody,
+    Outcome,
+    Ran,
+    Retrying,
+    TakenOver,
+    attempt_failed,
+)
 from celery_saga.runtime.reversal_outcome import ReversalOutcomes
 from celery_saga.store import queries, reversal, unwind
 from celery_saga.store.reversal import Unwinding
@@ -48,7 +67,25 @@ class Unwinder(ReversalOutcomes):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.children = ChildUnwind(self)
+        self.children = ChildUnwind(self.parts())
+
+    def carry_out(self, move: UnwindMove) -> None:
+        """Do what a helper decided: the store write that follows it, then the publish."""
+        match move:
+            case Stay():
+                pass
+            case BeginUnwind(definition, execution_id, plan, reason):
+                self.begin(definition, execution_id, plan, reason)
+            case FollowUnwind(definition, execution_id, plan):
+                self.follow(definition, execution_id, plan)
+            case PublishNode(definition, message, label):
+                self.publisher.publish_node(definition.name, None, message, label=label)
+            case PublishReversal(definition, execution_id, record):
+                self.publish_reversal(definition, execution_id, record)
+            case RecordReversal(definition, execution_id):
+                self.follow(definition, execution_id, self.record_child_reversal(move))
+            case _:
+                unreachable(move)
 
     def begin(
         self,
@@ -67,7 +104,7 @@ class Unwinder(ReversalOutcomes):
     def settled(self, definition: SagaDefinition, execution_id: str) -> None:
         """The run ended or parked: a child tells its parent (guarantee 17)."""
         if self.registry.may_be_child(definition.name):
-            self.children.notify_parent(execution_id)
+            self.carry_out(self.children.notify_parent(execution_id))
 
     def follow(
         self, definition: SagaDefinition, execution_id: str, plan: UnwindStep | None
@@ -136,44 +173,39 @@ class Unwinder(ReversalOutcomes):
         attempt: int,
         redelivered: bool = False,
         saga_name: str | None = None,
-    ) -> None:
+    ) -> Outcome:
         """Handle one compensate message; in-flight duplicates as in ``Executor.run_node``.
 
-        Fast path (first delivery, PostgreSQL): claim at once, the claim's WHERE clause being
-        the admission rule, and take the run from the claim. Anything else, or a refused
-        claim, reads the run and lets ``compensation_admission`` decide.
+        Fast path (first delivery, where the store claims in one statement): claim at once,
+        the claim's WHERE clause being the admission rule, and take the run from the claim.
+        Anything else, or a refused claim, reads the run and lets ``compensation_admission``
+        decide.
         """
-        first = saga_name is not None and not redelivered
-        if first and self._run_first_delivery(str(saga_name), execution_id, step_name, attempt):
-            return
+        if saga_name is not None and not redelivered:
+            outcome = self._run_first_delivery(saga_name, execution_id, step_name, attempt)
+            if outcome is not None:
+                return outcome
         now = get_clock().now()
         execution, steps = queries.load_snapshot(self.db, execution_id)
         if execution is None or execution.state is not ExecutionState.COMPENSATING:
-            logger.info(
-                "compensate %s/%s refused: run is not compensating", execution_id, step_name
-            )
-            return
+            return _refused(execution_id, step_name, "run is not compensating")
         definition = self.registry(execution.saga_name)
         if definition is None:
             raise UnknownSagaError(f"saga {execution.saga_name!r} is not registered on this worker")
         compensations = compensations_of(definition)
         planned = next_unwind_step(steps, execution.committed_at is not None, compensations)
         if planned.kind is not UnwindKind.COMPENSATE:
-            self.follow(
-                definition,
-                execution_id,
-                unwind.plan_unwind(
-                    self.db, execution_id=execution_id, compensations=compensations, now=now
-                ),
+            plan = unwind.plan_unwind(
+                self.db, execution_id=execution_id, compensations=compensations, now=now
             )
-            return
+            self.follow(definition, execution_id, plan)
+            return NoBody("the unwind has no reversal to run here")
         record = next((s for s in steps if s.name == step_name), None)
         if planned.record is not None and planned.record.child_execution_id is not None:
-            if record is not None and record.id == planned.record.id:
-                self.children.reverse(definition, execution, planned.record)
-            else:
-                logger.info("compensate %s/%s refused: not next", execution_id, step_name)
-            return
+            if record is None or record.id != planned.record.id:
+                return _refused(execution_id, step_name, "not next")
+            self.carry_out(self.children.reverse(definition, execution, planned.record))
+            return NoBody("a child's unwind")
         lease = record.compensation_lease_expires_at if record else None
         verdict = compensation_admission(
             record, planned, attempt, lease is not None and lease > now
@@ -185,32 +217,26 @@ class Unwinder(ReversalOutcomes):
                 execution_id,
                 step_name,
             )
-            self._publish(
-                definition,
-                execution_id,
-                record,
-                attempt,
-                countdown=(lease - now).total_seconds() + 1,
-            )
-            return
+            countdown = (lease - now).total_seconds() + 1
+            self._publish(definition, execution_id, record, attempt, countdown=countdown)
+            return NoBody("held back until the lease in flight ends")
         if verdict is not Admission.RUN or record is None:
-            logger.info("compensate %s/%s refused: %s", execution_id, step_name, verdict.value)
-            return
+            return _refused(execution_id, step_name, verdict.value)
         spec = definition.find_step(step_name)
         assert spec is not None and spec.compensation is not None
         if lease is not None and record.compensation_attempts > spec.compensation_retry:
-            self._lost_too_often(definition, Unwinding(execution, steps), record)
-            return
-        self._reverse(definition, execution, steps, spec, record)
+            plan = self.lost_too_often(definition, Unwinding(execution, steps), record)
+            self.follow(definition, execution_id, plan)
+            return NoBody("no attempt left after lost ones")
+        return self._reverse(definition, execution, steps, spec, record)
 
     def _run_first_delivery(
         self, saga_name: str, execution_id: str, step_name: str, attempt: int
-    ) -> bool:
+    ) -> Outcome | None:
         definition = self.registry(saga_name)
         spec = definition.find_step(step_name) if definition else None
-        if self.db.dialect != "postgresql" or spec is None or spec.compensation is None:
-            return False
-        assert definition is not None
+        if definition is None or spec is None or spec.compensation is None:
+            return None
         lease = get_clock().now() + timedelta(seconds=self.settings.lease_seconds)
         claimed = reversal.claim_next_reversal(
             self.db,
@@ -221,43 +247,9 @@ class Unwinder(ReversalOutcomes):
             with_run=reversal_needs_run(spec),
         )
         if claimed is None:
-            return False
+            return None
         record = next(s for s in claimed.steps if s.name == step_name)
-        self._run_reversal(definition, claimed, spec, record)
-        return True
-
-    def _lost_too_often(
-        self, definition: SagaDefinition, unwinding: Unwinding, record: StepRecord
-    ) -> None:
-        """A reversal whose attempts never finished (its worker died each time) halts the
-        unwind after ``compensation_retry + 1`` of them, like one that kept failing."""
-        attempt = record.compensation_attempts
-        reason = (
-            f"WorkerLostError: attempt {attempt} of the reversal of step {record.name!r} "
-            "never finished (its worker stopped) and no attempt is left"
-        )
-        now = get_clock().now()
-        # Take the lapsed claim over first: a holder that renewed its lease keeps it.
-        if not unwind.claim_compensation(
-            self.db,
-            execution_id=record.execution_id,
-            name=record.name,
-            attempts_before=attempt,
-            lease_expires_at=now + timedelta(seconds=self.lease),
-            now=now,
-        ):
-            return
-        logger.warning("execution %s: %s", record.execution_id, reason)
-        plan = self.record_outcome(
-            definition,
-            record.execution_id,
-            record.name,
-            attempt + 1,
-            CompensationOutcome.FAILED,
-            reason,
-            unwinding,
-        )
-        self.follow(definition, record.execution_id, plan)
+        return self._run_reversal(definition, claimed, spec, record)
 
     def _reverse(
         self,
@@ -266,7 +258,7 @@ class Unwinder(ReversalOutcomes):
         steps: list[StepRecord],
         spec: StepSpec,
         record: StepRecord,
-    ) -> None:
+    ) -> Outcome:
         lease = get_clock().now() + timedelta(seconds=self.settings.lease_seconds)
         if not unwind.claim_compensation(
             self.db,
@@ -276,21 +268,18 @@ class Unwinder(ReversalOutcomes):
             lease_expires_at=lease,
             now=get_clock().now(),
         ):
-            logger.info(
-                "compensate %s/%s refused: claimed elsewhere", record.execution_id, record.name
-            )
-            return
+            return _refused(record.execution_id, record.name, "claimed elsewhere")
         claimed = replace(
             record,
             compensation_attempts=record.compensation_attempts + 1,
             compensation_lease_expires_at=lease,
         )
         steps = [claimed if s.id == record.id else s for s in steps]
-        self._run_reversal(definition, Unwinding(execution, steps), spec, claimed)
+        return self._run_reversal(definition, Unwinding(execution, steps), spec, claimed)
 
     def _run_reversal(
         self, definition: SagaDefinition, unwinding: Unwinding, spec: StepSpec, record: StepRecord
-    ) -> None:
+    ) -> Outcome:
         """Run the reversal this worker claimed (``record`` as claimed) and record it."""
         timeout = spec.compensation_timeout or self.settings.compensation_timeout
         execution_id = record.execution_id
@@ -319,22 +308,20 @@ class Unwinder(ReversalOutcomes):
             except SQLAlchemyError:
                 raise  # reading the context failed, not the reversal: its claim expires
             except Exception as error:  # e.g. the soft time limit, spent before the handler
-                self._reversal_failed(definition, unwinding, spec, record, error, fields)
-                return
+                return self._reversal_failed(definition, unwinding, spec, record, error, fields)
             try:
                 kwargs = call_arguments(
                     spec.compensation, ctx, spec.compensation_args, extra={"result": record.result}
                 )
                 call = body_of(spec.compensation)
-                run_with_timeout(
+                result = run_with_timeout(
                     lambda: call(kwargs),
                     timeout,
                     f"compensation of step {record.name!r} of saga {definition.name!r}",
                 )
             except (Exception, SystemExit) as error:
                 # The handler's own errors, database errors of its own included.
-                self._reversal_failed(definition, unwinding, spec, record, error, fields)
-                return
+                return self._reversal_failed(definition, unwinding, spec, record, error, fields)
             plan = self.record_outcome(
                 definition,
                 execution_id,
@@ -346,6 +333,7 @@ class Unwinder(ReversalOutcomes):
             )
         self.emit("saga-step-compensated", fields)
         self.follow(definition, execution_id, plan)
+        return Ran(result)
 
     def _reversal_failed(
         self,
@@ -355,7 +343,7 @@ class Unwinder(ReversalOutcomes):
         record: StepRecord,
         error: BaseException,
         fields: dict[str, object],
-    ) -> None:
+    ) -> Outcome:
         attempt = record.compensation_attempts
         reason = describe_error(error)
         logger.log(
@@ -369,16 +357,18 @@ class Unwinder(ReversalOutcomes):
             exc_info=error,
         )
         execution_id = record.execution_id
+        description = attempt_failed(
+            "reversal of step", definition.name, record.name, attempt, reason
+        )
         if attempt < spec.compensation_retry:
-            if unwind.release_compensation(
+            if not unwind.release_compensation(
                 self.db, execution_id=execution_id, name=record.name, attempt=attempt, reason=reason
             ):
-                delay = backoff_delay(attempt, spec.backoff, spec.backoff_max, get_clock().random())
-                self.emit(
-                    "saga-compensation-retry", {**fields, "error": reason, "countdown": delay}
-                )
-                self._publish(definition, execution_id, record, attempt + 1, countdown=delay)
-            return
+                return TakenOver(f"{description}; its claim was taken over")
+            delay = backoff_delay(attempt, spec.backoff, spec.backoff_max, get_clock().random())
+            self.emit("saga-compensation-retry", {**fields, "error": reason, "countdown": delay})
+            self._publish(definition, execution_id, record, attempt + 1, countdown=delay)
+            return Retrying(f"{description}; retry in {delay:.3g}s", delay, body_error())
         plan = self.record_outcome(
             definition,
             execution_id,
@@ -390,10 +380,29 @@ class Unwinder(ReversalOutcomes):
         )
         self.emit("saga-compensation-failed", {**fields, "error": reason})
         self.follow(definition, execution_id, plan)
+        return Failed(description, body_error())
 
-    # -- operator exits (see unwind_exits.py) ------------------------------------------
+    # -- operator exits ------------------------------------------------------------------
     def resume(self, definition: SagaDefinition, execution_id: str) -> None:
-        unwind_exits.resume(self, definition, execution_id)
+        """Reopen a parked unwind, first the parked children it halted on (the reversal
+        that failed runs again under its own key; the log line names it)."""
+        unwind.require_stuck(self.db, execution_id, "resume_compensation")
+        self.name_reruns(execution_id)
+        for child in self.children.parked_children(execution_id, (CompensationOutcome.FAILED,)):
+            self.resume(self.children.definition_of(child), child.id)
+        self.carry_out(unwind_exits.reopen(self, definition, execution_id))
 
     def abandon(self, definition: SagaDefinition, execution_id: str) -> int:
-        return unwind_exits.abandon(self, definition, execution_id)
+        """Close a parked unwind for good, and the parked children it halted on."""
+        unwind.require_stuck(self.db, execution_id, "abandon_compensation")
+        owed = (None, CompensationOutcome.FAILED)
+        for child in self.children.parked_children(execution_id, owed):
+            self.abandon(self.children.definition_of(child), child.id)
+        skipped = unwind_exits.close(self, definition, execution_id)
+        self.settled(definition, execution_id)
+        return skipped
+
+
+def _refused(execution_id: str, step_name: str, why: str) -> NoBody:
+    logger.info("compensate %s/%s refused: %s", execution_id, step_name, why)
+    return NoBody(why)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from celery_saga.decisions.admission import Admission, NodeMessage
 from celery_saga.decisions.cursor import advance
@@ -14,11 +14,10 @@ from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import WaitNode
 from celery_saga.errors import UnknownEventError
 from celery_saga.runtime.clock import get_clock
+from celery_saga.runtime.moves import BeginUnwind, Move, MoveOn, Refuse, Stay
+from celery_saga.runtime.ports import RuntimeParts
 from celery_saga.store import waits
 from celery_saga.store.codec import pack
-
-if TYPE_CHECKING:
-    from celery_saga.runtime.executor import Executor
 
 logger = logging.getLogger("celery_saga")
 
@@ -28,12 +27,14 @@ def _seconds(value: float) -> str:
 
 
 class Waits:
-    def __init__(self, executor: Executor) -> None:
-        self.executor = executor
+    """Parks runs at their gates and resumes them; returns the move for its owner."""
 
-    def arrive(self, definition: SagaDefinition, message: NodeMessage, gate: WaitNode) -> None:
+    def __init__(self, parts: RuntimeParts) -> None:
+        self.parts = parts
+
+    def arrive(self, definition: SagaDefinition, message: NodeMessage, gate: WaitNode) -> Move:
         """The run reached ``gate``: park it, or pass at once if the signal is there."""
-        ex, now = self.executor, get_clock().now()
+        ex, now = self.parts, get_clock().now()
         wake_at = None if gate.timeout is None else now + timedelta(seconds=gate.timeout)
         onward = advance(definition.nodes, message.node, 0)
         arrival = waits.park_for_signal(
@@ -53,17 +54,17 @@ class Waits:
         }
         if arrival is Arrival.PARK:
             ex.emit("saga-waiting", {**fields, "wake_at": wake_at.isoformat() if wake_at else None})
-        elif arrival is Arrival.PASS:
+            return Stay()
+        if arrival is Arrival.PASS:
             ex.emit("saga-resumed", fields)
-            ex.advanced(definition, message.execution_id, onward)
-        else:
-            ex.refused(message, Admission.REJECT_STALE_CURSOR)
+            return MoveOn(definition, message.execution_id, onward)
+        return Refuse(message, Admission.REJECT_STALE_CURSOR)
 
     def signal(
         self, definition: SagaDefinition, execution_id: str, event: str, payload: Any
-    ) -> bool:
-        """Record the signal once; True if it resumed the run parked at its gate."""
-        ex = self.executor
+    ) -> Move:
+        """Record the signal once; a ``MoveOn`` if it resumed the run parked at its gate."""
+        ex = self.parts
         gate = definition.wait_position(event)
         if gate is None:
             known = ", ".join(repr(e) for e in definition.events) or "none"
@@ -88,32 +89,15 @@ class Waits:
         )
         fields = {"execution_id": execution_id, "saga": definition.name, "event": event}
         ex.emit("saga-signal-received", {**fields, "resumed": resumed})
-        if resumed:
-            ex.emit("saga-resumed", fields)
-            ex.advanced(definition, execution_id, onward)
-        return resumed
+        if not resumed:
+            return Stay()
+        ex.emit("saga-resumed", fields)
+        return MoveOn(definition, execution_id, onward)
 
-    def fire_expired(self, page: int = 200, most: int = 10_000) -> int:
-        """Fail every parked run whose deadline passed (re-checking its signal first);
-        returns how many were acted on. Safe with several sweepers at once."""
-        now = get_clock().now()
-        acted = seen = 0
-        after = None
-        while seen < most:
-            rows = waits.list_expired_waits(self.executor.db, now=now, limit=page, after=after)
-            for row in rows:
-                try:
-                    acted += self._expire(row, now)
-                except Exception:
-                    logger.exception("the deadline of execution %s could not be fired", row.id)
-            seen += len(rows)
-            if len(rows) < page:
-                break
-            after = (rows[-1].wake_at, rows[-1].id)
-        return acted
-
-    def _expire(self, row: waits.ExpiredWait, now: datetime) -> int:
-        ex = self.executor
+    def expire(self, row: waits.ExpiredWait, now: datetime) -> Move:
+        """Fire one deadline that passed: fail the run (re-checking its signal first), or
+        resume it if the signal won the race."""
+        ex = self.parts
         definition = ex.registry(row.saga_name)
         on_graph = definition is not None and definition.hash == row.definition_hash
         gate = definition.nodes[row.cursor] if definition is not None and on_graph else None
@@ -124,7 +108,7 @@ class Waits:
                 row.id,
                 row.saga_name,
             )
-            return 0
+            return Stay()
         waited = _seconds(gate.timeout or 0)
         reason = (
             f"WaitTimeoutError: saga {definition.name!r} waited {waited} for the signal "
@@ -144,10 +128,8 @@ class Waits:
         if result.wake is Wake.TIME_OUT:
             assert result.unwind is not None
             ex.emit("saga-wait-expired", fields)
-            ex.unwinder.begin(definition, row.id, result.unwind, reason)
-            return 1
+            return BeginUnwind(definition, row.id, result.unwind, reason)
         if result.wake is Wake.RESUME:
             ex.emit("saga-resumed", fields)
-            ex.advanced(definition, row.id, onward)
-            return 1
-        return 0
+            return MoveOn(definition, row.id, onward)
+        return Stay()

@@ -153,9 +153,12 @@ def claim_next_reversal(
 ) -> Unwinding | None:
     """Claim attempt ``attempt`` of the reversal of ``name`` if it is the unwind's next move,
     returning the run as of the claim (``with_run``: its row and all its steps; otherwise
-    the steps that decide the next move); None: not ours (read and decide).
+    the steps that decide the next move); None: not ours, or not on this store (read and
+    decide).
 
-    PostgreSQL only (one statement); elsewhere the checked path reads, then claims."""
+    One statement, on PostgreSQL only; elsewhere the checked path reads, then claims."""
+    if db.dialect != "postgresql":
+        return None
     params = {
         "run_id": execution_id,
         "step_name": name,

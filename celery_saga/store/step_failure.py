@@ -16,15 +16,33 @@ record's ``compensatable`` or ``compensation_status`` while its run is running.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from datetime import datetime
+from typing import Any
 
+from celery_saga.decisions.cursor import Advance
 from celery_saga.decisions.unwind import next_unwind_step
 from celery_saga.records import ExecutionState, StepStatus
 from celery_saga.store import forward, prepared, queries
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.forward import GroupResult
+
+
+def record_step_failed(
+    db: Database,
+    *,
+    members: Sequence[str],
+    advance: Advance,
+    **fields: Any,
+) -> GroupResult | None:
+    """Record a step's final failure (``fields`` as ``fail_held_step`` takes them): in one
+    statement where the store has it and the step settles its position alone, else as a
+    member of its group (``forward.record_step_settled``)."""
+    if len(members) == 1 and db.dialect == "postgresql":
+        return fail_held_step(db, **fields)
+    error = fields.pop("error")
+    return forward.record_step_settled(db, members=members, advance=advance, error=error, **fields)
 
 
 def fail_held_step(

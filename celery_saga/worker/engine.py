@@ -329,7 +329,7 @@ class SagaEngine:
         definition = self._definition_of(execution_id)
         return self._store(
             f"signalling {event!r} to {execution_id!r}",
-            lambda: self.executor.waits.signal(definition, execution_id, event, payload),
+            lambda: self.executor.signal(definition, execution_id, event, payload),
         )
 
     def recover(self, stale_after: float | None = None) -> int:
@@ -348,7 +348,7 @@ class SagaEngine:
         self.ensure_schema()
         return self._store(
             "the timer sweep",
-            lambda: self.executor.waits.fire_expired() + self.recoverer.send_owed(),
+            lambda: self.executor.fire_timers() + self.recoverer.send_owed(),
         )
 
     def cleanup(self, older_than: float | timedelta) -> int:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import logging
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 from sqlalchemy.exc import SQLAlchemyError
 
 from celery_saga.decisions.admission import NodeMessage
-from celery_saga.worker import outcome
+from celery_saga.worker.delivery import STORE_RETRY_MAX, SendAgain, handle_message
+from celery_saga.worker.endings import StepFailed, end_task
 from celery_saga.worker.housekeeping import quiet_housekeeping_logs
 from celery_saga.worker.publisher import (
     ARCHIVE_TASK,
@@ -20,7 +20,6 @@ from celery_saga.worker.publisher import (
     NODE_TASK,
     RECOVER_TASK,
 )
-from celery_saga.worker.step_run import STORE_RETRY_MAX, sent_again_on_lost_store
 
 logger = logging.getLogger("celery_saga")
 
@@ -35,14 +34,13 @@ _TASK_OPTIONS: dict[str, Any] = {
     "reject_on_worker_lost": True,
     "ignore_result": True,
     "shared": False,
-    "throws": (outcome.StepFailed,),
+    "throws": (StepFailed,),
 }
 #: Sweeps: no task events (Flower's list), per-run log lines at DEBUG when idle.
 _SWEEP_OPTIONS: dict[str, Any] = {"ignore_result": True, "shared": False, "send_events": False}
 
 
 def register_tasks(app: Celery, engine: SagaEngine) -> None:
-    outcome.watch(engine.events)
     quiet_housekeeping_logs()
 
     @app.task(name=NODE_TASK, **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
@@ -56,25 +54,27 @@ def register_tasks(app: Celery, engine: SagaEngine) -> None:
         attempt: int,
     ) -> None:
         message = NodeMessage(execution_id, node, sub, member, attempt)
-        with (
-            _retry_on_lost_connection(task),
-            outcome.observed() as seen,
-            engine.db.task_connection(),
-        ):
-            engine.ensure_schema()
-            engine.executor.run_node(message, saga_name, redelivered=_redelivered(task))
-        seen.raise_outcome()  # after the outcome is stored: Celery shows what the step did
+        outcome = handle_message(
+            engine,
+            task,
+            task.request.retries or 0,
+            _send_again(task),
+            lambda redelivered: engine.executor.run_node(message, saga_name, redelivered),
+        )
+        end_task(task, outcome, own_body=False, send_events=engine.events.send_to_celery)
 
     @app.task(name=COMPENSATE_TASK, **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
     def saga_compensate(task: Any, execution_id: str, step_name: str, attempt: int) -> None:
-        with (
-            _retry_on_lost_connection(task),
-            outcome.observed() as seen,
-            engine.db.task_connection(),
-        ):
-            engine.ensure_schema()
-            engine.executor.unwinder.run(execution_id, step_name, attempt, _redelivered(task))
-        seen.raise_outcome()
+        outcome = handle_message(
+            engine,
+            task,
+            task.request.retries or 0,
+            _send_again(task),
+            lambda redelivered: engine.executor.unwinder.run(
+                execution_id, step_name, attempt, redelivered
+            ),
+        )
+        end_task(task, outcome, own_body=False, send_events=engine.events.send_to_celery)
 
     @app.task(name=RECOVER_TASK, **_SWEEP_OPTIONS)  # type: ignore[untyped-decorator]
     def saga_recover() -> int:
@@ -93,7 +93,7 @@ def register_tasks(app: Celery, engine: SagaEngine) -> None:
         return engine.archive(float(app.conf.saga_archive_after))
 
 
-def _retry_on_lost_connection(task: Any) -> AbstractContextManager[None]:
+def _send_again(task: Any) -> SendAgain:
     """The engine's own tasks are sent again through Celery's retry (same task id)."""
 
     def send_again(countdown: int, error: SQLAlchemyError) -> BaseException:
@@ -102,13 +102,4 @@ def _retry_on_lost_connection(task: Any) -> AbstractContextManager[None]:
         )
         return retried  # not reached: Celery's retry raises its Retry itself
 
-    return sent_again_on_lost_store(task, task.request.retries or 0, send_again)
-
-
-def _redelivered(task: Any) -> bool:
-    """The broker is handing this message out again (its consumer died before acking), or
-    we sent it again after the store failed under it: either way its own claim may be the
-    live lease it meets, so it waits for that lease instead of being dropped."""
-    if task.request.retries:
-        return True
-    return bool((task.request.delivery_info or {}).get("redelivered"))
+    return send_again

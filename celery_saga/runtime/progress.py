@@ -1,0 +1,168 @@
+"""Moving a run forward: storing and launching runs, publishing a position, recording a
+step's completion, and the owner's side of waits (signals and deadlines)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery_saga.decisions.admission import NodeMessage
+from celery_saga.decisions.cursor import Advance, first_position
+from celery_saga.definition.builder import SagaDefinition
+from celery_saga.definition.nodes import BranchNode, ParallelNode, SubSagaNode, WaitNode
+from celery_saga.errors import BranchPathError
+from celery_saga.records import ExecutionState, StepStatus
+from celery_saga.runtime.clock import get_clock
+from celery_saga.runtime.describe import describe_error
+from celery_saga.runtime.failures import StepFailures
+from celery_saga.runtime.navigation import choose_path, route
+from celery_saga.runtime.store_retry import write_outcome
+from celery_saga.store import forward, queries
+from celery_saga.store.codec import pack
+
+logger = logging.getLogger("celery_saga")
+
+
+class Progress(StepFailures):
+    # -- starting ---------------------------------------------------------------------
+    def create(
+        self,
+        definition: SagaDefinition,
+        saga_input: Any,
+        execution_id: str,
+        parent_execution_id: str | None = None,
+    ) -> None:
+        """Store a new run at its first position (one INSERT; a taken id raises
+        ``IntegrityError``)."""
+        blob = pack(
+            saga_input,
+            what=f"input of saga {definition.name!r}",
+            limit=self.settings.max_payload_bytes,
+        )
+        first = first_position(definition.nodes)
+        queries.create_execution(
+            self.db,
+            execution_id=execution_id,
+            saga_name=definition.name,
+            definition_hash=definition.hash,
+            input_blob=blob,
+            node=first.node,
+            sub=0,
+            state=ExecutionState.RUNNING,
+            committed=first.passes_pivot,
+            now=get_clock().now(),
+            parent_execution_id=parent_execution_id,
+        )
+
+    def launch(
+        self,
+        definition: SagaDefinition,
+        execution_id: str,
+        parent_execution_id: str | None = None,
+        announce: bool = True,
+    ) -> None:
+        """Send the first message of a stored run (and, with ``announce``, its
+        ``saga-started`` event). A broker that refuses it leaves the run marked as owed a
+        message (see ``CeleryPublisher``); the run is stored either way."""
+        fields = {"execution_id": execution_id, "saga": definition.name}
+        if parent_execution_id is not None:
+            fields["parent_execution_id"] = parent_execution_id
+        if announce:
+            self.emit("saga-started", fields)
+        first = first_position(definition.nodes)
+        self.publish_position(definition, execution_id, first.node, 0)
+
+    # -- publishing -------------------------------------------------------------------
+    def publish_position(
+        self, definition: SagaDefinition, execution_id: str, node: int, sub: int
+    ) -> None:
+        target = definition.nodes[node]
+        message = NodeMessage(execution_id, node, sub, 0, 1)
+        if isinstance(target, ParallelNode):
+            for member, spec in enumerate(target.steps):
+                message = NodeMessage(execution_id, node, 0, member, 1)
+                self.publisher.publish_node(definition.name, spec, message)
+            return
+        if isinstance(target, WaitNode):
+            label = f"{definition.name}.wait:{target.event}"
+            self.publisher.publish_node(definition.name, None, message, label=label)
+            return
+        if isinstance(target, SubSagaNode):
+            label = f"{definition.name}.{target.name}"
+            self.publisher.publish_node(definition.name, None, message, label=label)
+            return
+        if isinstance(target, BranchNode):
+            try:
+                path = target.paths[choose_path(self.db, definition, target, execution_id, node)]
+            except BranchPathError as error:
+                self.fail_outside_step(definition, execution_id, describe_error(error))
+                return
+            self.publisher.publish_node(definition.name, path[sub], message)
+            return
+        self.publisher.publish_node(definition.name, route(target, sub, 0), message)
+
+    def step_completed(
+        self,
+        definition: SagaDefinition,
+        name: str,
+        message: NodeMessage,
+        attempt: int,
+        blob: bytes,
+        step_advance: Advance,
+        fields: dict[str, Any],
+    ) -> bool:
+        """Record ``name`` completed and move the run on (a parallel member: join first);
+        False: the claim was no longer ours, nothing was recorded. The result exists only
+        in this process: its record is retried through store outages (guarantee 20) rather
+        than left to a lease that would run the body again."""
+        target = definition.nodes[message.node]
+        if not isinstance(target, ParallelNode):
+            if write_outcome(
+                lambda: forward.record_step_completed(
+                    self.db,
+                    execution_id=message.execution_id,
+                    name=name,
+                    attempt=attempt,
+                    node=message.node,
+                    sub=message.sub,
+                    result_blob=blob,
+                    advance=step_advance,
+                    now=get_clock().now(),
+                ),
+                budget=self.settings.outcome_retry_budget,
+                what=f"the result of step {name!r} of execution {message.execution_id}",
+                landed=lambda: self.landed(
+                    message.execution_id, name, attempt, StepStatus.COMPLETED
+                ),
+                if_landed=True,
+            ):
+                self.emit("saga-step-completed", fields)
+                self.advanced(definition, message.execution_id, step_advance)
+                return True
+            return False
+        members = [s.name for s in target.steps]
+        group = self.settle(
+            definition, message, name, attempt, members, step_advance, result_blob=blob
+        )
+        if group is None:
+            return False
+        self.emit("saga-step-completed", fields)
+        if not group.settled:
+            return True
+        if group.unwind is not None:
+            self.unwinder.begin(
+                definition, message.execution_id, group.unwind, group.failure_reason
+            )
+        else:
+            self.advanced(definition, message.execution_id, step_advance)
+        return True
+
+    def advanced(
+        self, definition: SagaDefinition, execution_id: str, step_advance: Advance
+    ) -> None:
+        """The run moved to ``step_advance`` (committed): publish it, or report the end."""
+        if step_advance.finished:
+            self.emit("saga-completed", {"execution_id": execution_id, "saga": definition.name})
+            self.unwinder.settled(definition, execution_id)
+        else:
+            self.publish_position(definition, execution_id, step_advance.node, step_advance.sub)

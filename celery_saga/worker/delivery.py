@@ -1,0 +1,76 @@
+"""What both entry points (the engine's tasks and a step's own task) do around handling one
+saga message: tell a redelivery from a first delivery, and send the message again when the
+store cannot be reached under it."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from celery_saga.runtime.limits import restore_soft_limit
+from celery_saga.runtime.outcomes import Outcome
+from celery_saga.store.transient import describe_store_error, is_transient
+
+if TYPE_CHECKING:
+    from celery_saga.worker.engine import SagaEngine
+
+logger = logging.getLogger("celery_saga")
+
+#: A message that met an unreachable store before doing anything is sent again after
+#: these pauses (then left to the sweeps): an outage of minutes costs no run its progress.
+STORE_RETRY_COUNTDOWNS = (1, 2, 4, 8, 15)
+STORE_RETRY_MAX = 40
+
+#: Sends the message again after ``countdown`` s and returns what the task raises.
+SendAgain = Callable[[int, SQLAlchemyError], BaseException]
+
+
+def redelivered(request: Any, resends: int) -> bool:
+    """The broker hands this message out again (its consumer died before acking), or the
+    engine sent it again after the store failed under it (``resends``): either way its own
+    claim may be the live lease it meets, so it waits for that lease instead of being
+    dropped."""
+    if resends:
+        return True
+    return bool((request.delivery_info or {}).get("redelivered"))
+
+
+def handle_message(
+    engine: SagaEngine,
+    task: Any,
+    resends: int,
+    send_again: SendAgain,
+    handle: Callable[[bool], Outcome],
+) -> Outcome:
+    """Run ``handle(redelivered)`` on the task's store connection; a store that stays
+    unreachable sends the message again (see ``sent_again_on_lost_store``)."""
+    with sent_again_on_lost_store(task, resends, send_again), engine.db.task_connection():
+        engine.ensure_schema()
+        return handle(redelivered(task.request, resends))
+
+
+@contextmanager
+def sent_again_on_lost_store(task: Any, resends: int, send_again: SendAgain) -> Iterator[None]:
+    """The store could not be reached after the in-process retries: the message is sent
+    again after a short pause (``send_again(countdown, error)`` sends it and returns what to
+    raise) instead of being left to the recovery sweep. Admission makes the resend harmless
+    if the first one got through."""
+    try:
+        yield
+    except SQLAlchemyError as error:
+        if not is_transient(error) or resends >= STORE_RETRY_MAX:
+            raise
+        countdown = STORE_RETRY_COUNTDOWNS[min(resends, len(STORE_RETRY_COUNTDOWNS) - 1)]
+        logger.warning(
+            "%s: the saga store is unreachable (%s); this message is sent again in %d s",
+            task.name,
+            describe_store_error(error),
+            countdown,
+        )
+        raise send_again(countdown, error) from error
+    finally:
+        restore_soft_limit()
