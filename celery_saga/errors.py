@@ -32,7 +32,7 @@ class SchemaValidationError(SagaError):
 
 
 class StepTimeoutError(SagaError):
-    """A step or compensation ran longer than its timeout."""
+    """A step attempt or a reversal ran longer than its timeout."""
 
 
 class DefinitionChangedError(SagaError):

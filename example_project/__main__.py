@@ -1,5 +1,5 @@
 """Run four order sagas and print their timelines: approved and completed; compensated after
-shipping fails; parked mid-rollback and resumed; and never approved, so it times out."""
+shipping fails; parked mid-unwind and resumed; and never approved, so it times out."""
 
 from __future__ import annotations
 
@@ -136,7 +136,7 @@ def main() -> None:
         timeline("1. approved: reserved item by item, paid in a nested saga, shipped", done)
 
         failed = approved({"order_id": "B2", "items": items, "fail_shipping": True})
-        timeline("2. shipping fails: the payment saga and each item undone, in reverse", failed)
+        timeline("2. shipping fails: the payment saga and each item reversed, in reverse", failed)
 
         WAREHOUSE_DOWN.touch()
         try:

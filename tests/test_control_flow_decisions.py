@@ -222,7 +222,7 @@ def test_child_step_decisions(child: ExecutionRecord | None, step_kind: ChildSte
         (
             run(S.COMPENSATION_STUCK, rollback_reason="undo failed"),
             ChildReversalKind.HALT,
-            "parked mid-rollback: undo failed",
+            "parked mid-unwind: undo failed",
         ),
         (
             run(S.FAILED, rollback_status=RollbackStatus.STUCK),

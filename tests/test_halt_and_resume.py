@@ -87,4 +87,4 @@ def test_a_hung_reversal_times_out_by_default_and_parks_the_run(harness: Harness
     execution = run.wait(30)
     assert execution.state is ExecutionState.COMPENSATION_STUCK, harness.worker_logs()
     reason = execution.step("a").compensation_reason or ""
-    assert reason.startswith("StepTimeoutError: compensation of step 'a'"), reason
+    assert reason.startswith("StepTimeoutError: reversal of step 'a'"), reason

@@ -1,6 +1,6 @@
 """Sub-sagas (guarantees 17, 18): a parent adopts the child it started, is notified when the
 child settles (no worker held, no polling), and unwinds it through the child's own
-compensation; a child that cannot be cleanly rolled back parks the parent."""
+compensation; a child that cannot be cleanly unwound parks the parent."""
 
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def test_a_parent_failing_later_unwinds_its_completed_child_through_the_childs_c
     assert execution.step("p1").compensated_at >= child_undone, "reverse start order"  # type: ignore[operator]
 
 
-def test_a_child_parked_mid_rollback_parks_the_parent_and_resume_reaches_it(
+def test_a_child_parked_mid_unwind_parks_the_parent_and_resume_reaches_it(
     harness: Harness,
 ) -> None:
     switch = f"undo-{uuid.uuid4().hex}"
@@ -109,7 +109,7 @@ def test_a_child_parked_mid_rollback_parks_the_parent_and_resume_reaches_it(
     assert execution.state is ExecutionState.COMPENSATION_STUCK, harness.worker_logs()
     child = _child(harness, run.id)
     assert child.state is ExecutionState.COMPENSATION_STUCK
-    assert "is parked mid-rollback" in (execution.record.rollback_reason or "")
+    assert "is parked mid-unwind" in (execution.record.rollback_reason or "")
     assert execution.step("p1").compensation_status is None, "the unwind halted at the child"
     harness.test_app.set_switch(switch, False)
     harness.engine.resume_compensation(run.id)
@@ -146,7 +146,7 @@ def test_a_child_committed_past_its_pivot_parks_the_parent(harness: Harness) -> 
     run = harness.start("committing_parent", {"order": 105, "plan": {"z1": {"fail": True}}})
     execution = _settled(run)
     assert execution.state is ExecutionState.COMPENSATION_STUCK, harness.worker_logs()
-    assert "is committed past its pivot; nothing was rolled back" in (
+    assert "is committed past its pivot; nothing was reversed" in (
         execution.record.rollback_reason or ""
     )
     child = _child(harness, run.id, "committed_child")

@@ -48,14 +48,14 @@ def child_failure(saga: str, child: ExecutionRecord) -> str:
     reason = child.failure_reason or child.rollback_reason or child.state.value
     text = f"sub-saga {saga!r} ({child.id}) failed: {reason}"
     if child.state is ExecutionState.COMPENSATION_STUCK:
-        text += f"; its rollback is stuck: {child.rollback_reason}"
+        text += f"; its unwind is stuck: {child.rollback_reason}"
     return text
 
 
 class ChildReversalKind(str, Enum):
     START_UNWIND = "start_unwind"  # run the child's own compensation
     WAIT = "wait"  # the child's unwind is under way; it notifies the parent
-    SETTLED = "settled"  # the child is rolled back: the parent's record is compensated
+    SETTLED = "settled"  # the child is unwound: the parent's record is compensated
     HALT = "halt"  # park the parent with ``reason``
 
 
@@ -73,19 +73,19 @@ def decide_child_reversal(child: ExecutionRecord | None, child_id: str) -> Child
     what = f"child saga {child.saga_name!r} ({child.id})"
     if child.state in (ExecutionState.RUNNING, ExecutionState.WAITING):
         return ChildReversal(
-            halt, f"{what} is still {child.state.value}; it cannot be rolled back until it stops"
+            halt, f"{what} is still {child.state.value}; it cannot be unwound until it stops"
         )
     committed = child.committed_at is not None
     if committed and child.state in (ExecutionState.COMPLETED, ExecutionState.FAILED):
-        return ChildReversal(halt, f"{what} is committed past its pivot; nothing was rolled back")
+        return ChildReversal(halt, f"{what} is committed past its pivot; nothing was reversed")
     if child.state is ExecutionState.COMPLETED:
         return ChildReversal(ChildReversalKind.START_UNWIND)
     if child.state is ExecutionState.COMPENSATING or unwind_owed(child):
         return ChildReversal(ChildReversalKind.WAIT)
     if child.state is ExecutionState.COMPENSATION_STUCK:
-        return ChildReversal(halt, f"{what} is parked mid-rollback: {child.rollback_reason}")
+        return ChildReversal(halt, f"{what} is parked mid-unwind: {child.rollback_reason}")
     if child.rollback_status is RollbackStatus.STUCK:
-        return ChildReversal(halt, f"{what} was abandoned mid-rollback: {child.rollback_reason}")
+        return ChildReversal(halt, f"{what} was abandoned mid-unwind: {child.rollback_reason}")
     return ChildReversal(ChildReversalKind.SETTLED)
 
 

@@ -1,7 +1,7 @@
 """What the unwind does next (guarantees 1-6, 8).
 
 Eligible steps are those that started with a compensation declared, unless the run passed
-its pivot. They are undone in reverse start order (record id order), one at a time. A loop
+its pivot. They are reversed in reverse start order (record id order), one at a time. A loop
 iteration ``charge:2`` is its own record, reversed by the body step ``charge``'s
 compensation; a sub-saga's record is reversed by running the child's own unwind.
 """

@@ -39,7 +39,7 @@ class SignalVerdict(str, Enum):
     RESUME = "resume"  # the run is parked at this event's gate: this signal resumes it
     STORE = "store"  # recorded for the gate the run has not reached yet
     DUPLICATE = "duplicate"
-    NOT_ACCEPTING = "not_accepting"  # terminal, compensating or parked mid-rollback
+    NOT_ACCEPTING = "not_accepting"  # terminal, compensating or parked mid-unwind
 
 
 def decide_signal(execution: ExecutionRecord, gate: int, already_received: bool) -> SignalVerdict:

@@ -250,7 +250,7 @@ class Saga:
         return self._add(StepNode(spec))
 
     def pivot(self) -> Saga:
-        """Commit point: once passed, no step of this run is ever compensated."""
+        """Commit point: once passed, no step of this run is ever reversed."""
         return self._add(PivotNode())
 
     def wait_for(self, event: str, *, timeout: float | timedelta | None = None) -> Saga:

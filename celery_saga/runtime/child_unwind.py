@@ -1,5 +1,5 @@
 """A parent's unwind through its children, and children telling their parent they settled
-(guarantees 17, 18). A child's rollback is its own unwind, run by its own messages; the
+(guarantees 17, 18). A child's unwind is its own, run by its own messages; the
 parent's record of it is settled once the child reports back."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The recovery sweep: republish what lost messages left undone (run by beat and at worker
+"""The recovery sweep: republish what lost messages left unfinished (run by beat and at worker
 start-up; safe to run from several processes at once)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The compensation chain: one reversal per message, in reverse start order, halting on
+"""The unwind: one reversal per message, in reverse start order, halting on
 the first definitive failure (guarantees 1-9, 20)."""
 
 from __future__ import annotations
@@ -317,7 +317,7 @@ class Unwinder(ReversalOutcomes):
                 result = run_with_timeout(
                     lambda: call(kwargs),
                     timeout,
-                    f"compensation of step {record.name!r} of saga {definition.name!r}",
+                    f"reversal of step {record.name!r} of saga {definition.name!r}",
                 )
             except (Exception, SystemExit) as error:
                 # The handler's own errors, database errors of its own included.
@@ -404,5 +404,5 @@ class Unwinder(ReversalOutcomes):
 
 
 def _refused(execution_id: str, step_name: str, why: str) -> NoBody:
-    logger.info("compensate %s/%s refused: %s", execution_id, step_name, why)
+    logger.info("reversal of %s/%s refused: %s", execution_id, step_name, why)
     return NoBody(why)

@@ -2,7 +2,7 @@
 
 ``celery-saga-fire-timers`` (every ``saga_timer_interval`` s, default 5) fails runs whose
 ``wait_for`` deadline passed; ``celery-saga-recover`` (``saga_recover_interval``, 15)
-republishes what lost messages left undone; ``celery-saga-cleanup`` and
+republishes what lost messages left unfinished; ``celery-saga-cleanup`` and
 ``celery-saga-archive`` (``saga_cleanup_interval`` / ``saga_archive_interval``, 3600) remove
 or archive terminal runs older than ``saga_cleanup_after`` / ``saga_archive_after`` seconds,
 and are installed only when that retention is set. An entry of the same name already in

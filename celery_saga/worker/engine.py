@@ -301,16 +301,16 @@ class SagaEngine:
         """Retry the failed reversal of a ``compensation_stuck`` run and continue the unwind."""
         definition = self._definition_of(execution_id)
         self._store(
-            f"resuming the compensation of {execution_id!r}",
+            f"resuming the unwind of {execution_id!r}",
             lambda: self.executor.unwinder.resume(definition, execution_id),
         )
 
     def abandon_compensation(self, execution_id: str) -> int:
         """Give up a parked unwind: outstanding steps are marked skipped and the run ends
-        ``failed`` with rollback ``stuck``. Returns how many steps were skipped."""
+        ``failed`` with ``rollback_status`` ``stuck``. Returns how many steps were skipped."""
         definition = self._definition_of(execution_id)
         return self._store(
-            f"abandoning the compensation of {execution_id!r}",
+            f"abandoning the unwind of {execution_id!r}",
             lambda: self.executor.unwinder.abandon(definition, execution_id),
         )
 
