@@ -18,7 +18,6 @@ import threading
 import time
 from typing import Any
 
-from celery.signals import worker_init
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -142,11 +141,10 @@ def enable_metrics(
     engine.on("*", metrics)
     if port is not None:
 
-        def serve(sender: Any = None, **_: Any) -> None:
-            if getattr(sender, "app", None) is engine.app:
-                start_http_server(port, addr=address, registry=exporter_registry() or _default())
+        def serve() -> None:
+            start_http_server(port, addr=address, registry=exporter_registry() or _default())
 
-        worker_init.connect(serve, weak=False)
+        engine.hooks.when_worker_starts(serve)
     return metrics
 
 

@@ -31,6 +31,9 @@ from celery_saga.store.tables import metadata as saga_metadata
 from celery_saga.worker.embedded import embedded_worker
 from tests.sagaapp import TestApp
 
+# The package's fixtures (saga_kit, saga_engine...): opt-in, as for the package's users.
+pytest_plugins = ["celery_saga.testing.plugin"]
+
 ROOT = Path(__file__).resolve().parent.parent
 PG_ADMIN = os.environ.get(
     "SAGA_TEST_PG_ADMIN", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"

@@ -1,4 +1,8 @@
-"""The pytest plugin (entry point ``pytest11``): fixtures for testing your own sagas.
+"""The pytest plugin: fixtures for testing your own sagas.
+
+Opt-in, as Celery's ``celery.contrib.pytest`` is: ``pytest_plugins =
+["celery_saga.testing.plugin"]`` in your root ``conftest.py``, or ``pytest -p
+celery_saga.testing.plugin``.
 
 ``saga_clock``       a ``ControlledClock`` installed for the test (restored after).
 ``saga_celery_app``  a Celery app on the in-memory broker with a SQLite store in the test's

@@ -1,4 +1,4 @@
-"""The beat entries the extension installs, and the sweep a starting worker requests.
+"""The beat entries the extension installs.
 
 ``celery-saga-fire-timers`` (every ``saga_timer_interval`` s, default 5) fails runs whose
 ``wait_for`` deadline passed; ``celery-saga-recover`` (``saga_recover_interval``, 15)
@@ -6,7 +6,8 @@ republishes what lost messages left unfinished; ``celery-saga-cleanup`` and
 ``celery-saga-archive`` (``saga_cleanup_interval`` / ``saga_archive_interval``, 3600) remove
 or archive terminal runs older than ``saga_cleanup_after`` / ``saga_archive_after`` seconds,
 and are installed only when that retention is set. An entry of the same name already in
-``beat_schedule`` is left as it is.
+``beat_schedule`` is left as it is. (The sweep a starting worker requests is sent from
+``celery_hooks``.)
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_ready
 
 from celery_saga.worker.publisher import (
     ARCHIVE_TASK,
@@ -48,13 +48,3 @@ def install_beat_entries(app: Celery) -> None:
             entry["options"] = {"queue": queue}
         schedule.setdefault(name, entry)
     app.conf.beat_schedule = schedule
-
-
-def request_sweep_when_ready(app: Celery) -> None:
-    """One recovery sweep whenever a worker of ``app`` starts (non-blocking: a task)."""
-
-    def on_worker_ready(sender: Any = None, **_: Any) -> None:
-        if id(getattr(sender, "app", None)) == id(app):
-            app.send_task(RECOVER_TASK, queue=app.conf.get("saga_queue") or None)
-
-    worker_ready.connect(on_worker_ready, weak=False)

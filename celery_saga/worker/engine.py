@@ -1,4 +1,6 @@
-"""``SagaEngine``: attaches sagas to an existing Celery app and is the Python API."""
+"""``SagaEngine``: attaches sagas to an existing Celery app and is the Python API.
+
+What it changes in Celery, it changes for its own app only, through ``celery_hooks``."""
 
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ from celery_saga.store import queries, retention
 from celery_saga.store.codec import pack, unpack
 from celery_saga.store.database import Database
 from celery_saga.store.transient import describe_store_error, is_transient, retry_transient
-from celery_saga.worker.beat import install_beat_entries, request_sweep_when_ready
+from celery_saga.worker.beat import install_beat_entries
+from celery_saga.worker.celery_hooks import CeleryHooks
 from celery_saga.worker.events import EventHub, Listener
 from celery_saga.worker.handle import SagaHandle
 from celery_saga.worker.publisher import CeleryPublisher
@@ -103,7 +106,8 @@ class SagaEngine:
         self.events = EventHub(app)
         self.settings = _settings_from(app)
         self.catalog = Catalog()
-        self.step_tasks = StepTasks(app, StepRun(self))
+        self.hooks = CeleryHooks(app, StepRun(self), self.events)
+        self.step_tasks = StepTasks(app, self.hooks)
         self.publisher = publisher = CeleryPublisher(
             app,
             # The hard limit must not kill a process that is still recording what its body
@@ -119,7 +123,7 @@ class SagaEngine:
         publisher.on_unsent = self.recoverer.owe_message
         register_tasks(app, self)
         install_beat_entries(app)
-        request_sweep_when_ready(app)
+        self.hooks.install()
         app.saga_engine = self
 
     @classmethod

@@ -1,8 +1,11 @@
-"""Saga events: in-process listeners, and Celery custom events Flower can see."""
+"""Saga events: in-process listeners, and Celery custom events Flower can see.
+
+A plain event hub: it changes nothing in Celery. The worker's ``-E`` and the
+``enable_events`` / ``disable_events`` control commands reach its switch through
+``celery_hooks``."""
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections import defaultdict
 from collections.abc import Callable
@@ -10,8 +13,6 @@ from multiprocessing.sharedctypes import RawValue
 from typing import Any
 
 from celery import Celery, current_task
-from celery.signals import worker_init
-from celery.worker.control import Panel
 
 logger = logging.getLogger("celery_saga")
 Listener = Callable[[str, dict[str, Any]], None]
@@ -54,7 +55,6 @@ class EventHub:
         self.app = app
         self._listeners: dict[str, list[Listener]] = defaultdict(list)
         self._switch = RawValue("b", bool(app.conf.worker_send_task_events))
-        worker_init.connect(self._on_worker_init, weak=False)
 
     @property
     def send_to_celery(self) -> bool:
@@ -62,10 +62,6 @@ class EventHub:
 
     def switch(self, on: bool) -> None:
         self._switch.value = on
-
-    def _on_worker_init(self, sender: Any = None, **_: Any) -> None:
-        if getattr(sender, "app", None) is self.app:
-            self.switch(bool(getattr(sender, "task_events", self.send_to_celery)))
 
     def subscribe(self, event: str, listener: Listener) -> None:
         if event != "*" and event not in EVENT_TYPES:
@@ -93,26 +89,3 @@ class EventHub:
             task.send_event(event, **fields)
         except Exception:
             logger.warning("could not send Celery event %s", event, exc_info=True)
-
-
-def _following_the_event_switch(name: str, on: bool) -> None:
-    """Wrap the worker's ``name`` control command so it switches saga events too."""
-    command = Panel.data.get(name)
-    if command is None or getattr(command, "switches_saga_events", False):
-        return
-
-    @functools.wraps(command)
-    def switched(state: Any, *args: Any, **kwargs: Any) -> Any:
-        reply = command(state, *args, **kwargs)
-        engine = getattr(getattr(state, "app", None), "saga_engine", None)
-        if engine is not None and engine.events.send_to_celery != on:
-            engine.events.switch(on)  # Flower repeats enable_events every few seconds
-            logger.info("saga events %s by remote", "enabled" if on else "disabled")
-        return reply
-
-    switched.switches_saga_events = True  # type: ignore[attr-defined]
-    Panel.data[name] = switched
-
-
-_following_the_event_switch("enable_events", True)
-_following_the_event_switch("disable_events", False)
