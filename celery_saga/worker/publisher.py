@@ -141,7 +141,7 @@ class CeleryPublisher:
     ) -> None:
         target = spec.compensation if spec else None
         timeout = (spec.compensation_timeout if spec else None) or self.compensation_timeout
-        task = self.tasks.task_for(saga_name, spec, "undo") if self.tasks and spec else None
+        task = self.tasks.task_for(saga_name, spec, "reversal") if self.tasks and spec else None
         if task is not None:
             header = reversal_header(saga_name, execution_id, step_name, attempt)
             self._send_step(task, header, attempt, countdown, timeout)

@@ -28,10 +28,15 @@ def node_header(saga_name: str, message: NodeMessage) -> dict[str, Any]:
     }
 
 
+#: The header key naming the step a reversal's message reverses. A wire name: messages
+#: already in a broker carry it, so it keeps its older spelling ("undo").
+REVERSES = "undo"
+
+
 def reversal_header(
     saga_name: str, execution_id: str, step_name: str, attempt: int
 ) -> dict[str, Any]:
-    return {"id": execution_id, "saga": saga_name, "undo": step_name, "attempt": attempt}
+    return {"id": execution_id, "saga": saga_name, REVERSES: step_name, "attempt": attempt}
 
 
 def node_message(header: Mapping[str, Any]) -> NodeMessage:
@@ -57,8 +62,8 @@ def read_header(request: Any) -> dict[str, Any] | None:
 def describe(header: Mapping[str, Any]) -> str:
     """What Flower and the worker log show as the message's keyword arguments, so a search
     for an execution id finds every message of the run."""
-    if "undo" in header:
-        where = f"'undo': {header['undo']!r}"
+    if REVERSES in header:
+        where = f"'{REVERSES}': {header[REVERSES]!r}"
     else:
         where = f"'node': {header['node']}"
         for part in ("sub", "member"):  # a loop's iteration, a parallel group's member

@@ -21,7 +21,7 @@ from celery_saga.runtime.outcomes import Outcome
 from celery_saga.store.transient import describe_store_error
 from celery_saga.worker.delivery import handle_message
 from celery_saga.worker.endings import end_task
-from celery_saga.worker.saga_header import HEADER, node_message
+from celery_saga.worker.saga_header import HEADER, REVERSES, node_message
 from celery_saga.worker.step_tasks import GENERATED_FROM
 
 if TYPE_CHECKING:
@@ -58,10 +58,10 @@ class StepRun:
 
     def _handle(self, header: dict[str, Any], redelivered: bool) -> Outcome:
         executor = self.engine.executor
-        if "undo" in header:
+        if REVERSES in header:
             attempt = int(header["attempt"])
             return executor.unwinder.run(
-                str(header["id"]), str(header["undo"]), attempt, redelivered, str(header["saga"])
+                str(header["id"]), str(header[REVERSES]), attempt, redelivered, str(header["saga"])
             )
         return executor.run_node(node_message(header), str(header["saga"]), redelivered)
 

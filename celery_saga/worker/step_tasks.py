@@ -50,25 +50,26 @@ class StepTasks:
         bound: dict[tuple[str, str, str], Any] = {}
         for node in definition.nodes:
             for spec in node_steps(node):
-                bound[(definition.name, spec.name, "do")] = self._task(definition, spec, "do")
+                key = (definition.name, spec.name, "forward")
+                bound[key] = self._task(definition, spec, "forward")
                 if spec.compensation is not None:
-                    key = (definition.name, spec.name, "undo")
-                    bound[key] = self._task(definition, spec, "undo")
+                    key = (definition.name, spec.name, "reversal")
+                    bound[key] = self._task(definition, spec, "reversal")
         for key, task in bound.items():
             self.hooks.wrap(task)
             self._names[key] = task.name
         self.hooks.retrace()
 
-    def task_for(self, saga_name: str, spec: StepSpec, kind: str = "do") -> Any:
-        """The bound task of ``spec`` (``kind`` "do" or "undo"), or None if unbound."""
+    def task_for(self, saga_name: str, spec: StepSpec, kind: str = "forward") -> Any:
+        """The bound task of ``spec`` (``kind`` "forward" or "reversal"), or None if unbound."""
         name = self._names.get((saga_name, spec.name, kind))
         return None if name is None else self.app.tasks[name]
 
     # -- finding and making tasks ------------------------------------------------------
     def _task(self, definition: SagaDefinition, spec: StepSpec, kind: str) -> Any:
-        target = spec.action if kind == "do" else spec.compensation
+        target = spec.action if kind == "forward" else spec.compensation
         what = f"step {spec.name!r} of saga {definition.name!r}"
-        if kind == "undo":
+        if kind == "reversal":
             what = f"compensation of {what}"
         if is_celery_task(target):
             task = self.app.tasks.get(target.name)
@@ -78,10 +79,10 @@ class StepTasks:
                     f"{self.app.main!r} the engine is attached to; define it with that app's "
                     "@app.task or with @shared_task"
                 )
-            if kind == "do":
+            if kind == "forward":
                 _refuse_two_retry_policies(task, spec, what)
             return task
-        suffix = "" if kind == "do" else ".compensate"
+        suffix = "" if kind == "forward" else ".compensate"
         return self._generated(f"{definition.name}.{spec.name}{suffix}", target, what)
 
     def _generated(self, name: str, function: Any, what: str) -> Any:

@@ -1,0 +1,172 @@
+"""The package's layering, checked on its source: no import circle inside ``runtime/``,
+the SQL dialect read only inside ``store/``, Celery changed only in ``worker/celery_hooks``;
+and every kind of outcome mapped to a Celery ending in one place."""
+
+from __future__ import annotations
+
+import ast
+import typing
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from celery.exceptions import Ignore, Retry
+
+from celery_saga.errors import StepRetryRequested
+from celery_saga.runtime import outcomes
+from celery_saga.worker.endings import StepFailed, end_task
+
+PACKAGE = Path(__file__).resolve().parent.parent / "celery_saga"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module of the package ``path`` imports, TYPE_CHECKING imports included."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return found
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    visiting: list[str] = []
+    done: set[str] = set()
+
+    def visit(name: str) -> list[str] | None:
+        if name in visiting:
+            return [*visiting[visiting.index(name) :], name]
+        if name in done:
+            return None
+        visiting.append(name)
+        for other in sorted(graph[name]):
+            found = visit(other)
+            if found:
+                return found
+        visiting.pop()
+        done.add(name)
+        return None
+
+    for name in sorted(graph):
+        found = visit(name)
+        if found:
+            return found
+    return None
+
+
+def test_no_import_circle_inside_runtime() -> None:
+    files = {_module_name(p): p for p in (PACKAGE / "runtime").glob("*.py")}
+    graph = {name: _imports(path) & set(files) - {name} for name, path in files.items()}
+    assert _cycle(graph) is None
+
+
+def test_the_cycle_finder_finds_a_circle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def _attribute_reads(path: Path, attribute: str) -> list[int]:
+    tree = ast.parse(path.read_text())
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and node.attr == attribute
+    ]
+
+
+def test_only_the_store_reads_the_sql_dialect() -> None:
+    readers = {
+        f"{path.relative_to(PACKAGE)}:{line}"
+        for path in PACKAGE.rglob("*.py")
+        if "store" not in path.relative_to(PACKAGE).parts[:1]
+        for line in _attribute_reads(path, "dialect")
+    }
+    assert not readers, f"the SQL dialect is read outside store/: {sorted(readers)}"
+
+
+def test_celery_is_changed_only_in_its_hooks_module() -> None:
+    hooks = PACKAGE / "worker" / "celery_hooks.py"
+    patches = []
+    for path in PACKAGE.rglob("*.py"):
+        if path == hooks:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            for target in targets:
+                if isinstance(target, ast.Attribute) and target.attr in ("run", "retry"):
+                    patches.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+                if isinstance(target, ast.Subscript) and "Panel" in ast.unparse(target):
+                    patches.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+        if "connect(" in path.read_text() and "celery.signals" in path.read_text():
+            patches.append(f"{path.relative_to(PACKAGE)}: connects a Celery signal")
+    assert not patches, f"Celery changed outside worker/celery_hooks.py: {patches}"
+
+
+class _Task:
+    """What ``end_task`` uses of a Celery task."""
+
+    MaxRetriesExceededError = type("MaxRetriesExceededError", (Exception,), {})
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def send_event(self, name: str, **_: Any) -> None:
+        self.events.append(name)
+
+
+def _ending(outcome: outcomes.Outcome, own_body: bool = True) -> Any:
+    task = _Task()
+    try:
+        return ("returned", end_task(task, outcome, own_body=own_body, send_events=True))
+    except BaseException as error:  # the ending is what is checked
+        return ("raised", error)
+
+
+def test_every_outcome_kind_has_an_ending() -> None:
+    kinds = set(typing.get_args(outcomes.Outcome))
+    samples: dict[type, outcomes.Outcome] = {
+        outcomes.Ran: outcomes.Ran({"ok": 1}),
+        outcomes.Retrying: outcomes.Retrying("attempt 1 failed", 2.0),
+        outcomes.Failed: outcomes.Failed("attempt 2 failed"),
+        outcomes.TakenOver: outcomes.TakenOver("taken over", {"ok": 2}),
+        outcomes.NoBody: outcomes.NoBody("duplicate"),
+    }
+    assert kinds == set(samples), "a new outcome kind needs a case in worker/endings.py"
+    assert _ending(samples[outcomes.Ran]) == ("returned", {"ok": 1})
+    assert _ending(samples[outcomes.TakenOver]) == ("returned", {"ok": 2})
+    assert isinstance(_ending(samples[outcomes.Retrying])[1], Retry)
+    assert isinstance(_ending(samples[outcomes.Failed])[1], StepFailed)
+    assert isinstance(_ending(samples[outcomes.NoBody])[1], Ignore)
+    assert _ending(samples[outcomes.NoBody], own_body=False) == ("returned", None)
+
+
+@pytest.mark.parametrize("kind", [outcomes.Retrying, outcomes.Failed])
+def test_a_failed_attempt_ends_with_the_bodys_own_exception(kind: type) -> None:
+    error = ValueError("card declined")
+    outcome = (
+        kind("attempt 1 failed", 1.0, error)
+        if kind is outcomes.Retrying
+        else kind("attempt 1 failed", error)
+    )
+    assert _ending(outcome)[1] is error
+
+
+def test_self_retry_ends_as_retry_and_its_last_attempt_as_max_retries() -> None:
+    asked = StepRetryRequested(None, 3.0, 2)
+    ending = _ending(outcomes.Retrying("attempt 1 failed", 3.0, asked))[1]
+    assert isinstance(ending, Retry)
+    last = _ending(outcomes.Failed("attempt 3 failed", asked))[1]
+    assert type(last).__name__ == "MaxRetriesExceededError"
+    assert "max_retries=2" in str(last)
+
+
+def test_an_unknown_outcome_is_refused() -> None:
+    with pytest.raises(AssertionError, match="unhandled"):
+        end_task(SimpleNamespace(), object(), own_body=True, send_events=False)  # type: ignore[arg-type]
