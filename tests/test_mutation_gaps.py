@@ -305,7 +305,7 @@ def test_a_declared_reversal_timeout_wins_over_the_engine_default(
     assert execution.state is ExecutionState.COMPENSATION_STUCK
     reason = execution.step("a").compensation_reason or ""
     assert reason == (
-        "StepTimeoutError: compensation of step 'a' of saga 'quick_undo' timed out after 0.5s"
+        "StepTimeoutError: reversal of step 'a' of saga 'quick_undo' timed out after 0.5s"
     )
 
 
