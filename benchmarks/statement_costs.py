@@ -34,7 +34,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from celery_saga.decisions.cursor import Advance
-from celery_saga.records import CompensationOutcome, ExecutionState
+from celery_saga.records import CompensationOutcome, ExecutionState, ReversalAttempt, StepAttempt
 from celery_saga.store import forward, queries, reversal
 from celery_saga.store.codec import pack
 from celery_saga.store.database import Database
@@ -126,11 +126,7 @@ class Store:
         advance = Advance(node + 1, 0, finished=False, passes_pivot=False)
         written = forward.record_step_completed(
             self.db,
-            execution_id=run_id,
-            name=STEPS[node],
-            attempt=1,
-            node=node,
-            sub=0,
+            StepAttempt(run_id, STEPS[node], node, 0, 1),
             result_blob=NOTHING,
             advance=advance,
             now=now(),
@@ -146,9 +142,7 @@ class Store:
     def reversal_claim(self, run_id: str) -> reversal.Unwinding:
         unwinding = reversal.claim_next_reversal(
             self.db,
-            execution_id=run_id,
-            name=STEPS[-1],
-            attempt=1,
+            ReversalAttempt(run_id, STEPS[-1], 1),
             lease_expires_at=now() + timedelta(minutes=5),
             with_run=False,
         )
@@ -158,9 +152,7 @@ class Store:
     def reversal_outcome(self, run_id: str, unwinding: reversal.Unwinding) -> None:
         plan = reversal.record_compensation(
             self.db,
-            execution_id=run_id,
-            name=STEPS[-1],
-            attempt=1,
+            ReversalAttempt(run_id, STEPS[-1], 1),
             outcome=CompensationOutcome.COMPENSATED,
             reason=None,
             compensations=STEPS,

@@ -89,6 +89,28 @@ class StepRecord:
     child_execution_id: str | None = None
 
 
+@dataclass(frozen=True)
+class StepAttempt:
+    """One claimed attempt of a step: which run, which record, at which position, which
+    attempt. The store's writes for it hold only while the record is still this attempt's."""
+
+    execution_id: str
+    name: str
+    node: int
+    sub: int
+    attempt: int
+
+
+@dataclass(frozen=True)
+class ReversalAttempt:
+    """One attempt of a step's reversal: which run, which record, which attempt (reversals
+    are keyed by their record alone; its position plays no part)."""
+
+    execution_id: str
+    name: str
+    attempt: int
+
+
 def completed_results(steps: Iterable[StepRecord]) -> dict[str, Any]:
     """Step name -> result for every completed step: what later steps see as ``results``.
 

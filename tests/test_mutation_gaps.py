@@ -35,6 +35,7 @@ from celery_saga import (
 )
 from celery_saga.decisions.admission import NodeMessage
 from celery_saga.decisions.cursor import advance
+from celery_saga.records import ReversalAttempt, StepAttempt
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.keys import idempotency_key
 from celery_saga.runtime.ports import Settings
@@ -171,9 +172,7 @@ def test_an_outcome_is_written_once_and_a_second_write_changes_nothing(
     before = sqlite_harness.engine.get(run_id)
     plan = reversal.record_compensation(
         sqlite_harness.engine.db,
-        execution_id=run_id,
-        name="s3",
-        attempt=1,
+        ReversalAttempt(run_id, "s3", 1),
         outcome=CompensationOutcome.FAILED,
         reason="ConnectionError: late report of the same attempt",
         compensations={"s1", "s2", "s3"},
@@ -219,12 +218,7 @@ def test_an_abandoned_run_is_never_reopened_by_a_late_worker(harness: Harness) -
     assert not unwind.park_unwind(db, execution_id=run.id, reason="late", now=now)
     assert unwind.plan_unwind(db, execution_id=run.id, compensations={"s1"}, now=now) is None
     assert not unwind.claim_compensation(
-        db,
-        execution_id=run.id,
-        name="s1",
-        attempts_before=0,
-        lease_expires_at=now + timedelta(seconds=60),
-        now=now,
+        db, ReversalAttempt(run.id, "s1", 1), lease_expires_at=now + timedelta(seconds=60), now=now
     )
     after = run.get()
     assert after.state is ExecutionState.FAILED
@@ -412,24 +406,17 @@ def test_a_worker_whose_claim_was_taken_over_cannot_record_an_outcome(
     engine, now = sqlite_harness.engine, get_clock().now()
     before = engine.get(run_id)
     nodes = engine.definition("five").nodes
+    late = StepAttempt(run_id, "s3", 2, 0, 1)
     assert not forward.record_step_completed(
         engine.db,
-        execution_id=run_id,
-        name="s3",
-        attempt=1,
-        node=2,
-        sub=0,
+        late,
         result_blob=pack({"step": "s3", "attempt": 1}),
         advance=advance(nodes, 2, 0),
         now=now,
     )
     settled = forward.record_step_settled(
         engine.db,
-        execution_id=run_id,
-        name="s3",
-        attempt=1,
-        node=2,
-        sub=0,
+        late,
         members=["s3"],
         compensations={"s1", "s2", "s3", "s5"},
         now=now,

@@ -18,7 +18,7 @@ from sqlalchemy.exc import OperationalError
 
 from celery_saga import RollbackStatus, Saga, SagaContext, SagaEngine, SagaError
 from celery_saga.decisions.unwind import UnwindStep, next_after_outcome
-from celery_saga.records import CompensationOutcome, ExecutionState, StepRecord
+from celery_saga.records import CompensationOutcome, ExecutionState, ReversalAttempt, StepRecord
 from celery_saga.store import queries, reversal
 from celery_saga.store.database import Database
 from celery_saga.store.tables import step_records
@@ -91,9 +91,8 @@ def _store_run(db: Database, steps: list[Step]) -> str:
 
 
 def _claim(db: Database, run: str, name: str, with_run: bool) -> reversal.Unwinding | None:
-    return reversal.claim_next_reversal(
-        db, execution_id=run, name=name, attempt=1, lease_expires_at=LEASE, with_run=with_run
-    )
+    held = ReversalAttempt(run, name, 1)
+    return reversal.claim_next_reversal(db, held, lease_expires_at=LEASE, with_run=with_run)
 
 
 def _comparable(plan: UnwindStep) -> tuple[Any, ...]:
@@ -229,14 +228,14 @@ def _cut_at_claim(cuttable: CuttableProxy, name: str, seconds: float, reply_lost
     ``reply_lost``, right after it committed (its reply then counts as lost)."""
     real, done = reversal.claim_next_reversal, []
 
-    def claim(db: Database, **fields: Any) -> reversal.Unwinding | None:
-        if fields["name"] != name or done:
-            return real(db, **fields)
+    def claim(db: Database, held: ReversalAttempt, **fields: Any) -> reversal.Unwinding | None:
+        if held.name != name or done:
+            return real(db, held, **fields)
         done.append(True)
         if not reply_lost:
             cuttable.cut(seconds)
-            return real(db, **fields)
-        claimed = real(db, **fields)
+            return real(db, held, **fields)
+        claimed = real(db, held, **fields)
         assert claimed is not None and claimed.run is None  # the lean claim landed
         cuttable.cut(seconds)
         raise OperationalError("WITH claimed AS ...", {}, Exception("connection lost"))

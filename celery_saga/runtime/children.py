@@ -19,7 +19,13 @@ from celery_saga.decisions.cursor import advance
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import SubSagaNode
 from celery_saga.errors import PayloadError, SubSagaError, UnknownSagaError
-from celery_saga.records import ExecutionRecord, StepRecord, StepStatus, completed_results
+from celery_saga.records import (
+    ExecutionRecord,
+    StepAttempt,
+    StepRecord,
+    StepStatus,
+    completed_results,
+)
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.contexts import Snapshot
 from celery_saga.runtime.describe import describe_error
@@ -77,7 +83,7 @@ class Children:
         if step is ChildStep.COMPLETE:
             return self._complete(definition, message, node, record, child)
         reason = child_failure(node.saga, child)
-        return FailStep(definition, message, node.name, record.attempts, reason)
+        return FailStep(definition, _held(message, record), reason)
 
     def _start(
         self,
@@ -174,4 +180,11 @@ class Children:
             "idempotency_key": record.idempotency_key,
         }
         onward = advance(definition.nodes, message.node, 0)
-        return CompleteStep(definition, message, node.name, record.attempts, blob, onward, fields)
+        return CompleteStep(definition, _held(message, record), blob, onward, fields)
+
+
+def _held(message: NodeMessage, record: StepRecord) -> StepAttempt:
+    """The parent's claim on its sub-saga node, as the node's message names it."""
+    return StepAttempt(
+        message.execution_id, record.name, message.node, message.sub, record.attempts
+    )

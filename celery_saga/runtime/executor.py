@@ -19,7 +19,7 @@ from celery_saga.definition.nodes import (
     WaitNode,
 )
 from celery_saga.errors import BranchPathError, LoopError, PayloadError, UnknownSagaError
-from celery_saga.records import ExecutionRecord, StepRecord
+from celery_saga.records import ExecutionRecord, StepAttempt, StepRecord
 from celery_saga.runtime.children import Children
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.contexts import Snapshot, step_context
@@ -83,13 +83,14 @@ class Executor(Progress):
                 self.fail_outside_step(definition, execution_id, reason)
             case Refuse(message, verdict):
                 self.refused(message, verdict)
-            case FailStep(definition, message, name, attempt, reason):
-                self.settle_failure(definition, message, name, attempt, [name], reason, None)
-                fields: dict[str, Any] = {"execution_id": message.execution_id}
-                fields.update(saga=definition.name, step=name, attempt=attempt, error=reason)
+            case FailStep(definition, step, reason):
+                self.settle_failure(definition, step, [step.name], reason, None)
+                fields: dict[str, Any] = {"execution_id": step.execution_id}
+                fields.update(saga=definition.name, step=step.name, attempt=step.attempt)
+                fields.update(error=reason)
                 self.emit("saga-step-failed", fields)
-            case CompleteStep(definition, message, name, attempt, blob, onward, fields):
-                self.step_completed(definition, name, message, attempt, blob, onward, fields)
+            case CompleteStep(definition, step, blob, onward, fields):
+                self.step_completed(definition, step, blob, onward, fields)
             case StartChild():
                 self._start_child(move)
             case Stay() | BeginUnwind() | FollowUnwind() | PublishNode() | PublishReversal():
@@ -188,8 +189,9 @@ class Executor(Progress):
             move = self.children.enter(definition, snapshot, message, target)
             self.carry_out(move)
             if isinstance(move, FailStep):
+                step = move.step
                 failed = attempt_failed(
-                    "step", definition.name, move.name, move.attempt, move.reason
+                    "step", definition.name, step.name, step.attempt, move.reason
                 )
                 return Failed(failed)
             return NoBody(f"the sub-saga node {target.name!r}")
@@ -272,6 +274,7 @@ class Executor(Progress):
         spec = position.spec
         assert spec is not None
         execution_id, name = message.execution_id, position.record_name
+        held = StepAttempt(execution_id, name, message.node, message.sub, attempt)
         key = record_key(execution_id, name, "forward")
         fields = {
             "execution_id": execution_id,
@@ -282,9 +285,7 @@ class Executor(Progress):
         }
         self.emit("saga-step-started", fields)
         loop = (position.iteration, position.item, position.for_each)
-        renew = functools.partial(
-            forward.renew_step_lease, self.db, execution_id=execution_id, name=name, attempt=attempt
-        )
+        renew = functools.partial(forward.renew_step_lease, self.db, held)
         what = f"step {name!r} of execution {execution_id}"
         with self.holding(lambda expiry: renew(lease_expires_at=expiry), what):
             try:
@@ -294,7 +295,7 @@ class Executor(Progress):
             except SQLAlchemyError:
                 raise  # the store failed, not the step: the claim waits for its lease or a retry
             except Exception as error:
-                return self._step_failed(definition, position, message, attempt, error)
+                return self._step_failed(definition, position, message, held, error)
             try:
                 result = invoke_step(definition.name, spec, ctx)
                 blob = pack(
@@ -305,9 +306,9 @@ class Executor(Progress):
             except (Exception, SystemExit) as error:
                 # Everything the step does counts as its attempt, ``sys.exit()`` included:
                 # an error here must settle it, or the run would wait for its lease.
-                return self._step_failed(definition, position, message, attempt, error)
+                return self._step_failed(definition, position, message, held, error)
             step_advance = advance(definition.nodes, message.node, message.sub, position.length)
-            if self.step_completed(definition, name, message, attempt, blob, step_advance, fields):
+            if self.step_completed(definition, held, blob, step_advance, fields):
                 return Ran(result)
         return TakenOver(f"step {name!r} of execution {execution_id} attempt {attempt}", result)
 

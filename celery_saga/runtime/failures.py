@@ -15,7 +15,7 @@ from celery_saga.decisions.unwind import UnwindKind, UnwindStep
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import ParallelNode, StepSpec
 from celery_saga.errors import PayloadError, SchemaValidationError, StepRetryRequested
-from celery_saga.records import ExecutionState, StepRecord, StepStatus
+from celery_saga.records import ExecutionState, StepAttempt, StepRecord, StepStatus
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.invoke import body_error
@@ -34,18 +34,16 @@ logger = logging.getLogger("celery_saga")
 class StepFailures(RuntimeParts):
     unwinder: Unwinder
 
-    def landed(self, execution_id: str, name: str, attempt: int, status: StepStatus) -> bool:
+    def landed(self, step: StepAttempt, status: StepStatus) -> bool:
         """Whether an earlier try of this attempt's outcome write committed: asked before
         retrying a write whose reply was lost with its connection."""
-        record = queries.load_step(self.db, execution_id, name)
-        return record is not None and record.status is status and record.attempts == attempt
+        record = queries.load_step(self.db, step.execution_id, step.name)
+        return record is not None and record.status is status and record.attempts == step.attempt
 
     def settle(
         self,
         definition: SagaDefinition,
-        message: NodeMessage,
-        name: str,
-        attempt: int,
+        step: StepAttempt,
         members: list[str],
         step_advance: Advance,
         *,
@@ -58,47 +56,36 @@ class StepFailures(RuntimeParts):
         status = StepStatus.FAILED if error is not None else StepStatus.COMPLETED
 
         def landed() -> bool:
-            if not self.landed(message.execution_id, name, attempt, status):
+            if not self.landed(step, status):
                 return False
             # Ours committed but what it decided is unknown here: the timer sweep sends
             # whatever the run's record says is next.
             recovery.mark_message_owed(
-                self.db, execution_id=message.execution_id, now=get_clock().now()
+                self.db, execution_id=step.execution_id, now=get_clock().now()
             )
             return True
 
         def record() -> GroupResult | None:
             fields: dict[str, Any] = {
-                "execution_id": message.execution_id,
-                "name": name,
-                "attempt": attempt,
-                "node": message.node,
-                "sub": message.sub,
+                "members": members,
+                "advance": step_advance,
                 "compensations": compensations_of(definition),
                 "now": get_clock().now(),
             }
             if error is not None:
-                return step_failure.record_step_failed(
-                    self.db, members=members, advance=step_advance, error=error, **fields
-                )
-            return forward.record_step_settled(
-                self.db,
-                members=members,
-                advance=step_advance,
-                result_blob=result_blob,
-                **fields,
-            )
+                return step_failure.record_step_failed(self.db, step, error=error, **fields)
+            return forward.record_step_settled(self.db, step, result_blob=result_blob, **fields)
 
         unknown: GroupResult | None = GroupResult(settled=False)
         result = write_outcome(
             record,
             budget=self.settings.outcome_retry_budget,
-            what=f"the outcome of step {name!r} of execution {message.execution_id}",
+            what=f"the outcome of step {step.name!r} of execution {step.execution_id}",
             landed=landed,
             if_landed=unknown,
             cause=cause,
         )
-        return self._ended_by_us(message.execution_id) if result is unknown else result
+        return self._ended_by_us(step.execution_id) if result is unknown else result
 
     def _ended_by_us(self, execution_id: str) -> GroupResult:
         """After a lost reply: when the write that landed ended the run (failed with nothing
@@ -118,10 +105,10 @@ class StepFailures(RuntimeParts):
         definition: SagaDefinition,
         position: Position,
         message: NodeMessage,
-        attempt: int,
+        step: StepAttempt,
         error: BaseException,
     ) -> Outcome:
-        spec, name = position.spec, position.record_name
+        spec, name, attempt = position.spec, step.name, step.attempt
         assert spec is not None
         cause = error.cause if isinstance(error, StepRetryRequested) else None
         reason = describe_error(cause or error)
@@ -147,11 +134,11 @@ class StepFailures(RuntimeParts):
         )
         description = attempt_failed("step", definition.name, name, attempt, reason)
         if delay is not None:
-            if self._schedule_retry(definition, position, message, attempt, reason, fields, delay):
+            if self._schedule_retry(definition, position, message, step, reason, fields, delay):
                 return Retrying(f"{description}; retry in {delay:.3g}s", delay, body_error())
             return TakenOver(f"{description}; its claim was taken over")
-        members = _members(definition, message, name)
-        self.settle_failure(definition, message, name, attempt, members, reason, error)
+        members = _members(definition, step)
+        self.settle_failure(definition, step, members, reason, error)
         self.emit("saga-step-failed", fields)
         return Failed(description, body_error())
 
@@ -183,37 +170,33 @@ class StepFailures(RuntimeParts):
             logger.info("execution %s: step %r is held again", message.execution_id, record.name)
             return True
         logger.warning("saga %r execution %s: %s", definition.name, message.execution_id, reason)
-        members = _members(definition, message, position.record_name)
-        self.settle_failure(definition, message, position.record_name, taken, members, reason, None)
+        step = StepAttempt(
+            message.execution_id, position.record_name, message.node, message.sub, taken
+        )
+        self.settle_failure(definition, step, _members(definition, step), reason, None)
         return True
 
     def settle_failure(
         self,
         definition: SagaDefinition,
-        message: NodeMessage,
-        name: str,
-        attempt: int,
+        step: StepAttempt,
         members: list[str],
         reason: str,
         error: BaseException | None,
     ) -> None:
-        """Record the step ``name`` failed for good; the last member to settle fails the run
-        and begins its unwind. A store that stays unreachable re-raises ``error``."""
-        stay = Advance(message.node, message.sub, False, False)
-        group = self.settle(
-            definition, message, name, attempt, members, stay, error=reason, cause=error
-        )
+        """Record ``step`` failed for good; the last member to settle fails the run and
+        begins its unwind. A store that stays unreachable re-raises ``error``."""
+        stay = Advance(step.node, step.sub, False, False)
+        group = self.settle(definition, step, members, stay, error=reason, cause=error)
         if group is not None and group.settled and group.unwind is not None:
-            self.unwinder.begin(
-                definition, message.execution_id, group.unwind, group.failure_reason
-            )
+            self.unwinder.begin(definition, step.execution_id, group.unwind, group.failure_reason)
 
     def _schedule_retry(
         self,
         definition: SagaDefinition,
         position: Position,
         message: NodeMessage,
-        attempt: int,
+        step: StepAttempt,
         reason: str,
         fields: dict[str, Any],
         delay: float,
@@ -222,17 +205,10 @@ class StepFailures(RuntimeParts):
         False: the claim was no longer ours."""
         spec = position.spec
         assert spec is not None
-        if forward.record_step_retry(
-            self.db,
-            execution_id=message.execution_id,
-            name=position.record_name,
-            attempt=attempt,
-            error=reason,
-        ):
+        if forward.record_step_retry(self.db, step, error=reason):
             self.emit("saga-step-retry", {**fields, "countdown": delay})
-            self.publisher.publish_node(
-                definition.name, spec, replace(message, attempt=attempt + 1), countdown=delay
-            )
+            following = replace(message, attempt=step.attempt + 1)
+            self.publisher.publish_node(definition.name, spec, following, countdown=delay)
             return True
         return False
 
@@ -274,7 +250,7 @@ def _retry_delay(spec: StepSpec, attempt: int, error: BaseException) -> float | 
     return plan_retry(attempt, spec.retry, requested, backoff, get_clock().random())
 
 
-def _members(definition: SagaDefinition, message: NodeMessage, name: str) -> list[str]:
+def _members(definition: SagaDefinition, step: StepAttempt) -> list[str]:
     """The records that settle the node together: a parallel group's, or just this one."""
-    target = definition.nodes[message.node]
-    return [s.name for s in target.steps] if isinstance(target, ParallelNode) else [name]
+    target = definition.nodes[step.node]
+    return [s.name for s in target.steps] if isinstance(target, ParallelNode) else [step.name]

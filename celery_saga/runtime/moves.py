@@ -14,7 +14,7 @@ from celery_saga.decisions.admission import Admission, NodeMessage
 from celery_saga.decisions.cursor import Advance
 from celery_saga.decisions.unwind import UnwindStep
 from celery_saga.definition.builder import SagaDefinition
-from celery_saga.records import CompensationOutcome, StepRecord
+from celery_saga.records import CompensationOutcome, StepAttempt, StepRecord
 
 
 @dataclass(frozen=True)
@@ -69,23 +69,19 @@ class Refuse:
 
 @dataclass(frozen=True)
 class FailStep:
-    """Record the step ``name`` failed for good (a child that failed)."""
+    """Record ``step`` failed for good (a child that failed)."""
 
     definition: SagaDefinition
-    message: NodeMessage
-    name: str
-    attempt: int
+    step: StepAttempt
     reason: str
 
 
 @dataclass(frozen=True)
 class CompleteStep:
-    """Record the step ``name`` completed with ``result_blob`` and move the run on."""
+    """Record ``step`` completed with ``result_blob`` and move the run on."""
 
     definition: SagaDefinition
-    message: NodeMessage
-    name: str
-    attempt: int
+    step: StepAttempt
     result_blob: bytes
     onward: Advance
     fields: dict[str, Any] = field(hash=False, compare=False)

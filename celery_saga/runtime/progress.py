@@ -11,7 +11,7 @@ from celery_saga.decisions.cursor import Advance, first_position
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import BranchNode, ParallelNode, SubSagaNode, WaitNode
 from celery_saga.errors import BranchPathError
-from celery_saga.records import ExecutionState, StepStatus
+from celery_saga.records import ExecutionState, StepAttempt, StepStatus
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.failures import StepFailures
@@ -104,57 +104,45 @@ class Progress(StepFailures):
     def step_completed(
         self,
         definition: SagaDefinition,
-        name: str,
-        message: NodeMessage,
-        attempt: int,
+        step: StepAttempt,
         blob: bytes,
         step_advance: Advance,
         fields: dict[str, Any],
     ) -> bool:
-        """Record ``name`` completed and move the run on (a parallel member: join first);
+        """Record ``step`` completed and move the run on (a parallel member: join first);
         False: the claim was no longer ours, nothing was recorded. The result exists only
         in this process: its record is retried through store outages (guarantee 20) rather
         than left to a lease that would run the body again."""
-        target = definition.nodes[message.node]
+        target = definition.nodes[step.node]
         if not isinstance(target, ParallelNode):
             if write_outcome(
                 lambda: forward.record_step_completed(
                     self.db,
-                    execution_id=message.execution_id,
-                    name=name,
-                    attempt=attempt,
-                    node=message.node,
-                    sub=message.sub,
+                    step,
                     result_blob=blob,
                     advance=step_advance,
                     now=get_clock().now(),
                 ),
                 budget=self.settings.outcome_retry_budget,
-                what=f"the result of step {name!r} of execution {message.execution_id}",
-                landed=lambda: self.landed(
-                    message.execution_id, name, attempt, StepStatus.COMPLETED
-                ),
+                what=f"the result of step {step.name!r} of execution {step.execution_id}",
+                landed=lambda: self.landed(step, StepStatus.COMPLETED),
                 if_landed=True,
             ):
                 self.emit("saga-step-completed", fields)
-                self.advanced(definition, message.execution_id, step_advance)
+                self.advanced(definition, step.execution_id, step_advance)
                 return True
             return False
         members = [s.name for s in target.steps]
-        group = self.settle(
-            definition, message, name, attempt, members, step_advance, result_blob=blob
-        )
+        group = self.settle(definition, step, members, step_advance, result_blob=blob)
         if group is None:
             return False
         self.emit("saga-step-completed", fields)
         if not group.settled:
             return True
         if group.unwind is not None:
-            self.unwinder.begin(
-                definition, message.execution_id, group.unwind, group.failure_reason
-            )
+            self.unwinder.begin(definition, step.execution_id, group.unwind, group.failure_reason)
         else:
-            self.advanced(definition, message.execution_id, step_advance)
+            self.advanced(definition, step.execution_id, step_advance)
         return True
 
     def advanced(

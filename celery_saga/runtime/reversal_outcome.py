@@ -15,7 +15,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from celery_saga.decisions.unwind import UnwindStep
 from celery_saga.definition.builder import SagaDefinition
-from celery_saga.records import CompensationOutcome, StepRecord
+from celery_saga.records import CompensationOutcome, ReversalAttempt, StepRecord
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.keys import record_key
 from celery_saga.runtime.moves import RecordReversal
@@ -32,9 +32,7 @@ class ReversalOutcomes(RuntimeParts):
     def record_outcome(
         self,
         definition: SagaDefinition,
-        execution_id: str,
-        name: str,
-        attempt: int,
+        held: ReversalAttempt,
         outcome: CompensationOutcome,
         reason: str | None,
         unwinding: Unwinding | None = None,
@@ -43,14 +41,13 @@ class ReversalOutcomes(RuntimeParts):
         for this worker to do, the claim was lost, or the run was parked). ``unwinding``:
         the run as the claim found it (read here if the caller has none)."""
         already: UnwindStep | None = None
+        execution_id, name = held.execution_id, held.name
         try:
             return write_outcome(
-                lambda: self._write_outcome(
-                    definition, execution_id, name, attempt, outcome, reason, unwinding
-                ),
+                lambda: self._write_outcome(definition, held, outcome, reason, unwinding),
                 budget=self.settings.outcome_retry_budget,
                 what=f"the outcome of the reversal of step {name!r} of execution {execution_id}",
-                landed=lambda: self._landed(execution_id, name, attempt, outcome),
+                landed=lambda: self._landed(held, outcome),
                 if_landed=already,
             )
         except SQLAlchemyError as store_error:
@@ -60,23 +57,19 @@ class ReversalOutcomes(RuntimeParts):
     def _write_outcome(
         self,
         definition: SagaDefinition,
-        execution_id: str,
-        name: str,
-        attempt: int,
+        held: ReversalAttempt,
         outcome: CompensationOutcome,
         reason: str | None,
         unwinding: Unwinding | None,
     ) -> UnwindStep | None:
         if unwinding is None:
-            execution, steps = queries.load_snapshot(self.db, execution_id)
+            execution, steps = queries.load_snapshot(self.db, held.execution_id)
             if execution is None:
                 return None
             unwinding = Unwinding(execution, steps)
         return reversal.record_compensation(
             self.db,
-            execution_id=execution_id,
-            name=name,
-            attempt=attempt,
+            held,
             outcome=outcome,
             reason=reason,
             compensations=definition.reversible,
@@ -97,38 +90,19 @@ class ReversalOutcomes(RuntimeParts):
             "never finished (its worker stopped) and no attempt is left"
         )
         now = get_clock().now()
+        held = ReversalAttempt(record.execution_id, record.name, attempt + 1)
         # Take the lapsed claim over first: a holder that renewed its lease keeps it.
-        if not unwind.claim_compensation(
-            self.db,
-            execution_id=record.execution_id,
-            name=record.name,
-            attempts_before=attempt,
-            lease_expires_at=now + timedelta(seconds=self.lease),
-            now=now,
-        ):
+        lease = now + timedelta(seconds=self.lease)
+        if not unwind.claim_compensation(self.db, held, lease_expires_at=lease, now=now):
             return None
         logger.warning("execution %s: %s", record.execution_id, reason)
-        return self.record_outcome(
-            definition,
-            record.execution_id,
-            record.name,
-            attempt + 1,
-            CompensationOutcome.FAILED,
-            reason,
-            unwinding,
-        )
+        return self.record_outcome(definition, held, CompensationOutcome.FAILED, reason, unwinding)
 
     def record_child_reversal(self, move: RecordReversal) -> UnwindStep | None:
         """Record how a parent's reversal of its child ended; returns the next move."""
         record = move.record
-        plan = self.record_outcome(
-            move.definition,
-            move.execution_id,
-            record.name,
-            record.compensation_attempts,
-            move.outcome,
-            move.reason,
-        )
+        held = ReversalAttempt(move.execution_id, record.name, record.compensation_attempts)
+        plan = self.record_outcome(move.definition, held, move.outcome, move.reason)
         if plan is None:
             return None
         fields = {"execution_id": move.execution_id, "saga": move.definition.name}
@@ -139,17 +113,16 @@ class ReversalOutcomes(RuntimeParts):
             self.emit("saga-compensation-failed", {**fields, "error": move.reason})
         return plan
 
-    def _landed(
-        self, execution_id: str, name: str, attempt: int, outcome: CompensationOutcome
-    ) -> bool:
-        record = queries.load_step(self.db, execution_id, name)
+    def _landed(self, held: ReversalAttempt, outcome: CompensationOutcome) -> bool:
+        record = queries.load_step(self.db, held.execution_id, held.name)
         if record is None or record.compensation_status is not outcome:
             return False
-        if record.compensation_attempts != attempt:
+        if record.compensation_attempts != held.attempt:
             return False
         # Ours committed, but the next move it decided is unknown here: the timer sweep
         # carries on with whatever the record says is next.
-        recovery.mark_message_owed(self.db, execution_id=execution_id, now=get_clock().now())
+        now = get_clock().now()
+        recovery.mark_message_owed(self.db, execution_id=held.execution_id, now=now)
         return True
 
     def name_reruns(self, execution_id: str) -> None:

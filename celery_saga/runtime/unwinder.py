@@ -22,7 +22,13 @@ from celery_saga.decisions.unwind import (
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import StepSpec
 from celery_saga.errors import UnknownSagaError
-from celery_saga.records import CompensationOutcome, ExecutionRecord, ExecutionState, StepRecord
+from celery_saga.records import (
+    CompensationOutcome,
+    ExecutionRecord,
+    ExecutionState,
+    ReversalAttempt,
+    StepRecord,
+)
 from celery_saga.runtime import unwind_exits
 from celery_saga.runtime.child_unwind import ChildUnwind
 from celery_saga.runtime.clock import get_clock
@@ -147,22 +153,18 @@ class Unwinder(ReversalOutcomes):
         self, definition: SagaDefinition, execution_id: str, record: StepRecord
     ) -> None:
         """The message for the next attempt owed to ``record``'s reversal."""
-        self._publish(definition, execution_id, record, record.compensation_attempts + 1)
+        following = record.compensation_attempts + 1
+        self._publish(definition, ReversalAttempt(execution_id, record.name, following))
 
     def _publish(
-        self,
-        definition: SagaDefinition,
-        execution_id: str,
-        record: StepRecord,
-        attempt: int,
-        countdown: float | None = None,
+        self, definition: SagaDefinition, held: ReversalAttempt, countdown: float | None = None
     ) -> None:
         self.publisher.publish_compensation(
             definition.name,
-            definition.find_step(record.name),
-            execution_id,
-            record.name,
-            attempt,
+            definition.find_step(held.name),
+            held.execution_id,
+            held.name,
+            held.attempt,
             countdown,
         )
 
@@ -218,7 +220,8 @@ class Unwinder(ReversalOutcomes):
                 step_name,
             )
             countdown = (lease - now).total_seconds() + 1
-            self._publish(definition, execution_id, record, attempt, countdown=countdown)
+            again = ReversalAttempt(execution_id, step_name, attempt)
+            self._publish(definition, again, countdown=countdown)
             return NoBody("held back until the lease in flight ends")
         if verdict is not Admission.RUN or record is None:
             return _refused(execution_id, step_name, verdict.value)
@@ -238,18 +241,14 @@ class Unwinder(ReversalOutcomes):
         if definition is None or spec is None or spec.compensation is None:
             return None
         lease = get_clock().now() + timedelta(seconds=self.settings.lease_seconds)
+        held = ReversalAttempt(execution_id, step_name, attempt)
         claimed = reversal.claim_next_reversal(
-            self.db,
-            execution_id=execution_id,
-            name=step_name,
-            attempt=attempt,
-            lease_expires_at=lease,
-            with_run=reversal_needs_run(spec),
+            self.db, held, lease_expires_at=lease, with_run=reversal_needs_run(spec)
         )
         if claimed is None:
             return None
         record = next(s for s in claimed.steps if s.name == step_name)
-        return self._run_reversal(definition, claimed, spec, record)
+        return self._run_reversal(definition, held, claimed, spec, record)
 
     def _reverse(
         self,
@@ -260,30 +259,28 @@ class Unwinder(ReversalOutcomes):
         record: StepRecord,
     ) -> Outcome:
         lease = get_clock().now() + timedelta(seconds=self.settings.lease_seconds)
-        if not unwind.claim_compensation(
-            self.db,
-            execution_id=record.execution_id,
-            name=record.name,
-            attempts_before=record.compensation_attempts,
-            lease_expires_at=lease,
-            now=get_clock().now(),
-        ):
+        held = ReversalAttempt(record.execution_id, record.name, record.compensation_attempts + 1)
+        now = get_clock().now()
+        if not unwind.claim_compensation(self.db, held, lease_expires_at=lease, now=now):
             return _refused(record.execution_id, record.name, "claimed elsewhere")
         claimed = replace(
-            record,
-            compensation_attempts=record.compensation_attempts + 1,
-            compensation_lease_expires_at=lease,
+            record, compensation_attempts=held.attempt, compensation_lease_expires_at=lease
         )
         steps = [claimed if s.id == record.id else s for s in steps]
-        return self._run_reversal(definition, Unwinding(execution, steps), spec, claimed)
+        return self._run_reversal(definition, held, Unwinding(execution, steps), spec, claimed)
 
     def _run_reversal(
-        self, definition: SagaDefinition, unwinding: Unwinding, spec: StepSpec, record: StepRecord
+        self,
+        definition: SagaDefinition,
+        held: ReversalAttempt,
+        unwinding: Unwinding,
+        spec: StepSpec,
+        record: StepRecord,
     ) -> Outcome:
-        """Run the reversal this worker claimed (``record`` as claimed) and record it."""
+        """Run the reversal this worker claimed (``held``; ``record`` as claimed) and
+        record it."""
         timeout = spec.compensation_timeout or self.settings.compensation_timeout
-        execution_id = record.execution_id
-        attempt = record.compensation_attempts
+        execution_id, attempt = held.execution_id, held.attempt
         key = record_key(execution_id, record.name, "compensate")
         fields = {
             "execution_id": execution_id,
@@ -294,13 +291,7 @@ class Unwinder(ReversalOutcomes):
             "forward_key": record.idempotency_key,
         }
         self.emit("saga-compensation-started", fields)
-        renew = functools.partial(
-            unwind.renew_compensation_lease,
-            self.db,
-            execution_id=execution_id,
-            name=record.name,
-            attempt=attempt,
-        )
+        renew = functools.partial(unwind.renew_compensation_lease, self.db, held)
         what = f"the reversal of step {record.name!r} of execution {execution_id}"
         with self.holding(lambda expiry: renew(lease_expires_at=expiry), what):
             try:
@@ -308,7 +299,7 @@ class Unwinder(ReversalOutcomes):
             except SQLAlchemyError:
                 raise  # reading the context failed, not the reversal: its claim expires
             except Exception as error:  # e.g. the soft time limit, spent before the handler
-                return self._reversal_failed(definition, unwinding, spec, record, error, fields)
+                return self._reversal_failed(definition, held, unwinding, spec, error, fields)
             try:
                 kwargs = call_arguments(
                     spec.compensation, ctx, spec.compensation_args, extra={"result": record.result}
@@ -321,16 +312,9 @@ class Unwinder(ReversalOutcomes):
                 )
             except (Exception, SystemExit) as error:
                 # The handler's own errors, database errors of its own included.
-                return self._reversal_failed(definition, unwinding, spec, record, error, fields)
-            plan = self.record_outcome(
-                definition,
-                execution_id,
-                record.name,
-                attempt,
-                CompensationOutcome.COMPENSATED,
-                None,
-                unwinding,
-            )
+                return self._reversal_failed(definition, held, unwinding, spec, error, fields)
+            compensated = CompensationOutcome.COMPENSATED
+            plan = self.record_outcome(definition, held, compensated, None, unwinding)
         self.emit("saga-step-compensated", fields)
         self.follow(definition, execution_id, plan)
         return Ran(result)
@@ -338,46 +322,36 @@ class Unwinder(ReversalOutcomes):
     def _reversal_failed(
         self,
         definition: SagaDefinition,
+        held: ReversalAttempt,
         unwinding: Unwinding,
         spec: StepSpec,
-        record: StepRecord,
         error: BaseException,
         fields: dict[str, object],
     ) -> Outcome:
-        attempt = record.compensation_attempts
+        execution_id, attempt = held.execution_id, held.attempt
         reason = describe_error(error)
         logger.log(
             logging.WARNING if attempt < spec.compensation_retry else logging.ERROR,
             "saga %r execution %s: reversal of step %r attempt %d failed: %s",
             definition.name,
-            record.execution_id,
-            record.name,
+            execution_id,
+            held.name,
             attempt,
             reason,
             exc_info=error,
         )
-        execution_id = record.execution_id
         description = attempt_failed(
-            "reversal of step", definition.name, record.name, attempt, reason
+            "reversal of step", definition.name, held.name, attempt, reason
         )
         if attempt < spec.compensation_retry:
-            if not unwind.release_compensation(
-                self.db, execution_id=execution_id, name=record.name, attempt=attempt, reason=reason
-            ):
+            if not unwind.release_compensation(self.db, held, reason=reason):
                 return TakenOver(f"{description}; its claim was taken over")
             delay = backoff_delay(attempt, spec.backoff, spec.backoff_max, get_clock().random())
             self.emit("saga-compensation-retry", {**fields, "error": reason, "countdown": delay})
-            self._publish(definition, execution_id, record, attempt + 1, countdown=delay)
+            following = replace(held, attempt=attempt + 1)
+            self._publish(definition, following, countdown=delay)
             return Retrying(f"{description}; retry in {delay:.3g}s", delay, body_error())
-        plan = self.record_outcome(
-            definition,
-            execution_id,
-            record.name,
-            attempt,
-            CompensationOutcome.FAILED,
-            reason,
-            unwinding,
-        )
+        plan = self.record_outcome(definition, held, CompensationOutcome.FAILED, reason, unwinding)
         self.emit("saga-compensation-failed", {**fields, "error": reason})
         self.follow(definition, execution_id, plan)
         return Failed(description, body_error())

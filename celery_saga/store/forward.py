@@ -12,7 +12,7 @@ from sqlalchemy.exc import IntegrityError
 
 from celery_saga.decisions.cursor import Advance, group_outcome
 from celery_saga.decisions.unwind import UnwindKind, UnwindStep, next_unwind_step
-from celery_saga.records import ExecutionState, StepRecord, StepStatus
+from celery_saga.records import ExecutionState, StepAttempt, StepRecord, StepStatus
 from celery_saga.store import prepared
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.queries import load_execution_row, load_steps
@@ -119,38 +119,34 @@ def _lock_execution(
         raise Conflict(execution_id)
 
 
-def _settle_step(
-    connection: Connection, execution_id: str, name: str, attempt: int, **changes: Any
-) -> None:
+def _settle_step(connection: Connection, step: StepAttempt, **changes: Any) -> None:
     params = {
-        "step_run": execution_id,
-        "step_name": name,
-        "step_attempt": attempt,
+        "step_run": step.execution_id,
+        "step_name": step.name,
+        "step_attempt": step.attempt,
         **prefixed("set_", changes),
     }
     statement = prepared.settle_held_step(tuple(sorted(changes)))
     if connection.execute(statement, params).rowcount != 1:
-        raise Conflict(execution_id)
+        raise Conflict(step.execution_id)
 
 
-def _held_by(execution_id: str, name: str, attempt: int) -> Any:
+def _held_by(step: StepAttempt) -> Any:
     """The step is still running under this attempt's claim (no one re-claimed it)."""
     return (
-        (step_records.c.execution_id == execution_id)
-        & (step_records.c.name == name)
+        (step_records.c.execution_id == step.execution_id)
+        & (step_records.c.name == step.name)
         & (step_records.c.status == StepStatus.RUNNING.value)
-        & (step_records.c.attempts == attempt)
+        & (step_records.c.attempts == step.attempt)
     )
 
 
-def renew_step_lease(
-    db: Database, *, execution_id: str, name: str, attempt: int, lease_expires_at: datetime
-) -> bool:
+def renew_step_lease(db: Database, step: StepAttempt, *, lease_expires_at: datetime) -> bool:
     """Extend the lease of a step this attempt still holds (the heartbeat's write)."""
     with db.single_statement() as connection:
         result = connection.execute(
             update(step_records)
-            .where(_held_by(execution_id, name, attempt))
+            .where(_held_by(step))
             .values(lease_expires_at=to_db_time(lease_expires_at))
         )
         return bool(result.rowcount == 1)
@@ -169,12 +165,8 @@ def advance_values(advance: Advance, now: datetime) -> dict[str, Any]:
 
 def record_step_completed(
     db: Database,
+    step: StepAttempt,
     *,
-    execution_id: str,
-    name: str,
-    attempt: int,
-    node: int,
-    sub: int,
     result_blob: bytes,
     advance: Advance,
     now: datetime,
@@ -189,30 +181,27 @@ def record_step_completed(
     try:
         if combined is None:
             with db.transaction() as connection:
-                _lock_execution(
-                    connection, execution_id, node, sub, now, **advance_values(advance, now)
-                )
+                run = advance_values(advance, now)
+                _lock_execution(connection, step.execution_id, step.node, step.sub, now, **run)
                 _settle_step(
                     connection,
-                    execution_id,
-                    name,
-                    attempt,
+                    step,
                     status=StepStatus.COMPLETED.value,
                     result=result_blob,
                     completed_at=stamp,
                 )
             return True
         params = {
-            "run_id": execution_id,
-            "run_node": node,
-            "run_sub": sub,
+            "run_id": step.execution_id,
+            "run_node": step.node,
+            "run_sub": step.sub,
             "run_updated_at": stamp,
             "run_next_node": advance.node,
             "run_next_sub": advance.sub,
             "run_committed_at": stamp,
-            "step_run": execution_id,
-            "step_name": name,
-            "step_attempt": attempt,
+            "step_run": step.execution_id,
+            "step_name": step.name,
+            "step_attempt": step.attempt,
             "step_result": result_blob,
             "step_completed_at": stamp,
         }
@@ -223,20 +212,11 @@ def record_step_completed(
         return False
 
 
-def record_step_retry(
-    db: Database, *, execution_id: str, name: str, attempt: int, error: str
-) -> bool:
+def record_step_retry(db: Database, step: StepAttempt, *, error: str) -> bool:
     """Release the claim; the next attempt's message will claim it again."""
     try:
         with db.single_statement() as connection:
-            _settle_step(
-                connection,
-                execution_id,
-                name,
-                attempt,
-                status=StepStatus.PENDING.value,
-                error=error,
-            )
+            _settle_step(connection, step, status=StepStatus.PENDING.value, error=error)
         return True
     except Conflict:
         return False
@@ -306,12 +286,8 @@ def prefixed(prefix: str, values: dict[str, Any]) -> dict[str, Any]:
 
 def record_step_settled(
     db: Database,
+    step: StepAttempt,
     *,
-    execution_id: str,
-    name: str,
-    attempt: int,
-    node: int,
-    sub: int,
     members: Sequence[str],
     compensations: Collection[str],
     now: datetime,
@@ -331,9 +307,10 @@ def record_step_settled(
     else:
         changes.update(status=StepStatus.COMPLETED.value, result=result_blob)
     try:
+        execution_id = step.execution_id
         with db.transaction() as connection:
-            _lock_execution(connection, execution_id, node, sub, now)
-            _settle_step(connection, execution_id, name, attempt, **changes)
+            _lock_execution(connection, execution_id, step.node, step.sub, now)
+            _settle_step(connection, step, **changes)
             steps = load_steps(connection, execution_id)
             outcome = group_outcome(members, steps)
             if not outcome.settled:

@@ -27,6 +27,7 @@ from celery_saga.records import (
     CompensationOutcome,
     ExecutionRecord,
     ExecutionState,
+    ReversalAttempt,
     RollbackStatus,
     StepRecord,
 )
@@ -143,26 +144,19 @@ def _claim_returning(with_run: bool, durable: bool) -> Any:
 
 
 def claim_next_reversal(
-    db: Database,
-    *,
-    execution_id: str,
-    name: str,
-    attempt: int,
-    lease_expires_at: datetime,
-    with_run: bool,
+    db: Database, reversal: ReversalAttempt, *, lease_expires_at: datetime, with_run: bool
 ) -> Unwinding | None:
-    """Claim attempt ``attempt`` of the reversal of ``name`` if it is the unwind's next move,
-    returning the run as of the claim (``with_run``: its row and all its steps; otherwise
-    the steps that decide the next move); None: not ours, or not on this store (read and
-    decide).
+    """Claim ``reversal`` if it is the unwind's next move, returning the run as of the
+    claim (``with_run``: its row and all its steps; otherwise the steps that decide the
+    next move); None: not ours, or not on this store (read and decide).
 
     One statement, on PostgreSQL only; elsewhere the checked path reads, then claims."""
     if db.dialect != "postgresql":
         return None
     params = {
-        "run_id": execution_id,
-        "step_name": name,
-        "attempts_before": attempt - 1,
+        "run_id": reversal.execution_id,
+        "step_name": reversal.name,
+        "attempts_before": reversal.attempt - 1,
         "lease": to_db_time(lease_expires_at),
     }
     with db.single_statement() as connection:
@@ -176,8 +170,12 @@ def claim_next_reversal(
         if not steps:
             return None
     claimed = [
-        replace(s, compensation_attempts=attempt, compensation_lease_expires_at=lease_expires_at)
-        if s.name == name
+        replace(
+            s,
+            compensation_attempts=reversal.attempt,
+            compensation_lease_expires_at=lease_expires_at,
+        )
+        if s.name == reversal.name
         else s
         for s in steps
     ]
@@ -246,10 +244,8 @@ def _outcome_in_a_transaction(
 
 def record_compensation(
     db: Database,
+    reversal: ReversalAttempt,
     *,
-    execution_id: str,
-    name: str,
-    attempt: int,
     outcome: CompensationOutcome,
     reason: str | None,
     compensations: Collection[str],
@@ -263,13 +259,14 @@ def record_compensation(
     run (HALT_FAILED); a success returns the next step to reverse, or DONE once the run was
     closed. None: the claim was lost to another worker (nothing was written).
     """
+    name = reversal.name
     plan = next_after_outcome(steps, committed, compensations, name, outcome, reason)
     changes = _run_changes(plan, name, reason)
     stamp = to_db_time(now)
     params: dict[str, Any] = {
-        "run_id": execution_id,
+        "run_id": reversal.execution_id,
         "step_name": name,
-        "attempt": attempt,
+        "attempt": reversal.attempt,
         "outcome": outcome.value,
         "reason": reason,
         "at": stamp,

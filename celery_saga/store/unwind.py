@@ -19,6 +19,7 @@ from celery_saga.records import (
     CompensationOutcome,
     ExecutionRecord,
     ExecutionState,
+    ReversalAttempt,
     RollbackStatus,
 )
 from celery_saga.store import prepared
@@ -39,15 +40,10 @@ def _compensating(execution_id: str) -> Any:
 
 
 def claim_compensation(
-    db: Database,
-    *,
-    execution_id: str,
-    name: str,
-    attempts_before: int,
-    lease_expires_at: datetime,
-    now: datetime,
+    db: Database, reversal: ReversalAttempt, *, lease_expires_at: datetime, now: datetime
 ) -> bool:
-    """Claim one reversal while the run is compensating and the step has no outcome."""
+    """Claim attempt ``reversal.attempt`` of a reversal (the previous one is the latest
+    recorded) while the run is compensating and the step has no outcome."""
     stamp = to_db_time(now)
     lease_free = (step_records.c.compensation_lease_expires_at.is_(None)) | (
         step_records.c.compensation_lease_expires_at < stamp
@@ -58,11 +54,11 @@ def claim_compensation(
         result = connection.execute(
             update(step_records)
             .where(
-                _step(execution_id, name),
+                _step(reversal.execution_id, reversal.name),
                 step_records.c.compensation_status.is_(None),
-                step_records.c.compensation_attempts == attempts_before,
+                step_records.c.compensation_attempts == reversal.attempt - 1,
                 lease_free,
-                exists().where(_compensating(execution_id)),
+                exists().where(_compensating(reversal.execution_id)),
             )
             .values(
                 compensation_attempts=step_records.c.compensation_attempts + 1,
@@ -72,38 +68,36 @@ def claim_compensation(
         return result.rowcount == 1
 
 
-def _reversal_held_by(execution_id: str, name: str, attempt: int) -> Any:
+def _reversal_held_by(reversal: ReversalAttempt) -> Any:
     """The reversal has no outcome yet and this attempt's claim is the latest."""
     return (
-        _step(execution_id, name)
+        _step(reversal.execution_id, reversal.name)
         & step_records.c.compensation_status.is_(None)
-        & (step_records.c.compensation_attempts == attempt)
+        & (step_records.c.compensation_attempts == reversal.attempt)
     )
 
 
 def renew_compensation_lease(
-    db: Database, *, execution_id: str, name: str, attempt: int, lease_expires_at: datetime
+    db: Database, reversal: ReversalAttempt, *, lease_expires_at: datetime
 ) -> bool:
     """Extend the lease of a reversal this attempt still holds (the heartbeat's write)."""
     with db.single_statement() as connection:
         result = connection.execute(
             update(step_records)
-            .where(_reversal_held_by(execution_id, name, attempt))
+            .where(_reversal_held_by(reversal))
             .values(compensation_lease_expires_at=to_db_time(lease_expires_at))
         )
         return bool(result.rowcount == 1)
 
 
-def _settle_compensation(
-    connection: Connection, execution_id: str, name: str, attempt: int, **changes: Any
-) -> None:
+def _settle_compensation(connection: Connection, reversal: ReversalAttempt, **changes: Any) -> None:
     result = connection.execute(
         update(step_records)
-        .where(_reversal_held_by(execution_id, name, attempt))
+        .where(_reversal_held_by(reversal))
         .values(compensation_lease_expires_at=None, **changes)
     )
     if result.rowcount != 1:
-        raise Conflict(execution_id)
+        raise Conflict(reversal.execution_id)
 
 
 def _lock_compensating(
@@ -172,15 +166,11 @@ def _park(connection: Connection, execution_id: str, plan: UnwindStep, now: date
     )
 
 
-def release_compensation(
-    db: Database, *, execution_id: str, name: str, attempt: int, reason: str
-) -> bool:
+def release_compensation(db: Database, reversal: ReversalAttempt, *, reason: str) -> bool:
     """A reversal attempt failed but more are allowed: free the claim for the next one."""
     try:
         with db.single_statement() as connection:
-            _settle_compensation(
-                connection, execution_id, name, attempt, compensation_reason=reason
-            )
+            _settle_compensation(connection, reversal, compensation_reason=reason)
         return True
     except Conflict:
         return False
