@@ -39,7 +39,9 @@ LEASE = 3.0
 
 
 class CrashRig:
-    def __init__(self, broker: str, tmp: Path) -> None:
+    def __init__(
+        self, broker: str, tmp: Path, lease: float = LEASE, recover_after: float = LEASE
+    ) -> None:
         self.queue = f"saga-crash-{uuid.uuid4().hex[:10]}"
         self.tmp = tmp
         store = _test_database_url()
@@ -49,12 +51,12 @@ class CrashRig:
             "SAGA_TEST_STORE": store,
             "SAGA_TEST_QUEUE": self.queue,
             "SAGA_TEST_DUPLICATE": "0",
-            "SAGA_TEST_LEASE": str(LEASE),
-            "SAGA_TEST_RECOVER_AFTER": str(LEASE),
+            "SAGA_TEST_LEASE": str(lease),
+            "SAGA_TEST_RECOVER_AFTER": str(recover_after),
             "SAGA_TEST_SWEEP_INTERVAL": "1",
             "PYTHONPATH": str(Path.cwd()),
         }
-        os.environ["SAGA_TEST_LEASE"] = str(LEASE)
+        os.environ["SAGA_TEST_LEASE"] = str(lease)
         try:
             self.client = TestApp(broker, store, self.queue)
         finally:

@@ -46,6 +46,7 @@ from celery_saga.runtime.navigation import Position, node_at, resolve, route
 from celery_saga.runtime.outcomes import Failed, NoBody, Outcome, Ran, TakenOver, attempt_failed
 from celery_saga.runtime.ports import Catalog, EventSink, Publisher, Settings
 from celery_saga.runtime.progress import Progress
+from celery_saga.runtime.stopping import worker_is_stopping
 from celery_saga.runtime.unwinder import Unwinder
 from celery_saga.runtime.waits import Waits
 from celery_saga.store import forward, queries, waits
@@ -305,12 +306,19 @@ class Executor(Progress):
                 )
             except (Exception, SystemExit) as error:
                 # Everything the step does counts as its attempt, ``sys.exit()`` included:
-                # an error here must settle it, or the run would wait for its lease.
-                return self._step_failed(definition, position, message, held, error)
-            step_advance = advance(definition.nodes, message.node, message.sub, position.length)
-            if self.step_completed(definition, held, blob, step_advance, fields):
-                return Ran(result)
-        return TakenOver(f"step {name!r} of execution {execution_id} attempt {attempt}", result)
+                # an error here must settle it, or the run would wait for its lease. Only
+                # the worker's own shutdown is not the step's (given up once the heartbeat
+                # has stopped, below).
+                if not worker_is_stopping(error):
+                    return self._step_failed(definition, position, message, held, error)
+                stopped = error
+            else:
+                step_advance = advance(definition.nodes, message.node, message.sub, position.length)
+                if self.step_completed(definition, held, blob, step_advance, fields):
+                    return Ran(result)
+                taken = f"step {name!r} of execution {execution_id} attempt {attempt}"
+                return TakenOver(taken, result)
+        return self.interrupted(definition, spec, message, held, stopped)
 
     def _pass(self, definition: SagaDefinition, message: NodeMessage) -> Outcome:
         """Nothing runs at this position (a loop ended): move past the node."""

@@ -21,8 +21,16 @@ from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.invoke import body_error
 from celery_saga.runtime.keys import record_key
 from celery_saga.runtime.navigation import Position
-from celery_saga.runtime.outcomes import Failed, Outcome, Retrying, TakenOver, attempt_failed
+from celery_saga.runtime.outcomes import (
+    Failed,
+    Interrupted,
+    Outcome,
+    Retrying,
+    TakenOver,
+    attempt_failed,
+)
 from celery_saga.runtime.ports import RuntimeParts
+from celery_saga.runtime.stopping import report_interrupted
 from celery_saga.runtime.store_retry import write_outcome
 from celery_saga.runtime.unwinder import Unwinder, compensations_of
 from celery_saga.store import forward, queries, recovery, step_failure
@@ -141,6 +149,28 @@ class StepFailures(RuntimeParts):
         self.settle_failure(definition, step, members, reason, error)
         self.emit("saga-step-failed", fields)
         return Failed(description, body_error())
+
+    def interrupted(
+        self,
+        definition: SagaDefinition,
+        spec: StepSpec,
+        message: NodeMessage,
+        held: StepAttempt,
+        error: BaseException,
+    ) -> Outcome:
+        """The worker's shutdown cut the body short: record nothing, give the claim up and
+        send the step's message again, so the next worker runs it at once. The attempt still
+        counts (guarantee 27: at most ``retry + 1`` whatever ends them)."""
+        what = f"step {held.name!r} attempt {held.attempt}"
+        where = f"saga {definition.name!r} execution {held.execution_id}"
+        try:
+            given_up = forward.give_up_step_claim(self.db, held, now=get_clock().now())
+            if given_up:
+                self.publisher.publish_node(definition.name, spec, message)
+        except Exception as failure:  # the store or broker is going away too
+            given_up = False
+            logger.debug("%s: %s not given up: %s", where, what, describe_error(failure))
+        return Interrupted(report_interrupted(where, what, given_up), error)
 
     def _exhausted(
         self,

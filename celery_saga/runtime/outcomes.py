@@ -54,7 +54,16 @@ class NoBody:
     reason: str
 
 
-Outcome = Ran | Retrying | Failed | TakenOver | NoBody
+@dataclass(frozen=True)
+class Interrupted:
+    """The worker's own shutdown cut the body short: nothing is recorded, the claim is given
+    up, and the task ends with ``error`` so the pool accounts for the job as lost."""
+
+    description: str
+    error: BaseException
+
+
+Outcome = Ran | Retrying | Failed | TakenOver | NoBody | Interrupted
 
 
 def attempt_failed(what: str, saga_name: str, step: str, attempt: int, reason: str) -> str:

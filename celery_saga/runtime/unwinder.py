@@ -57,6 +57,7 @@ from celery_saga.runtime.outcomes import (
     attempt_failed,
 )
 from celery_saga.runtime.reversal_outcome import ReversalOutcomes
+from celery_saga.runtime.stopping import worker_is_stopping
 from celery_saga.store import queries, reversal, unwind
 from celery_saga.store.reversal import Unwinding
 
@@ -293,6 +294,7 @@ class Unwinder(ReversalOutcomes):
         self.emit("saga-compensation-started", fields)
         renew = functools.partial(unwind.renew_compensation_lease, self.db, held)
         what = f"the reversal of step {record.name!r} of execution {execution_id}"
+        stopped: BaseException | None = None
         with self.holding(lambda expiry: renew(lease_expires_at=expiry), what):
             try:
                 ctx = reversal_context(self.db, definition, unwinding, record, key, attempt)
@@ -311,10 +313,16 @@ class Unwinder(ReversalOutcomes):
                     f"reversal of step {record.name!r} of saga {definition.name!r}",
                 )
             except (Exception, SystemExit) as error:
-                # The handler's own errors, database errors of its own included.
-                return self._reversal_failed(definition, held, unwinding, spec, error, fields)
-            compensated = CompensationOutcome.COMPENSATED
-            plan = self.record_outcome(definition, held, compensated, None, unwinding)
+                # The handler's own errors, database errors of its own included; only the
+                # worker's own shutdown is not the reversal's (given up below).
+                if not worker_is_stopping(error):
+                    return self._reversal_failed(definition, held, unwinding, spec, error, fields)
+                stopped = error
+            else:
+                compensated = CompensationOutcome.COMPENSATED
+                plan = self.record_outcome(definition, held, compensated, None, unwinding)
+        if stopped is not None:
+            return self.interrupted(definition, held, stopped)
         self.emit("saga-step-compensated", fields)
         self.follow(definition, execution_id, plan)
         return Ran(result)

@@ -152,6 +152,16 @@ def renew_step_lease(db: Database, step: StepAttempt, *, lease_expires_at: datet
         return bool(result.rowcount == 1)
 
 
+def give_up_step_claim(db: Database, step: StepAttempt, *, now: datetime) -> bool:
+    """End the lease of a step this attempt still holds, keeping the attempt counted: its
+    worker is shutting down, so the next message may claim it at once (guarantee 27)."""
+    with db.single_statement() as connection:
+        result = connection.execute(
+            update(step_records).where(_held_by(step)).values(lease_expires_at=to_db_time(now))
+        )
+        return bool(result.rowcount == 1)
+
+
 def advance_values(advance: Advance, now: datetime) -> dict[str, Any]:
     """The execution columns that move a run to ``advance``."""
     if advance.finished:

@@ -90,6 +90,18 @@ def renew_compensation_lease(
         return bool(result.rowcount == 1)
 
 
+def give_up_reversal_claim(db: Database, reversal: ReversalAttempt, *, now: datetime) -> bool:
+    """End the lease of a reversal this attempt still holds, keeping the attempt counted:
+    its worker is shutting down, so the next message may claim it at once (guarantee 27)."""
+    with db.single_statement() as connection:
+        result = connection.execute(
+            update(step_records)
+            .where(_reversal_held_by(reversal))
+            .values(compensation_lease_expires_at=to_db_time(now))
+        )
+        return bool(result.rowcount == 1)
+
+
 def _settle_compensation(connection: Connection, reversal: ReversalAttempt, **changes: Any) -> None:
     result = connection.execute(
         update(step_records)

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from celery.exceptions import WorkerShutdown, WorkerTerminate
 from sqlalchemy.exc import SQLAlchemyError
 
 from celery_saga.runtime.limits import restore_soft_limit
@@ -74,3 +75,25 @@ def sent_again_on_lost_store(task: Any, resends: int, send_again: SendAgain) -> 
         raise send_again(countdown, error) from error
     finally:
         restore_soft_limit()
+
+
+def stopped_by_worker(error: BaseException) -> bool:
+    """Whether ``error`` is the worker's own shutdown reaching a body (the probe the runtime
+    asks, ``runtime/stopping.py``): a pool process whose terminate handler fired (billiard
+    unwinds the job with ``SystemExit`` from it, and records that it did), or Celery's own
+    shutdown exceptions in a solo pool. A body's own ``sys.exit()`` is neither."""
+    if isinstance(error, (WorkerShutdown, WorkerTerminate)):
+        return True
+    return _pool_terminating()
+
+
+def _pool_terminating() -> bool:
+    try:
+        from billiard import common
+    except ImportError:  # pragma: no cover - billiard comes with Celery
+        return False
+    fired = getattr(common, "terminate_handler_fired", None)
+    if callable(fired):
+        return bool(fired())
+    flag = getattr(common, "_should_have_exited", None)  # billiard before 4.3
+    return bool(flag and flag[0])

@@ -15,6 +15,8 @@ backend see the truth:
   success).
 - ``NoBody``: a step's own task is ignored (no success hook or result claims a run that did
   not happen); an engine task returns.
+- ``Interrupted``: the worker's own shutdown goes on (its ``SystemExit`` is raised again), so
+  the pool accounts for the job as lost, never as failed or succeeded.
 """
 
 from __future__ import annotations
@@ -25,7 +27,15 @@ from celery.exceptions import Ignore, Retry
 
 from celery_saga.errors import SagaError, StepRetryRequested
 from celery_saga.runtime.moves import unreachable
-from celery_saga.runtime.outcomes import Failed, NoBody, Outcome, Ran, Retrying, TakenOver
+from celery_saga.runtime.outcomes import (
+    Failed,
+    Interrupted,
+    NoBody,
+    Outcome,
+    Ran,
+    Retrying,
+    TakenOver,
+)
 
 
 class StepFailed(SagaError):
@@ -49,6 +59,8 @@ def end_task(task: Any, outcome: Outcome, *, own_body: bool, send_events: bool) 
             raise _failure(task, description, error)
         case Failed(description, error):
             raise _failure(task, description, error)
+        case Interrupted(error=error):
+            raise error
         case _:
             unreachable(outcome)
 

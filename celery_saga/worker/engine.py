@@ -24,6 +24,7 @@ from celery_saga.errors import (
 )
 from celery_saga.limits import check_lookup_id, listed_saga_names, storable_cursor_id
 from celery_saga.records import Execution, ExecutionState, RollbackStatus
+from celery_saga.runtime import stopping
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.executor import Executor
 from celery_saga.runtime.ports import Catalog, Settings
@@ -34,6 +35,7 @@ from celery_saga.store.database import Database
 from celery_saga.store.transient import describe_store_error, is_transient, retry_transient
 from celery_saga.worker.beat import install_beat_entries
 from celery_saga.worker.celery_hooks import CeleryHooks
+from celery_saga.worker.delivery import stopped_by_worker
 from celery_saga.worker.events import EventHub, Listener
 from celery_saga.worker.handle import SagaHandle
 from celery_saga.worker.publisher import CeleryPublisher
@@ -124,6 +126,8 @@ class SagaEngine:
         register_tasks(app, self)
         install_beat_entries(app)
         self.hooks.install()
+        # A body cut short by this worker's shutdown is a lost attempt, not a failure.
+        stopping.set_probe(stopped_by_worker)
         app.saga_engine = self
 
     @classmethod

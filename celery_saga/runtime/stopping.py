@@ -1,0 +1,45 @@
+"""Whether an attempt was cut short by its worker's own shutdown (guarantee 27).
+
+A pool process stopped by its worker (the SIGTERM that ``systemctl restart`` sends to the
+whole process group, a cold shutdown) unwinds the body it runs with ``SystemExit``. That is
+the worker going away, not the step failing: the attempt records no outcome, counts as a
+lost-worker attempt, and gives its claim up so the step runs again at once on the next
+worker. A body's own ``sys.exit()`` stays a failure. Which is which only the worker layer
+can tell (the pool records that its terminate handler fired); it installs that test here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+logger = logging.getLogger("celery_saga")
+
+#: ``probe(error)``: True when ``error`` unwinds an attempt because its process is stopping.
+Probe = Callable[[BaseException], bool]
+
+
+def _never(error: BaseException) -> bool:
+    return False
+
+
+_probe: Probe = _never
+
+
+def set_probe(probe: Probe) -> None:
+    global _probe
+    _probe = probe
+
+
+def worker_is_stopping(error: BaseException) -> bool:
+    """Whether ``error`` is this process's shutdown reaching the attempt, not the body's."""
+    return _probe(error)
+
+
+def report_interrupted(where: str, what: str, given_up: bool) -> str:
+    """Log the one line an interrupted attempt leaves; returns its description."""
+    then = "it runs again on the next worker" if given_up else "it runs again once its lease ends"
+    logger.warning(
+        "%s: %s was interrupted by its worker's shutdown; not a failure: %s", where, what, then
+    )
+    return f"{what} of {where} interrupted by the worker's shutdown"

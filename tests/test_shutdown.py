@@ -1,0 +1,119 @@
+"""A worker stopped by the SIGTERM its whole process group gets (``systemctl restart`` with
+systemd's default ``KillMode=control-group``, a supervisor that signals the group) while a
+step or a reversal runs (guarantee 27): the interrupted body is not the step's failure, its
+claim is given up on the way out, and the next worker runs it again at once, once.
+
+The lease here is the library's default (30 s) and the recovery sweep waits two minutes,
+so a step running again within seconds can only come from the claim given up and the
+message sent again, not from a lease running out.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from celery_saga import ExecutionState, RollbackStatus
+from tests.conftest import BROKERS, PORTS, require_services
+from tests.test_crash_recovery import CrashRig
+
+#: Seconds between a fresh worker answering ping and the interrupted body running again.
+PICKUP = 5.0
+
+
+@pytest.fixture(params=["postgres-rabbitmq", "postgres-redis"])
+def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CrashRig]:
+    require_services(PORTS["postgres"], PORTS[request.param])
+    shutdown_rig = CrashRig(BROKERS[request.param], tmp_path, lease=30.0, recover_after=120.0)
+    try:
+        yield shutdown_rig
+    finally:
+        shutdown_rig.close()
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+def _sigterm_the_group_when(worker: subprocess.Popen[bytes], condition: Callable[[], bool]) -> None:
+    _wait_for(condition)
+    time.sleep(0.5)  # well inside the body's sleep
+    os.killpg(worker.pid, signal.SIGTERM)
+    worker.wait(timeout=30)
+
+
+def _worker_logs(rig: CrashRig) -> str:
+    return "".join(p.read_text(errors="replace") for p in sorted(rig.tmp.glob("gen*/*.log")))
+
+
+def test_sigterm_mid_step_is_no_failure_and_the_step_runs_again_at_once(rig: CrashRig) -> None:
+    first = rig.start_worker()
+    run = rig.client.engine.start("five", {"order": 70, "plan": {"s3": {"first_sleep": 8}}})
+
+    def s3_running() -> bool:
+        steps = {s.name: s for s in run.get().steps}
+        return "s3" in steps and steps["s3"].status.value == "running"
+
+    _sigterm_the_group_when(first, s3_running)
+    stopped = run.get()
+    s3 = stopped.step("s3")
+    assert stopped.state is ExecutionState.RUNNING, stopped.failure_reason
+    assert (s3.status.value, s3.attempts, s3.error) == ("running", 1, None)
+    assert s3.lease_expires_at is not None
+    assert s3.lease_expires_at <= datetime.now(timezone.utc), "the claim was given up"
+    logs = _worker_logs(rig)
+    assert "step 's3' attempt 1 was interrupted by its worker's shutdown; not a failure" in logs
+    assert "attempt 1 failed" not in logs
+
+    rig.start_worker()
+    _wait_for(lambda: run.get().step("s3").attempts == 2, timeout=PICKUP)
+    execution = rig.drive_to_end(run.id)
+    assert execution.state is ExecutionState.COMPLETED
+    assert execution.step("s3").attempts == 2
+    entries = rig.client.entries(run.id)
+    forward = Counter(e.key for e in entries if e.direction == "forward")
+    assert forward == {f"{run.id}:s{n}:0:forward": 1 for n in range(1, 6)}
+    assert [e.detail for e in entries if e.step == "s3"] == ["attempt=2"]
+
+
+def test_sigterm_mid_reversal_is_no_failure_and_the_reversal_runs_again_at_once(
+    rig: CrashRig,
+) -> None:
+    first = rig.start_worker()
+    plan = {"s4": {"fail": True}, "s2": {"undo_first_sleep": 8}}
+    run = rig.client.engine.start("five", {"order": 71, "plan": plan})
+
+    def s2_reversal_claimed() -> bool:
+        steps = {s.name: s for s in run.get().steps}
+        return "s2" in steps and steps["s2"].compensation_attempts >= 1
+
+    _sigterm_the_group_when(first, s2_reversal_claimed)
+    stopped = run.get()
+    s2 = stopped.step("s2")
+    assert stopped.state is ExecutionState.COMPENSATING
+    assert (s2.compensation_status, s2.compensation_attempts, s2.compensation_reason) == (
+        None,
+        1,
+        None,
+    )
+    assert "the reversal of step 's2' attempt 1 was interrupted" in _worker_logs(rig)
+
+    rig.start_worker()
+    _wait_for(lambda: run.get().step("s2").compensation_attempts == 2, timeout=PICKUP)
+    execution = rig.drive_to_end(run.id)
+    assert execution.state is ExecutionState.FAILED
+    assert execution.rollback_status is RollbackStatus.COMPLETED
+    undone = [e for e in rig.client.entries(run.id) if e.direction == "compensate"]
+    assert [e.step for e in undone] == ["s3", "s2", "s1"]
+    assert len({e.key for e in undone}) == 3
