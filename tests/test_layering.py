@@ -137,6 +137,7 @@ def test_every_outcome_kind_has_an_ending() -> None:
         outcomes.Failed: outcomes.Failed("attempt 2 failed"),
         outcomes.TakenOver: outcomes.TakenOver("taken over", {"ok": 2}),
         outcomes.NoBody: outcomes.NoBody("duplicate"),
+        outcomes.Interrupted: outcomes.Interrupted("shutdown", SystemExit(-241)),
     }
     assert kinds == set(samples), "a new outcome kind needs a case in worker/endings.py"
     assert _ending(samples[outcomes.Ran]) == ("returned", {"ok": 1})
@@ -145,6 +146,9 @@ def test_every_outcome_kind_has_an_ending() -> None:
     assert isinstance(_ending(samples[outcomes.Failed])[1], StepFailed)
     assert isinstance(_ending(samples[outcomes.NoBody])[1], Ignore)
     assert _ending(samples[outcomes.NoBody], own_body=False) == ("returned", None)
+    stopped = samples[outcomes.Interrupted]
+    assert isinstance(stopped, outcomes.Interrupted)
+    assert _ending(stopped)[1] is stopped.error, "the pool must see its own SystemExit"
 
 
 @pytest.mark.parametrize("kind", [outcomes.Retrying, outcomes.Failed])
