@@ -117,3 +117,31 @@ def test_sigterm_mid_reversal_is_no_failure_and_the_reversal_runs_again_at_once(
     undone = [e for e in rig.client.entries(run.id) if e.direction == "compensate"]
     assert [e.step for e in undone] == ["s3", "s2", "s1"]
     assert len({e.key for e in undone}) == 3
+
+
+def test_a_warm_shutdown_lets_the_body_finish_and_record_its_outcome(rig: CrashRig) -> None:
+    # ``celery control shutdown`` (and SIGTERM to the main process alone): the worker stops
+    # taking messages and waits for the bodies in progress, whose outcomes are recorded.
+    first = rig.start_worker()
+    run = rig.client.engine.start("five", {"order": 72, "plan": {"s3": {"first_sleep": 4}}})
+
+    def s3_running() -> bool:
+        steps = {s.name: s for s in run.get().steps}
+        return "s3" in steps and steps["s3"].status.value == "running"
+
+    _wait_for(s3_running)
+    # Only this rig's worker: other tests' workers share the broker's control exchange.
+    names = [name for reply in rig.client.app.control.ping(timeout=1) for name in reply]
+    ours = [name for name in names if rig.queue in name]
+    assert len(ours) == 1, names
+    rig.client.app.control.shutdown(destination=ours)
+    first.wait(timeout=30)
+    s3 = run.get().step("s3")
+    assert (s3.status.value, s3.attempts, s3.error) == ("completed", 1, None)
+    assert "interrupted by its worker's shutdown" not in _worker_logs(rig)
+
+    rig.start_worker()
+    execution = rig.drive_to_end(run.id)
+    assert execution.state is ExecutionState.COMPLETED
+    forward = Counter(e.key for e in rig.client.entries(run.id) if e.direction == "forward")
+    assert forward == {f"{run.id}:s{n}:0:forward": 1 for n in range(1, 6)}
