@@ -264,7 +264,7 @@ class TestApp:
             )
             .step("last", fwd, compensate=rev),
             Saga("pivoted").step("a", fwd, compensate=rev).pivot().step("b", fwd, compensate=rev),
-            Saga("slow_retry").step("a", fwd, retry=2, backoff=3.0),
+            Saga("slow_retry").step("a", fwd, retry=2, backoff=6.0),
             Saga("routed")
             .map("total", lambda ctx: sum(ctx.input["amounts"]))
             .branch(

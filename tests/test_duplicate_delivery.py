@@ -89,7 +89,13 @@ def test_retry_waits_in_a_countdown_not_in_a_worker_slot(harness: Harness) -> No
         assert time.monotonic() < deadline
         time.sleep(0.05)
     inspector = harness.test_app.app.control.inspect(timeout=2)
-    scheduled = [t for tasks in (inspector.scheduled() or {}).values() for t in tasks]
+    # The retry is due 6-9 s after the failure; under load one inspection may get no reply.
+    ask_until = time.monotonic() + 4
+    while True:
+        scheduled = [t for tasks in (inspector.scheduled() or {}).values() for t in tasks]
+        ours = any(t["request"]["name"] == "slow_retry.a" for t in scheduled)
+        if ours or time.monotonic() > ask_until:
+            break
     active = [t for tasks in (inspector.active() or {}).values() for t in tasks]
     # The step's message is its own task's; the queue is this session's, the saga this test's.
     assert any(t["request"]["name"] == "slow_retry.a" for t in scheduled), scheduled

@@ -22,7 +22,7 @@ from celery_saga.runtime.keys import record_key
 from celery_saga.runtime.moves import RecordReversal
 from celery_saga.runtime.outcomes import Interrupted
 from celery_saga.runtime.ports import RuntimeParts
-from celery_saga.runtime.stopping import report_interrupted
+from celery_saga.runtime.stopping import RESEND_AFTER, report_interrupted
 from celery_saga.runtime.store_retry import write_outcome
 from celery_saga.store import queries, recovery, reversal, unwind
 from celery_saga.store.reversal import Unwinding
@@ -129,7 +129,12 @@ class ReversalOutcomes(RuntimeParts):
             if given_up:
                 spec = definition.find_step(held.name)
                 self.publisher.publish_compensation(
-                    definition.name, spec, held.execution_id, held.name, held.attempt
+                    definition.name,
+                    spec,
+                    held.execution_id,
+                    held.name,
+                    held.attempt,
+                    countdown=RESEND_AFTER,
                 )
         except Exception as failure:  # the store or broker is going away too
             given_up = False

@@ -15,6 +15,12 @@ from collections.abc import Callable
 
 logger = logging.getLogger("celery_saga")
 
+#: Seconds before the message an interrupted attempt sends again is due. A message due at
+#: once could be taken by its own stopping worker and acknowledged as it dies (early ack);
+#: one with a countdown waits in a worker's timer unacknowledged, so a worker that stops
+#: before it is due hands it back to the broker.
+RESEND_AFTER = 1.0
+
 #: ``probe(error)``: True when ``error`` unwinds an attempt because its process is stopping.
 Probe = Callable[[BaseException], bool]
 
