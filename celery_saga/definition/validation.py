@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import Any
 
 from celery_saga.definition.nodes import (
     BranchNode,
+    ForEachNode,
+    LoopNode,
     Node,
     ParallelNode,
     PivotNode,
@@ -136,7 +140,49 @@ def validate_step(saga: str, spec: StepSpec) -> None:
             raise DefinitionError(f"saga {saga!r}, step {name!r}: {field} must be callable")
 
 
+def is_async_callable(target: Any) -> bool:
+    """Whether calling ``target`` returns a coroutine: an ``async def`` function (a method
+    or ``functools.partial`` of one too), or an object whose ``__call__`` is one."""
+    if inspect.iscoroutinefunction(target):
+        return True
+    return callable(target) and inspect.iscoroutinefunction(type(target).__call__)
+
+
+def _helpers(node: Node) -> list[tuple[str, Any]]:
+    """The callables of ``node`` the engine calls in place for their value."""
+    found: list[tuple[str, Any]] = []
+    for spec in node_steps(node):
+        if spec.is_transform:
+            found.append((f"the transform of map {spec.name!r}", spec.action))
+        found.append((f"the args= of step {spec.name!r}", spec.args))
+        found.append((f"the compensation_args= of step {spec.name!r}", spec.compensation_args))
+        found.append((f"the input_schema of step {spec.name!r}", spec.input_schema))
+        found.append((f"the output_schema of step {spec.name!r}", spec.output_schema))
+    if isinstance(node, BranchNode):
+        found.append((f"the selector of branch {node.name!r}", node.selector))
+    elif isinstance(node, LoopNode):
+        found.append((f"the condition of {node.kind.value} {node.name!r}", node.condition))
+    elif isinstance(node, ForEachNode):
+        found.append((f"the items of for_each {node.name!r}", node.items))
+    elif isinstance(node, SubSagaNode):
+        found.append((f"the input of sub-saga {node.name!r}", node.input))
+    return found
+
+
+def _refuse_async_helpers(saga: str, node: Node) -> None:
+    """Only steps and compensations are awaited; a mapper, selector, condition or transform
+    is called in place, and an async one would hand back a coroutine, not its value."""
+    for what, helper in _helpers(node):
+        if helper is not None and is_async_callable(helper):
+            raise DefinitionError(
+                f"saga {saga!r}: {what} is an async function; it is called in place for its "
+                "value, which a coroutine is not: make it a plain def (steps and "
+                "compensations may be async)"
+            )
+
+
 def _check_node(saga: str, node: Node) -> None:
+    _refuse_async_helpers(saga, node)
     if isinstance(node, ParallelNode) and not node.steps:
         raise DefinitionError(f"saga {saga!r}: parallel group {node.name!r} has no steps")
     if isinstance(node, BranchNode):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 from collections.abc import Callable, Mapping
@@ -11,9 +12,9 @@ from typing import Any
 
 from celery_saga.definition.nodes import StepSpec
 from celery_saga.errors import SchemaValidationError
+from celery_saga.runtime.async_bodies import run_body
 from celery_saga.runtime.context import SagaContext
 from celery_saga.runtime.describe import describe_error
-from celery_saga.runtime.limits import run_with_timeout
 
 _CONTEXT_NAMES = ("ctx", "context")
 
@@ -38,7 +39,18 @@ class RunningBody:
 
     def __call__(self, kwargs: dict[str, Any]) -> Any:
         try:
-            return self.call(kwargs)
+            value = self.call(kwargs)
+        except BaseException as error:
+            self.error = error
+            raise
+        return self._awaited(value) if inspect.iscoroutine(value) else value
+
+    async def _awaited(self, coroutine: Any) -> Any:
+        """An async body's error, raised while it is awaited, is the body's own as well."""
+        try:
+            return await coroutine
+        except asyncio.CancelledError:
+            raise  # its timeout (runtime/async_bodies), not an error of the body's
         except BaseException as error:
             self.error = error
             raise
@@ -192,5 +204,5 @@ def invoke_step(saga_name: str, spec: StepSpec, ctx: SagaContext) -> Any:
     else:
         kwargs = call_arguments(spec.action, ctx, spec.args)
         call = body_of(spec.action)
-        value = run_with_timeout(lambda: call(kwargs), spec.timeout, what)
+        value = run_body(spec.action, lambda: call(kwargs), spec.timeout, what)
     return storable(apply_schema(spec.output_schema, value, f"output of {what}"))

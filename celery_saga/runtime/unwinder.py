@@ -30,13 +30,13 @@ from celery_saga.records import (
     StepRecord,
 )
 from celery_saga.runtime import unwind_exits
+from celery_saga.runtime.async_bodies import run_body
 from celery_saga.runtime.child_unwind import ChildUnwind
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.contexts import reversal_context
 from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.invoke import body_error, body_of, call_arguments, reversal_needs_run
 from celery_saga.runtime.keys import record_key
-from celery_saga.runtime.limits import run_with_timeout
 from celery_saga.runtime.moves import (
     BeginUnwind,
     FollowUnwind,
@@ -307,7 +307,8 @@ class Unwinder(ReversalOutcomes):
                     spec.compensation, ctx, spec.compensation_args, extra={"result": record.result}
                 )
                 call = body_of(spec.compensation)
-                result = run_with_timeout(
+                result = run_body(
+                    spec.compensation,
                     lambda: call(kwargs),
                     timeout,
                     f"reversal of step {record.name!r} of saga {definition.name!r}",

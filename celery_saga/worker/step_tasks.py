@@ -15,6 +15,7 @@ about steps registered after it started.
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -23,7 +24,10 @@ from celery import Celery
 
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import StepSpec, node_steps
+from celery_saga.definition.validation import is_async_callable
 from celery_saga.errors import DefinitionError
+from celery_saga.runtime.async_bodies import run_coroutine
+from celery_saga.runtime.invoke import running_body
 
 if TYPE_CHECKING:
     from celery_saga.worker.celery_hooks import CeleryHooks
@@ -79,6 +83,7 @@ class StepTasks:
                     f"{self.app.main!r} the engine is attached to; define it with that app's "
                     "@app.task or with @shared_task"
                 )
+            _refuse_async_task(task, what)
             if kind == "forward":
                 _refuse_two_retry_policies(task, spec, what)
             return task
@@ -111,10 +116,32 @@ def _as_task_body(function: Any, task_name: str) -> Callable[..., Any]:
     def body(*args: Any, **kwargs: Any) -> Any:
         return function(*args, **kwargs)
 
+    if is_async_callable(function):
+
+        def body(*args: Any, **kwargs: Any) -> Any:
+            value = function(*args, **kwargs)
+            running = running_body.get()
+            if running is not None and running.runs(function):
+                return value  # awaited by the saga, within the step's timeout
+            # A plain call of the task, outside any saga: its caller wants the value.
+            return run_coroutine(lambda: value, None, f"task {task_name!r}")
+
     body.__name__ = body.__qualname__ = "step_" + re.sub(r"\W", "_", task_name)
     body.__module__ = getattr(function, "__module__", None) or __name__
     body.__doc__ = getattr(function, "__doc__", None)
     return body
+
+
+def _refuse_async_task(task: Any, what: str) -> None:
+    """Celery 5 calls a task's body and stores what it returns: an ``async def`` body would
+    hand it an un-awaited coroutine, inside a saga or not."""
+    if is_async_callable(inspect.unwrap(task.run)):
+        raise DefinitionError(
+            f"{what}: task {task.name!r} is an async def, and Celery cannot run a coroutine "
+            "as a task's body; give the step the async function itself (the engine makes a "
+            "task of it and awaits it on the worker's event loop), or make the task's body a "
+            "plain def"
+        )
 
 
 def _refuse_two_retry_policies(task: Any, spec: StepSpec, what: str) -> None:
