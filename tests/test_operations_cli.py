@@ -106,6 +106,10 @@ def test_abandon_asks_first_and_a_no_leaves_the_run_parked(harness: Harness) -> 
     before = harness.engine.get(run_id).record.version
     declined = _invoke(harness, "abandon", run_id, input="n\n")
     assert declined.exit_code != 0 and "Aborted" in declined.output
+    assert (  # the whole question, not a sentence cut before its last word
+        f"The steps of {run_id} (saga five) not yet reversed will never be reversed, and the "
+        "run ends failed. Abandon its unwind? [y/N]: n"
+    ) in declined.output
     assert harness.engine.get(run_id).record.version == before
     accepted = _invoke(harness, "abandon", run_id, input="y\n")
     assert accepted.exit_code == 0, accepted.output

@@ -264,8 +264,8 @@ def abandon(ctx: click.Context, execution_id: str, yes: bool) -> None:
         )
     if not yes:
         click.confirm(
-            f"Abandon the unwind of {execution_id} (saga {record.saga_name})? Steps not yet "
-            "reversed will never be",
+            f"The steps of {execution_id} (saga {record.saga_name}) not yet reversed will "
+            "never be reversed, and the run ends failed. Abandon its unwind?",
             abort=True,
         )
     skipped = engine.abandon_compensation(execution_id)
