@@ -70,6 +70,13 @@ class StoreUnavailableError(SagaError):
     the message says the outcome is unknown."""
 
 
+class StoreConfigurationError(SagaError):
+    """The store URL cannot work as given, and no retry would mend it: its driver is not
+    installed, its SQLite file cannot be opened, or the database server answered and refused
+    (no such database, a user it does not accept). The message names the cause and the fix;
+    nothing was changed."""
+
+
 class StepRetryRequested(SagaError):
     """A step's task asked for another attempt (``self.retry()``, or Celery's
     ``autoretry_for``). The saga retries it after ``countdown`` seconds while ``max_retries``

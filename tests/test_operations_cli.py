@@ -12,15 +12,17 @@ import os
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import click
 import pytest
 from click.testing import CliRunner, Result
 
 from celery_saga import ExecutionState, RollbackStatus
 from celery_saga.cli import saga
-from tests.conftest import ROOT, Harness
+from tests.conftest import ROOT, Harness, unconsumed_app
 
 
 def _invoke(harness: Harness, *args: str, input: str | None = None) -> Result:
@@ -104,6 +106,10 @@ def test_abandon_asks_first_and_a_no_leaves_the_run_parked(harness: Harness) -> 
     before = harness.engine.get(run_id).record.version
     declined = _invoke(harness, "abandon", run_id, input="n\n")
     assert declined.exit_code != 0 and "Aborted" in declined.output
+    assert (  # the whole question, not a sentence cut before its last word
+        f"The steps of {run_id} (saga five) not yet reversed will never be reversed, and the "
+        "run ends failed. Abandon its unwind? [y/N]: n"
+    ) in declined.output
     assert harness.engine.get(run_id).record.version == before
     accepted = _invoke(harness, "abandon", run_id, input="y\n")
     assert accepted.exit_code == 0, accepted.output
@@ -271,3 +277,68 @@ def test_list_filters_by_age(saga_engine: Any, saga_kit: Any) -> None:
     assert ids("--newer-than", "1h") == [new]
     assert ids("--older-than", "2h") == [old]  # inclusive
     assert ids("--older-than", "3h") == []
+
+
+def _command_paths(group: click.Group, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    found: list[tuple[str, ...]] = []
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            found += _command_paths(command, (*path, name))
+        else:
+            found.append((*path, name))
+    return found
+
+
+def test_every_command_line_mistake_prints_one_error_line_and_exits_1() -> None:
+    obj = SimpleNamespace(app=unconsumed_app("cli-usage"))
+    # (click words some messages differently from one release to the next)
+    mistakes: list[tuple[tuple[str, ...], str]] = [
+        ((*path, "--no-such-option"), "--no-such-option") for path in _command_paths(saga)
+    ]
+    mistakes += [
+        (("--no-such-option", "list"), "--no-such-option"),
+        (("no-such-command",), "No such command 'no-such-command'"),
+        (("db", "no-such-command"), "No such command 'no-such-command'"),
+        (("show",), "Missing argument 'EXECUTION_ID'"),
+        (("db", "downgrade"), "Missing argument 'REVISION'"),
+        (("list", "--state", "nope"), "Invalid value for '--state'"),
+        (("list", "--limit", "0"), "Invalid value for '--limit'"),
+        (("list", "-A", "proj"), "the app option goes before the command"),
+        (("signal", "r", "e", "--payload", "1", "--payload-file", "f"), "not both"),
+    ]
+    assert len(mistakes) > 15
+    for args, message in mistakes:
+        result = CliRunner().invoke(saga, list(args), obj=obj)
+        assert result.exit_code == 1, (args, result.output)
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("Error: "), (args, result.output)
+        assert message in lines[0] and "--help)" in lines[0], (args, lines[0])
+
+
+_CLI_APP = """
+from celery import Celery
+from celery_saga import SagaEngine
+
+app = Celery("cliapp", broker="memory://localhost/")
+app.conf.saga_store_url = "sqlite:///store.sqlite3"
+SagaEngine(app)
+"""
+
+
+def test_the_celery_command_reports_a_command_line_mistake_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "cliapp.py").write_text(_CLI_APP)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    for args, message in [
+        (("list", "--bogus"), "--bogus"),
+        (("show",), "Missing argument 'EXECUTION_ID'"),
+        (("no-such-command",), "No such command 'no-such-command'"),
+        (("db", "downgrade"), "Missing argument 'REVISION'"),
+    ]:
+        command = [sys.executable, "-m", "celery", "-A", "cliapp", "saga", *args]
+        found = subprocess.run(
+            command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+        )
+        assert found.returncode == 1, (args, found.stderr)
+        lines = found.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("Error: "), (args, found.stderr)
+        assert message in lines[0] and found.stdout == "", (args, found.stdout, lines[0])

@@ -1,9 +1,10 @@
 """``celery -A proj saga ...``: list, inspect and operate saga runs from a shell.
 
-The group is a plain click group: Celery finds it through the ``celery.commands`` entry
-point and hands over its app as ``ctx.obj.app``; ``python manage.py saga`` (the Django
-app in ``celery_saga.contrib.django``) runs the same group with the project's app.
-Every refused command prints one ``Error: ...`` line, exits nonzero and changes nothing.
+Celery finds the group through the ``celery.commands`` entry point and hands over its app
+as ``ctx.obj.app``; ``python manage.py saga`` (the Django app in
+``celery_saga.contrib.django``) runs the same group with the project's app. Every refused
+command, and every mistake in a command line (``output.OneLineErrors``), prints one
+``Error: ...`` line, exits with status 1 and changes nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from celery_saga.cli import timeline
 from celery_saga.cli.durations import parse_duration
-from celery_saga.cli.output import as_json, table
+from celery_saga.cli.output import OneLineErrors, as_json, table
 from celery_saga.errors import ExecutionNotFoundError, InvalidStateError, SagaError
 from celery_saga.records import ExecutionRecord, ExecutionState, RollbackStatus
 from celery_saga.runtime.clock import get_clock
@@ -62,7 +63,7 @@ def operator_command(function: F) -> F:
     return run  # type: ignore[return-value]
 
 
-@click.group(name="saga")
+@click.group(name="saga", cls=OneLineErrors)
 @click.pass_context
 def saga(ctx: click.Context, /, **_preload_options: Any) -> None:
     """Inspect and operate saga runs (list, show, signal, resume, abandon, ...)."""
@@ -263,8 +264,8 @@ def abandon(ctx: click.Context, execution_id: str, yes: bool) -> None:
         )
     if not yes:
         click.confirm(
-            f"Abandon the unwind of {execution_id} (saga {record.saga_name})? Steps not yet "
-            "reversed will never be",
+            f"The steps of {execution_id} (saga {record.saga_name}) not yet reversed will "
+            "never be reversed, and the run ends failed. Abandon its unwind?",
             abort=True,
         )
     skipped = engine.abandon_compensation(execution_id)

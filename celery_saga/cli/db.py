@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import click
+from sqlalchemy.exc import SQLAlchemyError
 
 from celery_saga.cli.commands import app_of, operator_command, saga
 from celery_saga.store import schema
 from celery_saga.store.database import Database
+from celery_saga.store.url_errors import configuration_error
 from celery_saga.worker.engine import DEFAULT_STORE_URL, SagaEngine
 
 
@@ -20,6 +25,19 @@ def _database(ctx: click.Context) -> Database:
     return Database(app.conf.get("saga_store_url") or DEFAULT_STORE_URL)
 
 
+@contextmanager
+def _refusal_explained(database: Database) -> Iterator[None]:
+    """A store that refused the URL (no such database, a bad user or path) says what to
+    change, as the engine's own calls do."""
+    try:
+        yield
+    except SQLAlchemyError as error:
+        refused = configuration_error(error, database.url)
+        if refused is None:
+            raise
+        raise refused from error
+
+
 @saga.group()
 def db() -> None:
     """The store's schema migrations."""
@@ -30,7 +48,9 @@ def db() -> None:
 @operator_command
 def current(ctx: click.Context) -> None:
     """Print the store's revision and the newest one this version ships."""
-    revision = schema.current_revision(_database(ctx))
+    database = _database(ctx)
+    with _refusal_explained(database):
+        revision = schema.current_revision(database)
     head = schema.head_revision()
     state = "up to date" if revision == head else "behind: run `saga db upgrade`"
     click.echo(
@@ -44,7 +64,9 @@ def current(ctx: click.Context) -> None:
 @operator_command
 def upgrade(ctx: click.Context, revision: str) -> None:
     """Migrate the store up to REVISION (default: the newest)."""
-    before, after = schema.move(_database(ctx), revision, down=False)
+    database = _database(ctx)
+    with _refusal_explained(database):
+        before, after = schema.move(database, revision, down=False)
     click.echo(
         f"store revision: {before or 'none'} -> {after}"
         if before != after
@@ -66,5 +88,6 @@ def downgrade(ctx: click.Context, revision: str, yes: bool) -> None:
             "dropped with their data",
             abort=True,
         )
-    before, after = schema.move(database, revision, down=True)
+    with _refusal_explained(database):
+        before, after = schema.move(database, revision, down=True)
     click.echo(f"store revision: {before or 'none'} -> {after or 'none'}")

@@ -1,15 +1,22 @@
-"""How commands print: JSON that never fails on stored values, and plain aligned tables."""
+"""How commands print: JSON that never fails on stored values, plain aligned tables, and
+one ``Error: ...`` line for every mistake in a command line."""
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import date, datetime, timedelta
 from decimal import Decimal
 from enum import Enum
 from typing import Any
 from uuid import UUID
+
+import click
+
+#: click 8.2+ raises this for a group given no command: its help, which stays as it is.
+_HELP_SHOWN: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
 def _plain(value: Any) -> Any:
@@ -42,3 +49,37 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], widest: int = 6
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
     ]
     return lines
+
+
+def usage_line(error: click.UsageError) -> str:
+    """A usage error on one line: click's message, then where the help is."""
+    message = " ".join(error.format_message().split())
+    if isinstance(error, click.NoSuchOption) and error.option_name in ("-A", "--app"):
+        message += " (the app option goes before the command: celery -A proj saga ...)"
+    if error.ctx is not None:
+        message += f" (see {error.ctx.command_path} --help)"
+    return message
+
+
+@contextmanager
+def _one_line() -> Iterator[None]:
+    try:
+        yield
+    except click.UsageError as error:
+        if isinstance(error, _HELP_SHOWN):
+            raise
+        raise click.ClickException(usage_line(error)) from None
+
+
+class OneLineErrors(click.Group):
+    """A group whose usage errors (an unknown command or option, a missing or bad argument,
+    in it or in any command under it) print one ``Error: ...`` line and exit with status 1,
+    as its refusals do, instead of click's usage text and status 2."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        with _one_line():
+            return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _one_line():
+            return super().invoke(ctx)

@@ -15,10 +15,10 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, NoSuchModuleError
 from sqlalchemy.pool import StaticPool
 
-from celery_saga.store import direct
+from celery_saga.store import direct, url_errors
 
 VERSION_TABLE = "celery_saga_alembic_version"
 _MIGRATIONS = Path(__file__).with_name("migrations")
@@ -110,7 +110,7 @@ class Database:
     """
 
     def __init__(self, url: str) -> None:
-        parsed = make_url(url)
+        parsed = url_errors.parse(url)
         self.url = url
         self.dialect = parsed.get_backend_name()
         self.statement_count = 0
@@ -132,7 +132,12 @@ class Database:
             options.update(
                 isolation_level="READ COMMITTED", pool_recycle=1800, connect_args=connect_args
             )
-        self.engine = create_engine(parsed, **options)
+        try:
+            self.engine = create_engine(parsed, **options)
+        except NoSuchModuleError:
+            raise url_errors.unknown_dialect(parsed) from None
+        except ImportError as error:  # the driver the URL names is not installed
+            raise url_errors.driver_missing(parsed, error) from error
         if self.dialect == "sqlite":
             _configure_sqlite(self.engine)
         else:

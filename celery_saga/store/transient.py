@@ -1,8 +1,10 @@
 """Which store errors are worth retrying, and the retry loop every store round trip uses.
 
 A store that drops connections (restart, failover, a network cut, an admin shutdown) or
-refuses new ones comes back; an error in what we asked (a constraint, a bad value, a
-missing table) does not. Only the first kind is retried, for a budget of seconds.
+cannot take new ones yet comes back; an error in what we asked (a constraint, a bad value, a
+missing table) does not, nor does a server that answered and refused what the URL names (no
+such database, a user it does not accept: ``url_errors``). Only the first kind is retried,
+for a budget of seconds.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from sqlalchemy import exc
+
+from celery_saga.store.url_errors import refusal
 
 logger = logging.getLogger("celery_saga")
 T = TypeVar("T")
@@ -30,8 +34,11 @@ def is_transient(error: BaseException) -> bool:
     SQLAlchemy flags a dropped connection (``connection_invalidated``) but not a failed
     connect, which arrives as a plain ``OperationalError``; on a server database every
     ``OperationalError`` / ``InterfaceError`` is about the connection or the server's state
-    (refused, reset, shutdown, deadlock, lock timeout). On SQLite only a busy database is.
+    (refused, reset, shutdown, deadlock, lock timeout), except a server that answered and
+    refused the database or the user. On SQLite only a busy database is.
     """
+    if refusal(error) is not None:
+        return False
     if isinstance(error, exc.DBAPIError) and error.connection_invalidated:
         return True
     if isinstance(error, (exc.DisconnectionError, exc.TimeoutError)):

@@ -33,6 +33,7 @@ from celery_saga.store import queries, retention
 from celery_saga.store.codec import pack, unpack
 from celery_saga.store.database import Database
 from celery_saga.store.transient import describe_store_error, is_transient, retry_transient
+from celery_saga.store.url_errors import configuration_error
 from celery_saga.worker.beat import install_beat_entries
 from celery_saga.worker.celery_hooks import CeleryHooks
 from celery_saga.worker.delivery import stopped_by_worker
@@ -149,11 +150,15 @@ class SagaEngine:
 
     def _store(self, what: str, call: Callable[[], T]) -> T:
         """Run a public call's store work, retried through connection failures for
-        ``saga_store_retry_budget`` s; past it, ``StoreUnavailableError`` (guarantee 26)."""
+        ``saga_store_retry_budget`` s; past it, ``StoreUnavailableError`` (guarantee 26). A
+        store that refused the URL raises ``StoreConfigurationError`` at once."""
         budget = self.settings.store_retry_budget
         try:
             return retry_transient(call, budget=budget, what=what)
         except SQLAlchemyError as error:
+            refused = configuration_error(error, self.db.url)
+            if refused is not None:
+                raise refused from error
             if not is_transient(error):
                 raise
             raise StoreUnavailableError(
