@@ -123,3 +123,22 @@ def test_flower_shows_a_failed_step_as_failure_under_the_users_task_name(
         return [t["name"] for t in tasks.values() if t["state"] in ("STARTED", "RECEIVED")]
 
     _until(lambda: not unfinished() or None, 20, "every message of the run to finish")
+
+
+def test_flower_shows_a_reversal_rooted_at_the_failed_step(harness: Harness, flower: int) -> None:
+    """docs/operations.md: a reversal's root (and the first one's parent) is the failed step
+    whose end started the unwind, not the run's first step."""
+    run = harness.start("feat_hooks", {"order": 6})
+    assert run.wait(30).state is ExecutionState.FAILED
+    search = f"kwargs:execution_id={run.id}"
+
+    def named(name: str, state: str) -> dict[str, Any]:
+        tasks = _get(flower, "/api/tasks", search=search, state=state)
+        return {i: t for i, t in tasks.items() if t["name"] == name}
+
+    ((boom_id, boom),) = _until(lambda: named("features.boom", "FAILURE"), 20, "the failed step")
+    reversals = _until(lambda: named("features.undo_hooked", "SUCCESS"), 20, "the reversal")
+    firsts = _until(lambda: named("features.hooked", "SUCCESS"), 20, "the first step")
+    # The forward run keeps Celery's root: the first step (each duplicate is its own root).
+    assert boom["root_id"] in {t["root_id"] for t in firsts.values()} - {boom_id}
+    assert {(t["root_id"], t["parent_id"]) for t in reversals.values()} == {(boom_id, boom_id)}
