@@ -142,3 +142,26 @@ def test_flower_shows_a_reversal_rooted_at_the_failed_step(harness: Harness, flo
     # The forward run keeps Celery's root: the first step (each duplicate is its own root).
     assert boom["root_id"] in {t["root_id"] for t in firsts.values()} - {boom_id}
     assert {(t["root_id"], t["parent_id"]) for t in reversals.values()} == {(boom_id, boom_id)}
+
+
+def test_flower_search_lists_runs_joined_with_or_and_a_name_link_finds_the_same(
+    harness: Harness, flower: int
+) -> None:
+    """docs/operations.md: ``PARENT OR CHILD`` lists both runs' tasks, and the
+    ``/tasks?name=ID%20OR%20ID`` link (searching ``name:ID OR ID``) the same as ``ID``."""
+    first = harness.start("feat_result", {"order": 61})
+    second = harness.start("feat_result", {"order": 62})
+    for run in (first, second):
+        assert run.wait(30).state is ExecutionState.COMPLETED
+
+    def ids(query: str) -> set[str]:
+        return set(_get(flower, "/api/tasks", search=query))
+
+    alone = {
+        run.id: _until(lambda run=run: ids(run.id), 20, f"the tasks of {run.id}")
+        for run in (first, second)
+    }
+    assert not alone[first.id] & alone[second.id]
+    both = alone[first.id] | alone[second.id]
+    assert _until(lambda: ids(f"{first.id} OR {second.id}") >= both or None, 20, "both runs")
+    assert ids(f"name:{first.id} OR {first.id}") == ids(first.id)
