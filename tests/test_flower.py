@@ -136,7 +136,8 @@ def test_flower_shows_a_reversal_rooted_at_the_failed_step(harness: Harness, flo
         tasks = _get(flower, "/api/tasks", search=search, state=state)
         return {i: t for i, t in tasks.items() if t["name"] == name}
 
-    ((boom_id, boom),) = _until(lambda: named("features.boom", "FAILURE"), 20, "the failed step")
+    failed = _until(lambda: named("features.boom", "FAILURE"), 20, "the failed step")
+    ((boom_id, boom),) = failed.items()
     reversals = _until(lambda: named("features.undo_hooked", "SUCCESS"), 20, "the reversal")
     firsts = _until(lambda: named("features.hooked", "SUCCESS"), 20, "the first step")
     # The forward run keeps Celery's root: the first step (each duplicate is its own root).
