@@ -1,5 +1,5 @@
-"""Every ``pip install`` a page shows works as the page says: the package is not on the
-package index, so each line installs from the clone (``./celery-saga-engine[...]`` beside
+"""Every ``pip install`` of this package that a page shows works as the page says: it is not
+on the package index, so each line installs from the clone (``./celery-saga-engine[...]`` beside
 it, or ``.`` inside it) and names only extras that ``pyproject.toml`` defines; and the
 README's installation lines, run as written against a copy of this working tree, install
 a package that imports."""
@@ -60,6 +60,8 @@ def test_the_pages_show_pip_install_lines() -> None:
 def test_each_install_line_installs_from_the_clone_with_extras_that_exist(
     where: str, target: str
 ) -> None:
+    if not target.startswith(".") and not re.match(r"celery[-_]saga", target):
+        return  # another package (an HTTP client, say), from the index as usual
     match = _FROM_CLONE.fullmatch(target)
     assert match, (
         f"{where}: pip install {target!r} does not install from the clone "
