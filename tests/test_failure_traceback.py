@@ -4,14 +4,19 @@ stores it for a plain task."""
 
 from __future__ import annotations
 
+import re
+import time
 import uuid
+from pathlib import Path
 from typing import Any
 
+import pytest
 from celery import signals
 
+import celery_saga
 from celery_saga import Saga
 from celery_saga.records import ExecutionState
-from tests.conftest import in_process_pg_engine
+from tests.conftest import Harness, in_process_pg_engine
 
 
 def _charge_card() -> None:
@@ -49,7 +54,33 @@ def test_a_failed_step_task_shows_the_users_traceback() -> None:
     user = frames.index(f"{__name__}._charge_card")
     assert frames[user:] == [f"{__name__}._charge_card", f"{__name__}._call_the_bank"]
     # above the user's code: Celery's tracer and the task's wrapper only, nothing of the
-    # executor, the argument mapping or the timeout
-    assert not [f for f in frames[:user] if f.startswith("celery_saga.runtime")], frames
-    assert len(frames[:user]) <= 4, frames
+    # step runner, the ending, the executor, the argument mapping or the timeout
+    engine_frames = [f for f in frames[:user] if f.startswith("celery_saga.")]
+    assert engine_frames == ["celery_saga.worker.celery_hooks.run"], frames
+    assert all(f.startswith("celery.") for f in frames[: user - 1]), frames
     assert "_call_the_bank" in text and "ConnectionError: bank unreachable" in text
+
+
+def test_a_prefork_workers_log_shows_one_engine_frame_above_the_users_code(
+    harness: Harness,
+) -> None:
+    """What a newcomer reads in a real worker's log: Celery's tracer, the wrapper, their
+    code (docs/celery-tasks.md)."""
+    if harness.in_process:
+        pytest.skip("reads the log files of real prefork worker processes")
+    run = harness.start("five", {"order": 43, "plan": {"s4": {"fail": True}}})
+    assert run.wait(30).state is ExecutionState.FAILED, harness.worker_logs()
+    time.sleep(0.5)  # the log line follows the stored outcome
+    logs = "\n".join(p.read_text(errors="replace") for p in harness.logs)
+    block = re.search(
+        r"five\.s4\[[^\]]+\] raised unexpected: ValueError\('s4 refused order 43'\)\n"
+        r"Traceback \(most recent call last\):\n(.*?)^ValueError: s4 refused order 43$",
+        logs,
+        re.MULTILINE | re.DOTALL,
+    )
+    assert block, logs[-3000:]
+    files = re.findall(r'^  File "([^"]+)", line \d+, in (\S+)$', block.group(1), re.MULTILINE)
+    package = str(Path(celery_saga.__file__).parent)
+    engine = [(Path(path).name, name) for path, name in files if path.startswith(package)]
+    assert engine == [("celery_hooks.py", "run")], block.group(1)
+    assert files[-1][1] == "forward" and files[-1][0].endswith("sagaapp.py"), files

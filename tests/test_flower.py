@@ -123,3 +123,46 @@ def test_flower_shows_a_failed_step_as_failure_under_the_users_task_name(
         return [t["name"] for t in tasks.values() if t["state"] in ("STARTED", "RECEIVED")]
 
     _until(lambda: not unfinished() or None, 20, "every message of the run to finish")
+
+
+def test_flower_shows_a_reversal_rooted_at_the_failed_step(harness: Harness, flower: int) -> None:
+    """docs/operations.md: a reversal's root (and the first one's parent) is the failed step
+    whose end started the unwind, not the run's first step."""
+    run = harness.start("feat_hooks", {"order": 6})
+    assert run.wait(30).state is ExecutionState.FAILED
+    search = f"kwargs:execution_id={run.id}"
+
+    def named(name: str, state: str) -> dict[str, Any]:
+        tasks = _get(flower, "/api/tasks", search=search, state=state)
+        return {i: t for i, t in tasks.items() if t["name"] == name}
+
+    failed = _until(lambda: named("features.boom", "FAILURE"), 20, "the failed step")
+    ((boom_id, boom),) = failed.items()
+    reversals = _until(lambda: named("features.undo_hooked", "SUCCESS"), 20, "the reversal")
+    firsts = _until(lambda: named("features.hooked", "SUCCESS"), 20, "the first step")
+    # The forward run keeps Celery's root: the first step (each duplicate is its own root).
+    assert boom["root_id"] in {t["root_id"] for t in firsts.values()} - {boom_id}
+    assert {(t["root_id"], t["parent_id"]) for t in reversals.values()} == {(boom_id, boom_id)}
+
+
+def test_flower_search_lists_runs_joined_with_or_and_a_name_link_finds_the_same(
+    harness: Harness, flower: int
+) -> None:
+    """docs/operations.md: ``PARENT OR CHILD`` lists both runs' tasks, and the
+    ``/tasks?name=ID%20OR%20ID`` link (searching ``name:ID OR ID``) the same as ``ID``."""
+    first = harness.start("feat_result", {"order": 61})
+    second = harness.start("feat_result", {"order": 62})
+    for run in (first, second):
+        assert run.wait(30).state is ExecutionState.COMPLETED
+
+    def ids(query: str) -> set[str]:
+        return set(_get(flower, "/api/tasks", search=query))
+
+    alone = {
+        run.id: _until(lambda run=run: ids(run.id), 20, f"the tasks of {run.id}")
+        for run in (first, second)
+    }
+    assert not alone[first.id] & alone[second.id]
+    both = alone[first.id] | alone[second.id]
+    assert _until(lambda: ids(f"{first.id} OR {second.id}") >= both or None, 20, "both runs")
+    assert ids(f"name:{first.id} OR {first.id}") == ids(first.id)

@@ -208,8 +208,8 @@ class Saga:
         return self
 
     def step(self, name: str | Any, action: Any = None, **options: Any) -> Saga:
-        """Append a step; options as for :func:`celery_saga.step`. A spec built with
-        ``step(...)`` may be passed as it is."""
+        """Append a step; options as for [`step`][celery_saga.step]. A spec built with
+        `step(...)` may be passed as it is."""
         if isinstance(name, StepSpec) and action is None and not options:
             spec = name
         else:

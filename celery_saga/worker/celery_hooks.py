@@ -33,6 +33,7 @@ from celery.signals import worker_ready
 from celery.worker.consumer.control import Control
 
 from celery_saga.errors import StepRetryRequested
+from celery_saga.worker.endings import as_raised_by_user_code
 from celery_saga.worker.events import EventHub
 from celery_saga.worker.publisher import RECOVER_TASK
 from celery_saga.worker.saga_header import read_header
@@ -82,7 +83,10 @@ class CeleryHooks:
             header = read_header(task.request)
             if header is None:
                 return original(*args, **kwargs)
-            return runner(task, original, header)
+            try:
+                return runner(task, original, header)
+            except Exception as error:  # the engine's frames out of the user's traceback
+                raise as_raised_by_user_code(error)  # noqa: B904 - the same exception
 
         original_retry = task.retry
 

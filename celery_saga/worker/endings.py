@@ -99,5 +99,19 @@ def _from_user_code(error: BaseException) -> BaseException:
     return error if tb is None else error.with_traceback(tb)
 
 
+def as_raised_by_user_code(error: BaseException) -> BaseException:
+    """``error`` as a step task's wrapper re-raises it. When it is the body's own exception,
+    raised by ``end_task``, the engine frames from the wrapper down to the user's code are
+    left out, so the traceback reads: Celery's tracer, the wrapper, the user's code (each
+    frame the exception passes on its way out would come back otherwise). Anything else,
+    the engine's own errors included, is returned unchanged."""
+    tb, last = error.__traceback__, None
+    while tb is not None and _engine_frame(tb.tb_frame):
+        last, tb = tb.tb_frame.f_code, tb.tb_next
+    if tb is None or last is not end_task.__code__:
+        return error
+    return error.with_traceback(tb)
+
+
 def _engine_frame(frame: Any) -> bool:
     return str(frame.f_globals.get("__name__", "")).startswith("celery_saga.")

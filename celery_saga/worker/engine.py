@@ -98,7 +98,7 @@ class SagaEngine:
     ``saga_lease_seconds``, ``saga_lease_margin``, ``saga_compensation_timeout``,
     ``saga_max_payload_bytes``, ``saga_recover_after``, ``saga_queue`` (queue for
     plain-function steps and the engine's own tasks), and the beat settings of
-    :mod:`celery_saga.worker.beat`.
+    `celery_saga.worker.beat`.
     """
 
     def __init__(self, app: Celery, *, store_url: str | None = None) -> None:

@@ -22,7 +22,13 @@ from celery_saga.definition.nodes import StepSpec
 from celery_saga.errors import StepRetryRequested
 from celery_saga.runtime.invoke import running_body
 from celery_saga.worker.eager import EagerRunner
-from celery_saga.worker.saga_header import HEADER, describe, node_header, reversal_header
+from celery_saga.worker.saga_header import (
+    HEADER,
+    REVERSES,
+    describe,
+    node_header,
+    reversal_header,
+)
 from celery_saga.worker.step_tasks import StepTasks, is_celery_task
 
 NODE_TASK = "celery_saga.node"
@@ -144,7 +150,7 @@ class CeleryPublisher:
         task = self.tasks.task_for(saga_name, spec, "reversal") if self.tasks and spec else None
         if task is not None:
             header = reversal_header(saga_name, execution_id, step_name, attempt)
-            self._send_step(task, header, attempt, countdown, timeout)
+            self._send_step(task, header, attempt, countdown, timeout, _unwind_root())
             return
         self.send(
             execution_id,
@@ -152,6 +158,7 @@ class CeleryPublisher:
             args=[execution_id, step_name, attempt],
             kwargsrepr=describe(reversal_header(saga_name, execution_id, step_name, attempt)),
             countdown=countdown,
+            **_unwind_root(),
             **self._limits(self._options(target, f"{saga_name}.{step_name}.compensate"), timeout),
         )
 
@@ -162,8 +169,10 @@ class CeleryPublisher:
         attempt: int,
         countdown: float | None,
         timeout: float | None,
+        root: dict[str, str] | None = None,
     ) -> None:
         options: dict[str, Any] = {
+            **(root or {}),
             "args": (),
             "kwargs": {},
             "headers": {HEADER: header},
@@ -179,6 +188,17 @@ class CeleryPublisher:
 
 
 _ATTEMPT_FIELDS = ("attempt", "resent")
+
+
+def _unwind_root() -> dict[str, str]:
+    """A reversal sent by a step's own task (the attempt whose end started the unwind) has
+    that task as its Celery root, so Flower shows the unwind under the failed step; later
+    reversals inherit the root from the one before, as Celery does. Anywhere else (a sweep,
+    a resume) Celery's own rule applies (tests/test_flower.py)."""
+    body = running_body.get()
+    if body is None or body.task_id is None or body.header is None or REVERSES in body.header:
+        return {}
+    return {"root_id": body.task_id}
 
 
 def _same_message_id(task_name: str, header: dict[str, Any]) -> str | None:
