@@ -87,3 +87,8 @@ class StepRetryRequested(SagaError):
         self.cause = cause
         self.countdown = countdown
         self.max_retries = max_retries
+
+
+class RunNotSettledError(SagaError, TimeoutError):
+    """``SagaHandle.wait()`` gave up before the run reached a state it waits for; the
+    message says what the run is waiting for. Also a ``TimeoutError``, as it always was."""

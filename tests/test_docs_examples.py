@@ -16,7 +16,7 @@ from tests.docs_runner import RUNNABLE, parse, run_page
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: Pages whose examples talk to a server: the ports they need.
-SERVICES = {"README.md": [6379]}
+SERVICES = {"README.md": [6379], "django.md": [6379]}
 #: The Redis database of these tests (0 is the harness's; one per xdist worker, since a
 #: page's worker consumes the default queue).
 REDIS_URL = os.environ.get("SAGA_TEST_DOCS_REDIS", f"redis://127.0.0.1:6379/{8 + XDIST_INDEX}")

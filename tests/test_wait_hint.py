@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from celery import Celery
 
-from celery_saga import ExecutionState, Saga, SagaEngine
+from celery_saga import ExecutionState, RunNotSettledError, Saga, SagaEngine, SagaError
 from celery_saga.worker import handle as handle_module
 from celery_saga.worker.embedded import embedded_worker
 from tests.conftest import unconsumed_app
@@ -106,3 +107,23 @@ def test_a_run_waiting_for_a_signal_is_quiet_on_purpose(
         run.wait(timeout=1, states=[ExecutionState.COMPLETED])
     assert "no worker" not in str(raised.value)
     assert calls == [], "a waiting run must not make wait() ask the workers"
+
+
+def test_a_worker_that_never_imported_the_saga_makes_wait_name_the_step_nobody_took(
+    shop: SagaEngine,
+) -> None:
+    """A worker of another app (one that never imported the saga's module) consumes the
+    queue: Celery drops the plain-function step's message as an unregistered task."""
+    queue = shop.app.conf.task_default_queue
+    other = Celery(f"{shop.app.main}-other", broker="memory://localhost/", set_as_current=False)
+    other.conf.update(task_default_queue=queue, broker_transport_options={"polling_interval": 0.01})
+    shop.register(Saga("plain").step("only", lambda: None))
+    with embedded_worker(other, queues=[queue], hostname=f"{queue}-other@localhost"):
+        run = shop.start("plain")
+        with pytest.raises(RunNotSettledError) as raised:
+            run.wait(timeout=1.5)
+    assert isinstance(raised.value, TimeoutError) and isinstance(raised.value, SagaError)
+    message = str(raised.value)
+    assert f"execution '{run.id}' of saga 'plain' still running after 1.5s" in message
+    assert "at step 'only', whose task 'plain.only' no worker has taken" in message, message
+    assert "Received unregistered task" in message and "autodiscover_sagas()" in message

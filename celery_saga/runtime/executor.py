@@ -178,7 +178,8 @@ class Executor(Progress):
             # A worker without this saga imported must not swallow the message silently.
             raise UnknownSagaError(
                 f"saga {execution.saga_name!r} of execution {execution.id!r} is not registered "
-                "on this worker; import its definitions module in every worker"
+                "on this worker; import its definitions module in every worker (or call "
+                "engine.autodiscover_sagas() where the Celery app is defined)"
             )
         if verdict is not Admission.RUN or execution is None or definition is None:
             return self.refused(message, verdict)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -72,13 +73,26 @@ class Settings:
 
 
 class Catalog:
-    """The deployed definitions by name; calling it looks one up."""
+    """The deployed definitions by name; calling it looks one up.
 
-    def __init__(self) -> None:
+    ``discover`` (the engine's autodiscovery) runs on a miss, before the name is called
+    unknown: a process that never imported the defining module finds it then."""
+
+    def __init__(self, discover: Callable[[], None] | None = None) -> None:
         self._definitions: dict[str, SagaDefinition] = {}
         self._children: frozenset[str] = frozenset()
+        self._discover = discover
 
     def __call__(self, name: str) -> SagaDefinition | None:
+        definition = self._definitions.get(name)
+        if definition is None and self._discover is not None:
+            self._discover()
+            definition = self._definitions.get(name)
+        return definition
+
+    def known(self, name: str) -> SagaDefinition | None:
+        """The definition registered so far, without discovery (for ``register``: a module
+        being imported must not import its siblings halfway)."""
         return self._definitions.get(name)
 
     def names(self) -> list[str]:

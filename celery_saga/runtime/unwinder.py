@@ -194,7 +194,10 @@ class Unwinder(ReversalOutcomes):
             return _refused(execution_id, step_name, "run is not compensating")
         definition = self.registry(execution.saga_name)
         if definition is None:
-            raise UnknownSagaError(f"saga {execution.saga_name!r} is not registered on this worker")
+            raise UnknownSagaError(
+                f"saga {execution.saga_name!r} is not registered on this worker; import its "
+                "definitions module in every worker (or call engine.autodiscover_sagas())"
+            )
         compensations = compensations_of(definition)
         planned = next_unwind_step(steps, execution.committed_at is not None, compensations)
         if planned.kind is not UnwindKind.COMPENSATE:

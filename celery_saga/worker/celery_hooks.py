@@ -17,7 +17,9 @@ it is given, ``CeleryHooks.install()``:
   ``enable_events`` / ``disable_events`` switch saga events too. Celery's process-wide
   table, ``celery.worker.control.Panel.data``, is only read;
 - connects ``worker_ready`` (Celery has no per-app signal for it), acting only for a worker
-  of this app: one recovery sweep when a ``celery worker`` of the app is ready.
+  of this app: one recovery sweep when a ``celery worker`` of the app is ready;
+- connects ``import_modules`` for this app once ``engine.autodiscover_sagas()`` asks: a
+  worker, beat or ``celery shell`` of the app imports the sagas modules with its tasks.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery, bootsteps
-from celery.signals import worker_ready
+from celery.signals import import_modules, worker_ready
 from celery.worker.consumer.control import Control
 
 from celery_saga.errors import StepRetryRequested
@@ -69,6 +71,15 @@ class CeleryHooks:
     def when_worker_starts(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` in the main process of each worker of this app, as it starts."""
         self._at_worker_start.append(callback)
+
+    def when_modules_imported(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` each time this app imports its task modules (a worker or beat
+        starting), as ``app.autodiscover_tasks()`` does."""
+
+        def receiver(**_: Any) -> None:
+            callback()
+
+        import_modules.connect(receiver, sender=self.app, weak=False)
 
     # -- tasks -------------------------------------------------------------------------
     def wrap(self, task: Any) -> None:

@@ -37,6 +37,7 @@ from celery_saga.store.url_errors import configuration_error
 from celery_saga.worker.beat import install_beat_entries
 from celery_saga.worker.celery_hooks import CeleryHooks
 from celery_saga.worker.delivery import stopped_by_worker
+from celery_saga.worker.discovery import Packages, SagaDiscovery
 from celery_saga.worker.events import EventHub, Listener
 from celery_saga.worker.handle import SagaHandle
 from celery_saga.worker.publisher import CeleryPublisher
@@ -108,8 +109,9 @@ class SagaEngine:
             self.db.durable_claims = True
         self.events = EventHub(app)
         self.settings = _settings_from(app)
-        self.catalog = Catalog()
+        self.catalog = Catalog(discover=lambda: self.discovery.discover())
         self.hooks = CeleryHooks(app, StepRun(self), self.events)
+        self.discovery = SagaDiscovery(app, self.hooks.when_modules_imported)
         self.step_tasks = StepTasks(app, self.hooks)
         self.publisher = publisher = CeleryPublisher(
             app,
@@ -175,12 +177,12 @@ class SagaEngine:
                 )
         sealed = [saga.seal() for saga in sagas]
         for definition in sealed:
-            known = self.catalog(definition.name)
+            known = self.catalog.known(definition.name)
             if known is not None and known.hash != definition.hash:
                 raise DefinitionError(
                     f"a different saga named {definition.name!r} is already registered"
                 )
-        check_no_cycle(self.catalog, sealed)
+        check_no_cycle(self.catalog.known, sealed)
         for definition in sealed:
             self.step_tasks.bind(definition)
         for definition in sealed:
@@ -191,8 +193,21 @@ class SagaEngine:
         definition = self.catalog(name)
         if definition is None:
             known = ", ".join(self.catalog.names()) or "none"
-            raise UnknownSagaError(f"no saga named {name!r} is registered (known: {known})")
+            raise UnknownSagaError(
+                f"no saga named {name!r} is registered (known: {known}); sagas are "
+                + self.discovery.where()
+            )
         return definition
+
+    def autodiscover_sagas(
+        self, packages: Packages = None, related_name: str = "sagas", *, force: bool = False
+    ) -> None:
+        """Find the sagas registered in ``<package>.<related_name>`` of each package, as
+        ``app.autodiscover_tasks()`` finds tasks; ``packages`` defaults to the installed
+        Django apps. Lazy unless ``force``: a worker imports the modules when it starts, any
+        other process when it first looks up a saga it does not know (then the Celery app's
+        task modules too, so sagas registered in a ``tasks.py`` are found as well)."""
+        self.discovery.request(packages, related_name, force)
 
     # -- running ----------------------------------------------------------------------
     def start(self, saga: str, input: Any = None, *, execution_id: str | None = None) -> SagaHandle:

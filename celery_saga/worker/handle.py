@@ -6,7 +6,9 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from celery_saga.errors import RunNotSettledError
 from celery_saga.records import Execution, ExecutionState
+from celery_saga.worker.awaiting import waiting_for
 from celery_saga.worker.progress import QUIET_SECONDS, ProgressWatch, stall_hint
 
 if TYPE_CHECKING:
@@ -43,7 +45,8 @@ class SagaHandle:
         A run that does not change for ``QUIET_SECONDS`` (5 s) while only a worker can move
         it makes ``wait`` ask the workers which queues they consume: if none consumes the
         queue of the run's next message, a warning names it, and so does the
-        ``TimeoutError``."""
+        error. Past ``timeout``: ``RunNotSettledError`` (a ``TimeoutError`` too), saying where
+        the run stands and what would move it."""
         wanted = tuple(states)
         started = time.monotonic()
         deadline = started + timeout
@@ -58,9 +61,18 @@ class SagaHandle:
             if hint is None and (quiet_for >= QUIET_SECONDS or (timed_out and quiet_for > 0)):
                 hint = stall_hint(self.engine, execution, quiet_for)
             if timed_out:
-                message = f"execution {self.id!r} still {execution.state.value} after {timeout:g}s"
-                raise TimeoutError(f"{message}; {hint}" if hint else message)
+                raise RunNotSettledError(self._not_settled(execution, timeout, hint))
             time.sleep(interval)
+
+    def _not_settled(self, execution: Execution, timeout: float, hint: str | None) -> str:
+        saga = execution.record.saga_name
+        message = (
+            f"execution {self.id!r} of saga {saga!r} still {execution.state.value} "
+            f"after {timeout:g}s"
+        )
+        return "; ".join(
+            part for part in (message, waiting_for(self.engine, execution), hint) if part
+        )
 
     def __repr__(self) -> str:
         return f"SagaHandle({self.id!r})"

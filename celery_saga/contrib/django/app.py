@@ -7,6 +7,7 @@ from django.conf import settings
 from django.utils.module_loading import import_string
 
 from celery_saga.errors import SagaError
+from celery_saga.worker.engine import SagaEngine
 
 
 def project_celery_app() -> Celery:
@@ -23,3 +24,14 @@ def project_celery_app() -> Celery:
     if not isinstance(app, Celery):
         raise SagaError(f"SAGA_CELERY_APP = {path!r} is a {type(app).__name__}, not a Celery app")
     return app
+
+
+def project_engine() -> SagaEngine | None:
+    """The project's ``SagaEngine``, or None while there is none to find yet (no Celery app
+    configured, or one without an engine): ``manage.py saga`` then says why."""
+    try:
+        app = project_celery_app()
+    except SagaError:
+        return None
+    engine = getattr(app, "saga_engine", None)
+    return engine if isinstance(engine, SagaEngine) else None

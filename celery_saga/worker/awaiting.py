@@ -1,0 +1,83 @@
+"""What a run that ``SagaHandle.wait()`` gave up on is waiting for, in one clause.
+
+A step message that no worker takes is the usual first-day stall: either no worker consumes
+its queue (``progress`` names such queues), or a worker that never imported the module
+registering the saga received it and dropped it as an unregistered task; Celery only logs
+that on the worker. The store shows which: no claim on the step its cursor points at.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from celery_saga.definition.nodes import StepSpec, node_steps
+from celery_saga.records import Execution, ExecutionState, StepRecord, StepStatus
+
+if TYPE_CHECKING:
+    from celery_saga.worker.engine import SagaEngine
+
+
+def _untaken(saga: str, what: str, task: str | None) -> str:
+    named = f" {task!r}" if task else ""
+    return (
+        f"{what}, whose task{named} no worker has taken: a worker that has not imported the "
+        f"module registering saga {saga!r} drops it (its log says 'Received unregistered "
+        "task'); import that module in every worker, or call engine.autodiscover_sagas() "
+        "where the Celery app is defined"
+    )
+
+
+def _task_name(engine: SagaEngine, saga: str, spec: StepSpec, kind: str) -> str | None:
+    task = engine.step_tasks.task_for(saga, spec, kind)
+    return None if task is None else str(task.name)
+
+
+def _forward(engine: SagaEngine, execution: Execution) -> str:
+    record, saga = execution.record, execution.record.saga_name
+    definition = engine.catalog.known(saga)
+    nodes = definition.nodes if definition is not None else ()
+    specs = node_steps(nodes[record.cursor]) if 0 <= record.cursor < len(nodes) else ()
+    here = [s for s in execution.steps if s.node == record.cursor]
+    running = [s for s in here if s.status is StepStatus.RUNNING]
+    if running:
+        return f"at step {running[0].name!r}, attempt {running[0].attempts}, claimed by a worker"
+    pending = [s for s in here if s.status is StepStatus.PENDING]
+    if pending:
+        what = f"at step {pending[0].name!r}, waiting for attempt {pending[0].attempts + 1}"
+        return _untaken(saga, what, None)
+    if not here and len(specs) == 1:
+        task = _task_name(engine, saga, specs[0], "forward")
+        return _untaken(saga, f"at step {specs[0].name!r}", task)
+    return f"at node {record.cursor}"
+
+
+def _next_reversal(steps: tuple[StepRecord, ...]) -> StepRecord | None:
+    owed = [
+        s
+        for s in steps
+        if s.compensatable
+        and s.compensation_status is None
+        and s.status in (StepStatus.COMPLETED, StepStatus.FAILED)
+    ]
+    return max(owed, key=lambda s: s.id, default=None)  # reverse start order
+
+
+def _backward(engine: SagaEngine, execution: Execution) -> str:
+    step = _next_reversal(execution.steps)
+    if step is None:
+        return "unwinding"
+    what = f"unwinding, at the reversal of step {step.name!r}"
+    if step.compensation_attempts:
+        return f"{what}, after {step.compensation_attempts} attempt(s)"
+    return _untaken(execution.record.saga_name, what, None)
+
+
+def waiting_for(engine: SagaEngine, execution: Execution) -> str:
+    """Where the run stands and what would move it; "" when nothing more can be said."""
+    if execution.state is ExecutionState.RUNNING:
+        return _forward(engine, execution)
+    if execution.state is ExecutionState.COMPENSATING:
+        return _backward(engine, execution)
+    if execution.state is ExecutionState.WAITING:
+        return "waiting for a signal (engine.signal) or its deadline"
+    return ""
