@@ -45,6 +45,9 @@ class Heartbeat:
         self._claims: dict[int, _Claim] = {}
         self._ids = itertools.count()
         self._lock = threading.Lock()
+        #: Tokens whose renewal is being written now: ``keep`` waits for it on the way out.
+        self._renewing: set[int] = set()
+        self._renewed = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
 
     @contextmanager
@@ -60,6 +63,9 @@ class Heartbeat:
         finally:
             with self._lock:
                 self._claims.pop(token, None)
+                # A renewal already on its way would land after what the caller writes next
+                # (an interrupted attempt gives its claim up): wait for it, boundedly.
+                self._renewed.wait_for(lambda: token not in self._renewing, timeout=5.0)
 
     def _ensure_thread(self) -> None:
         if self._thread is None or not self._thread.is_alive():
@@ -71,11 +77,17 @@ class Heartbeat:
             with self._lock:
                 now = time.monotonic()
                 due = [(t, c) for t, c in self._claims.items() if c.due <= now]
-                for _, claim in due:
+                for token, claim in due:
                     claim.due = now + claim.lease * self._fraction
+                    self._renewing.add(token)
                 pause = min((c.due for c in self._claims.values()), default=now + 1.0) - now
             for token, claim in due:
-                self._renew(token, claim)
+                try:
+                    self._renew(token, claim)
+                finally:
+                    with self._lock:
+                        self._renewing.discard(token)
+                        self._renewed.notify_all()
             time.sleep(max(0.05, min(pause, 1.0)))
 
     def _renew(self, token: int, claim: _Claim) -> None:
