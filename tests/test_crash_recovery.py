@@ -83,7 +83,7 @@ class CrashRig:
     ) -> None:
         """SIGKILL ``worker`` once ``condition`` holds (and the body is well inside its
         sleep), then start a fresh worker in its place."""
-        _wait_for(condition)
+        wait_for(condition)
         time.sleep(0.5)
         self.kill(worker)
         self.start_worker()
@@ -105,17 +105,22 @@ class CrashRig:
             connection.default_channel.queue_purge(self.queue)
 
 
+def crash_rig(backend: str, tmp: Path, **settings: float) -> Iterator[CrashRig]:
+    """A rig on ``backend`` ("postgres-rabbitmq" or "postgres-redis"), closed after use."""
+    require_services(PORTS["postgres"], PORTS[backend])
+    rig = CrashRig(BROKERS[backend], tmp, **settings)
+    try:
+        yield rig
+    finally:
+        rig.close()
+
+
 @pytest.fixture(params=["postgres-rabbitmq", "postgres-redis"])
 def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CrashRig]:
-    require_services(PORTS["postgres"], PORTS[request.param])
-    crash_rig = CrashRig(BROKERS[request.param], tmp_path)
-    try:
-        yield crash_rig
-    finally:
-        crash_rig.close()
+    yield from crash_rig(request.param, tmp_path)
 
 
-def _wait_for(condition: Callable[[], bool], timeout: float = 20) -> None:
+def wait_for(condition: Callable[[], bool], timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "condition not reached"

@@ -22,8 +22,7 @@ from pathlib import Path
 import pytest
 
 from celery_saga import ExecutionState, RollbackStatus
-from tests.conftest import BROKERS, PORTS, require_services
-from tests.test_crash_recovery import CrashRig
+from tests.test_crash_recovery import CrashRig, crash_rig, wait_for
 
 #: Seconds between a fresh worker answering ping and the interrupted body running again.
 PICKUP = 5.0
@@ -31,23 +30,11 @@ PICKUP = 5.0
 
 @pytest.fixture(params=["postgres-rabbitmq", "postgres-redis"])
 def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CrashRig]:
-    require_services(PORTS["postgres"], PORTS[request.param])
-    shutdown_rig = CrashRig(BROKERS[request.param], tmp_path, lease=30.0, recover_after=120.0)
-    try:
-        yield shutdown_rig
-    finally:
-        shutdown_rig.close()
-
-
-def _wait_for(condition: Callable[[], bool], timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.05)
+    yield from crash_rig(request.param, tmp_path, lease=30.0, recover_after=120.0)
 
 
 def _sigterm_the_group_when(worker: subprocess.Popen[bytes], condition: Callable[[], bool]) -> None:
-    _wait_for(condition)
+    wait_for(condition)
     time.sleep(0.5)  # well inside the body's sleep
     os.killpg(worker.pid, signal.SIGTERM)
     worker.wait(timeout=30)
@@ -77,7 +64,7 @@ def test_sigterm_mid_step_is_no_failure_and_the_step_runs_again_at_once(rig: Cra
     assert "attempt 1 failed" not in logs
 
     rig.start_worker()
-    _wait_for(lambda: run.get().step("s3").attempts == 2, timeout=PICKUP)
+    wait_for(lambda: run.get().step("s3").attempts == 2, timeout=PICKUP)
     execution = rig.drive_to_end(run.id)
     assert execution.state is ExecutionState.COMPLETED
     assert execution.step("s3").attempts == 2
@@ -110,7 +97,7 @@ def test_sigterm_mid_reversal_is_no_failure_and_the_reversal_runs_again_at_once(
     assert "the reversal of step 's2' attempt 1 was interrupted" in _worker_logs(rig)
 
     rig.start_worker()
-    _wait_for(lambda: run.get().step("s2").compensation_attempts == 2, timeout=PICKUP)
+    wait_for(lambda: run.get().step("s2").compensation_attempts == 2, timeout=PICKUP)
     execution = rig.drive_to_end(run.id)
     assert execution.state is ExecutionState.FAILED
     assert execution.rollback_status is RollbackStatus.COMPLETED
@@ -129,7 +116,7 @@ def test_a_warm_shutdown_lets_the_body_finish_and_record_its_outcome(rig: CrashR
         steps = {s.name: s for s in run.get().steps}
         return "s3" in steps and steps["s3"].status.value == "running"
 
-    _wait_for(s3_running)
+    wait_for(s3_running)
     # Only this rig's worker: other tests' workers share the broker's control exchange.
     names = [name for reply in rig.client.app.control.ping(timeout=1) for name in reply]
     ours = [name for name in names if rig.queue in name]
