@@ -149,6 +149,10 @@ def test_every_outcome_kind_has_an_ending() -> None:
     stopped = samples[outcomes.Interrupted]
     assert isinstance(stopped, outcomes.Interrupted)
     assert _ending(stopped)[1] is stopped.error, "the pool must see its own SystemExit"
+    cleanup = outcomes.Interrupted("shutdown", RuntimeError("connection closed in a finally"))
+    ending = _ending(cleanup)[1]
+    assert isinstance(ending, SystemExit), "an interrupted job is lost, never FAILURE"
+    assert ending.__cause__ is cleanup.error
 
 
 @pytest.mark.parametrize("kind", [outcomes.Retrying, outcomes.Failed])

@@ -43,7 +43,15 @@ from celery_saga.runtime.moves import (
     unreachable,
 )
 from celery_saga.runtime.navigation import Position, node_at, resolve, route
-from celery_saga.runtime.outcomes import Failed, NoBody, Outcome, Ran, TakenOver, attempt_failed
+from celery_saga.runtime.outcomes import (
+    Failed,
+    NoBody,
+    Outcome,
+    Ran,
+    TakenOver,
+    attempt_failed,
+    no_body_if_taken_over,
+)
 from celery_saga.runtime.ports import Catalog, EventSink, Publisher, Settings
 from celery_saga.runtime.progress import Progress
 from celery_saga.runtime.stopping import worker_is_stopping
@@ -94,9 +102,14 @@ class Executor(Progress):
                 self.step_completed(definition, step, blob, onward, fields)
             case StartChild():
                 self._start_child(move)
-            case Stay() | BeginUnwind() | FollowUnwind() | PublishNode() | PublishReversal():
-                self.unwinder.carry_out(move)
-            case RecordReversal():
+            case (
+                Stay()
+                | BeginUnwind()
+                | FollowUnwind()
+                | PublishNode()
+                | PublishReversal()
+                | RecordReversal()
+            ):
                 self.unwinder.carry_out(move)
             case _:
                 unreachable(move)
@@ -297,7 +310,8 @@ class Executor(Progress):
             except SQLAlchemyError:
                 raise  # the store failed, not the step: the claim waits for its lease or a retry
             except Exception as error:
-                return self._step_failed(definition, position, message, held, error)
+                failed = self._step_failed(definition, position, message, held, error)
+                return no_body_if_taken_over(failed)
             try:
                 result = invoke_step(definition.name, spec, ctx)
                 blob = pack(

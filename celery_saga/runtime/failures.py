@@ -30,7 +30,7 @@ from celery_saga.runtime.outcomes import (
     attempt_failed,
 )
 from celery_saga.runtime.ports import RuntimeParts
-from celery_saga.runtime.stopping import RESEND_AFTER, report_interrupted
+from celery_saga.runtime.stopping import RESEND_AFTER, give_up
 from celery_saga.runtime.store_retry import write_outcome
 from celery_saga.runtime.unwinder import Unwinder, compensations_of
 from celery_saga.store import forward, queries, recovery, step_failure
@@ -163,14 +163,15 @@ class StepFailures(RuntimeParts):
         counts (guarantee 27: at most ``retry + 1`` whatever ends them)."""
         what = f"step {held.name!r} attempt {held.attempt}"
         where = f"saga {definition.name!r} execution {held.execution_id}"
-        try:
-            given_up = forward.give_up_step_claim(self.db, held, now=get_clock().now())
-            if given_up:
-                self.publisher.publish_node(definition.name, spec, message, countdown=RESEND_AFTER)
-        except Exception as failure:  # the store or broker is going away too
-            given_up = False
-            logger.debug("%s: %s not given up: %s", where, what, describe_error(failure))
-        return Interrupted(report_interrupted(where, what, given_up), error)
+        description = give_up(
+            lambda: forward.give_up_step_claim(self.db, held, now=get_clock().now()),
+            lambda: self.publisher.publish_node(
+                definition.name, spec, message, countdown=RESEND_AFTER
+            ),
+            where,
+            what,
+        )
+        return Interrupted(description, error)
 
     def _exhausted(
         self,

@@ -83,7 +83,10 @@ class Heartbeat:
                 pause = min((c.due for c in self._claims.values()), default=now + 1.0) - now
             for token, claim in due:
                 try:
-                    self._renew(token, claim)
+                    with self._lock:
+                        ended = token not in self._claims  # its block ended since
+                    if not ended:
+                        self._renew(token, claim)
                 finally:
                     with self._lock:
                         self._renewing.discard(token)

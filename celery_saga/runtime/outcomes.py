@@ -70,3 +70,9 @@ def attempt_failed(what: str, saga_name: str, step: str, attempt: int, reason: s
     """The sentence a failed attempt is reported with (``what``: "step" or "reversal of
     step")."""
     return f"{what} {step!r} of saga {saga_name!r} attempt {attempt} failed: {reason}"
+
+
+def no_body_if_taken_over(outcome: Outcome) -> Outcome:
+    """An attempt that failed before its body ran, whose claim was then found taken over,
+    ran nothing here: its task ends as a message that ran no body."""
+    return NoBody(outcome.description) if isinstance(outcome, TakenOver) else outcome

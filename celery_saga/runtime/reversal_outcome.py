@@ -17,12 +17,11 @@ from celery_saga.decisions.unwind import UnwindStep
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.records import CompensationOutcome, ReversalAttempt, StepRecord
 from celery_saga.runtime.clock import get_clock
-from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.keys import record_key
 from celery_saga.runtime.moves import RecordReversal
 from celery_saga.runtime.outcomes import Interrupted
 from celery_saga.runtime.ports import RuntimeParts
-from celery_saga.runtime.stopping import RESEND_AFTER, report_interrupted
+from celery_saga.runtime.stopping import RESEND_AFTER, give_up
 from celery_saga.runtime.store_retry import write_outcome
 from celery_saga.store import queries, recovery, reversal, unwind
 from celery_saga.store.reversal import Unwinding
@@ -124,22 +123,21 @@ class ReversalOutcomes(RuntimeParts):
         guarantee 27)."""
         what = f"the reversal of step {held.name!r} attempt {held.attempt}"
         where = f"saga {definition.name!r} execution {held.execution_id}"
-        try:
-            given_up = unwind.give_up_reversal_claim(self.db, held, now=get_clock().now())
-            if given_up:
-                spec = definition.find_step(held.name)
-                self.publisher.publish_compensation(
-                    definition.name,
-                    spec,
-                    held.execution_id,
-                    held.name,
-                    held.attempt,
-                    countdown=RESEND_AFTER,
-                )
-        except Exception as failure:  # the store or broker is going away too
-            given_up = False
-            logger.debug("%s: %s not given up: %s", where, what, describe_error(failure))
-        return Interrupted(report_interrupted(where, what, given_up), error)
+        spec = definition.find_step(held.name)
+        description = give_up(
+            lambda: unwind.give_up_reversal_claim(self.db, held, now=get_clock().now()),
+            lambda: self.publisher.publish_compensation(
+                definition.name,
+                spec,
+                held.execution_id,
+                held.name,
+                held.attempt,
+                countdown=RESEND_AFTER,
+            ),
+            where,
+            what,
+        )
+        return Interrupted(description, error)
 
     def _landed(self, held: ReversalAttempt, outcome: CompensationOutcome) -> bool:
         record = queries.load_step(self.db, held.execution_id, held.name)

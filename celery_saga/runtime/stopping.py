@@ -42,9 +42,26 @@ def worker_is_stopping(error: BaseException) -> bool:
     return _probe(error)
 
 
-def report_interrupted(where: str, what: str, given_up: bool) -> str:
-    """Log the one line an interrupted attempt leaves; returns its description."""
-    then = "it runs again on the next worker" if given_up else "it runs again once its lease ends"
+def give_up(
+    give_up_claim: Callable[[], bool], send_again: Callable[[], None], where: str, what: str
+) -> str:
+    """What an interrupted attempt does on its way out: end its claim's lease (a
+    compare-and-set: only while the claim is still this attempt's), then send its message
+    again. Leaves one log line saying when it runs again; returns its description."""
+    given_up = resent = False
+    try:
+        given_up = give_up_claim()
+        if given_up:
+            send_again()
+            resent = True
+    except Exception as failure:  # the store or broker is going away too
+        logger.debug("%s: %s not handed on: %r", where, what, failure)
+    if resent:
+        then = "it runs again on the next worker"
+    elif given_up:
+        then = "it runs again when its message is redelivered or the recovery sweep finds it"
+    else:
+        then = "it runs again once its lease ends"
     logger.warning(
         "%s: %s was interrupted by its worker's shutdown; not a failure: %s", where, what, then
     )

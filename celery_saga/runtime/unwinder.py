@@ -55,6 +55,7 @@ from celery_saga.runtime.outcomes import (
     Retrying,
     TakenOver,
     attempt_failed,
+    no_body_if_taken_over,
 )
 from celery_saga.runtime.reversal_outcome import ReversalOutcomes
 from celery_saga.runtime.stopping import worker_is_stopping
@@ -210,8 +211,7 @@ class Unwinder(ReversalOutcomes):
         if planned.record is not None and planned.record.child_execution_id is not None:
             if record is None or record.id != planned.record.id:
                 return _refused(execution_id, step_name, "not next")
-            self.carry_out(self.children.reverse(definition, execution, planned.record))
-            return NoBody("a child's unwind")
+            return self._reverse_child(definition, execution, planned.record)
         lease = record.compensation_lease_expires_at if record else None
         verdict = compensation_admission(
             record, planned, attempt, lease is not None and lease > now
@@ -236,6 +236,22 @@ class Unwinder(ReversalOutcomes):
             self.follow(definition, execution_id, plan)
             return NoBody("no attempt left after lost ones")
         return self._reverse(definition, execution, steps, spec, record)
+
+    def _reverse_child(
+        self, definition: SagaDefinition, parent: ExecutionRecord, record: StepRecord
+    ) -> Outcome:
+        """The parent's unwind reached its record of a child: a reversal that failed (the
+        child cannot be cleanly unwound) ends its task as failed, as any reversal does."""
+        move = self.children.reverse(definition, parent, record)
+        if not isinstance(move, RecordReversal):
+            self.carry_out(move)
+            return NoBody("a child's unwind")
+        plan = self.record_child_reversal(move)
+        self.follow(definition, parent.id, plan)
+        if plan is None or move.outcome is not CompensationOutcome.FAILED:
+            return NoBody("a child's unwind")
+        what = (definition.name, record.name, record.compensation_attempts, move.reason or "")
+        return Failed(attempt_failed("reversal of step", *what))
 
     def _run_first_delivery(
         self, saga_name: str, execution_id: str, step_name: str, attempt: int
@@ -304,7 +320,8 @@ class Unwinder(ReversalOutcomes):
             except SQLAlchemyError:
                 raise  # reading the context failed, not the reversal: its claim expires
             except Exception as error:  # e.g. the soft time limit, spent before the handler
-                return self._reversal_failed(definition, held, unwinding, spec, error, fields)
+                failed = self._reversal_failed(definition, held, unwinding, spec, error, fields)
+                return no_body_if_taken_over(failed)
             try:
                 kwargs = call_arguments(
                     spec.compensation, ctx, spec.compensation_args, extra={"result": record.result}

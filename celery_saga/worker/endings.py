@@ -59,8 +59,10 @@ def end_task(task: Any, outcome: Outcome, *, own_body: bool, send_events: bool) 
             raise _failure(task, description, error)
         case Failed(description, error):
             raise _failure(task, description, error)
-        case Interrupted(error=error):
-            raise error
+        case Interrupted(description, error):
+            # The pool accounts for a job as lost only when SystemExit reaches it; a body's
+            # cleanup may have turned it into another error, which Celery would call FAILURE.
+            raise error if isinstance(error, SystemExit) else SystemExit(description) from error
         case _:
             unreachable(outcome)
 
