@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -70,6 +70,26 @@ class Settings:
     recover_after: float = 45.0
     store_retry_budget: float = 15.0
     outcome_retry_budget: float = 120.0
+
+    @classmethod
+    def from_conf(cls, conf: Mapping[str, Any]) -> Settings:
+        """The settings a Celery app's configuration gives as ``saga_<name>`` (the default
+        for each one it leaves unset)."""
+        defaults = cls()
+
+        def number(name: str) -> float:
+            value = conf.get(f"saga_{name}")
+            return float(getattr(defaults, name) if value is None else value)
+
+        return cls(
+            lease_seconds=number("lease_seconds"),
+            compensation_timeout=number("compensation_timeout"),
+            max_payload_bytes=int(number("max_payload_bytes")),
+            hard_limit_grace=number("hard_limit_grace"),
+            recover_after=number("recover_after"),
+            store_retry_budget=number("store_retry_budget"),
+            outcome_retry_budget=number("outcome_retry_budget"),
+        )
 
 
 class Catalog:

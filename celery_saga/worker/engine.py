@@ -50,24 +50,6 @@ T = TypeVar("T")
 DEFAULT_STORE_URL = "sqlite:///celery_saga.sqlite3"
 
 
-def _settings_from(app: Celery) -> Settings:
-    conf, defaults = app.conf, Settings()
-
-    def number(name: str) -> float:
-        value = conf.get(f"saga_{name}")
-        return float(getattr(defaults, name) if value is None else value)
-
-    return Settings(
-        lease_seconds=number("lease_seconds"),
-        compensation_timeout=number("compensation_timeout"),
-        max_payload_bytes=int(number("max_payload_bytes")),
-        hard_limit_grace=number("hard_limit_grace"),
-        recover_after=number("recover_after"),
-        store_retry_budget=number("store_retry_budget"),
-        outcome_retry_budget=number("outcome_retry_budget"),
-    )
-
-
 def _age(value: float | timedelta, what: str) -> timedelta:
     seconds = value.total_seconds() if isinstance(value, timedelta) else value
     if (
@@ -108,7 +90,7 @@ class SagaEngine:
         if app.conf.get("saga_durable_claims"):
             self.db.durable_claims = True
         self.events = EventHub(app)
-        self.settings = _settings_from(app)
+        self.settings = Settings.from_conf(app.conf)
         self.catalog = Catalog(discover=lambda: self.discovery.discover())
         self.hooks = CeleryHooks(app, StepRun(self), self.events)
         self.discovery = SagaDiscovery(app, self.hooks.when_modules_imported)
