@@ -127,6 +127,26 @@ def wait_for(condition: Callable[[], bool], timeout: float = 20) -> None:
         time.sleep(0.05)
 
 
+def step_running(run: Any, name: str) -> Callable[[], bool]:
+    """Whether step ``name`` of ``run`` is running (its attempt claimed, not settled)."""
+
+    def running() -> bool:
+        steps = {s.name: s for s in run.get().steps}
+        return name in steps and steps[name].status.value == "running"
+
+    return running
+
+
+def reversal_claimed(run: Any, name: str) -> Callable[[], bool]:
+    """Whether the reversal of step ``name`` of ``run`` has been claimed at least once."""
+
+    def claimed() -> bool:
+        steps = {s.name: s for s in run.get().steps}
+        return name in steps and steps[name].compensation_attempts >= 1
+
+    return claimed
+
+
 def test_worker_killed_mid_step_resumes_without_repeating_effects(rig: CrashRig) -> None:
     # The steps keep Celery's default early ack: the killed worker's message is gone, and
     # only the claim, its lease and the recovery sweep bring the step back.
@@ -136,11 +156,7 @@ def test_worker_killed_mid_step_resumes_without_repeating_effects(rig: CrashRig)
     first = rig.start_worker()
     run = rig.client.engine.start("five", {"order": 50, "plan": {"s3": {"first_sleep": 6}}})
 
-    def s3_running() -> bool:
-        steps = {s.name: s for s in run.get().steps}
-        return "s3" in steps and steps["s3"].status.value == "running"
-
-    rig.kill_and_restart_when(first, s3_running)
+    rig.kill_and_restart_when(first, step_running(run, "s3"))
     execution = rig.drive_to_end(run.id)
     assert execution.state is ExecutionState.COMPLETED
     entries = rig.client.entries(run.id)
@@ -156,11 +172,7 @@ def test_worker_killed_mid_reversal_finishes_the_unwind_once_per_step(rig: Crash
     plan = {"s4": {"fail": True}, "s2": {"undo_first_sleep": 6}}
     run = rig.client.engine.start("five", {"order": 51, "plan": plan})
 
-    def s2_reversal_claimed() -> bool:
-        steps = {s.name: s for s in run.get().steps}
-        return "s2" in steps and steps["s2"].compensation_attempts >= 1
-
-    rig.kill_and_restart_when(first, s2_reversal_claimed)
+    rig.kill_and_restart_when(first, reversal_claimed(run, "s2"))
     execution = rig.drive_to_end(run.id)
     assert execution.state is ExecutionState.FAILED
     assert execution.rollback_status is RollbackStatus.COMPLETED
@@ -176,11 +188,7 @@ def test_worker_killed_mid_for_each_unwinds_each_iteration_once_with_its_own_ite
     plan = {"pack:1": {"first_sleep": 6, "fail": True}}
     run = rig.client.engine.start("batch", {"order": 52, "items": ["a", "b", "c"], "plan": plan})
 
-    def second_item_running() -> bool:
-        steps = {s.name: s for s in run.get().steps}
-        return "pack:1" in steps and steps["pack:1"].status.value == "running"
-
-    rig.kill_and_restart_when(first, second_item_running)
+    rig.kill_and_restart_when(first, step_running(run, "pack:1"))
     execution = rig.drive_to_end(run.id)
     assert execution.state is ExecutionState.FAILED
     assert execution.rollback_status is RollbackStatus.COMPLETED

@@ -22,7 +22,13 @@ from pathlib import Path
 import pytest
 
 from celery_saga import ExecutionState, RollbackStatus
-from tests.test_crash_recovery import CrashRig, crash_rig, wait_for
+from tests.test_crash_recovery import (
+    CrashRig,
+    crash_rig,
+    reversal_claimed,
+    step_running,
+    wait_for,
+)
 
 #: Seconds between a fresh worker answering ping and the interrupted body running again.
 PICKUP = 5.0
@@ -48,11 +54,7 @@ def test_sigterm_mid_step_is_no_failure_and_the_step_runs_again_at_once(rig: Cra
     first = rig.start_worker()
     run = rig.client.engine.start("five", {"order": 70, "plan": {"s3": {"first_sleep": 8}}})
 
-    def s3_running() -> bool:
-        steps = {s.name: s for s in run.get().steps}
-        return "s3" in steps and steps["s3"].status.value == "running"
-
-    _sigterm_the_group_when(first, s3_running)
+    _sigterm_the_group_when(first, step_running(run, "s3"))
     stopped = run.get()
     s3 = stopped.step("s3")
     assert stopped.state is ExecutionState.RUNNING, stopped.failure_reason
@@ -81,11 +83,7 @@ def test_sigterm_mid_reversal_is_no_failure_and_the_reversal_runs_again_at_once(
     plan = {"s4": {"fail": True}, "s2": {"undo_first_sleep": 8}}
     run = rig.client.engine.start("five", {"order": 71, "plan": plan})
 
-    def s2_reversal_claimed() -> bool:
-        steps = {s.name: s for s in run.get().steps}
-        return "s2" in steps and steps["s2"].compensation_attempts >= 1
-
-    _sigterm_the_group_when(first, s2_reversal_claimed)
+    _sigterm_the_group_when(first, reversal_claimed(run, "s2"))
     stopped = run.get()
     s2 = stopped.step("s2")
     assert stopped.state is ExecutionState.COMPENSATING
@@ -112,11 +110,7 @@ def test_a_warm_shutdown_lets_the_body_finish_and_record_its_outcome(rig: CrashR
     first = rig.start_worker()
     run = rig.client.engine.start("five", {"order": 72, "plan": {"s3": {"first_sleep": 4}}})
 
-    def s3_running() -> bool:
-        steps = {s.name: s for s in run.get().steps}
-        return "s3" in steps and steps["s3"].status.value == "running"
-
-    wait_for(s3_running)
+    wait_for(step_running(run, "s3"))
     # Only this rig's worker: other tests' workers share the broker's control exchange.
     names = [name for reply in rig.client.app.control.ping(timeout=1) for name in reply]
     ours = [name for name in names if rig.queue in name]

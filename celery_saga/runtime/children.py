@@ -8,7 +8,6 @@ when it settles.
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -45,7 +44,6 @@ from celery_saga.runtime.ports import RuntimeParts
 from celery_saga.store import forward, queries
 from celery_saga.store.codec import pack
 
-logger = logging.getLogger("celery_saga")
 _CHILD_IDS = uuid.UUID("6f1c2b8e-5d0a-4c8e-9a43-2b1f7c9d0e55")
 
 

@@ -80,8 +80,8 @@ class Executor(Progress):
     ) -> None:
         super().__init__(db, registry, publisher, emit, settings)
         self.unwinder = Unwinder(db, registry, publisher, emit, settings)
-        self.waits = Waits(self.parts())
-        self.children = Children(self.parts())
+        parts = self.parts()
+        self.waits, self.children = Waits(parts), Children(parts)
 
     def carry_out(self, move: Move) -> None:
         """Do what a helper decided: the store write that follows it, then the publish."""
@@ -94,10 +94,16 @@ class Executor(Progress):
                 self.refused(message, verdict)
             case FailStep(definition, step, reason):
                 self.settle_failure(definition, step, [step.name], reason, None)
-                fields: dict[str, Any] = {"execution_id": step.execution_id}
-                fields.update(saga=definition.name, step=step.name, attempt=step.attempt)
-                fields.update(error=reason)
-                self.emit("saga-step-failed", fields)
+                self.emit(
+                    "saga-step-failed",
+                    {
+                        "execution_id": step.execution_id,
+                        "saga": definition.name,
+                        "step": step.name,
+                        "attempt": step.attempt,
+                        "error": reason,
+                    },
+                )
             case CompleteStep(definition, step, blob, onward, fields):
                 self.step_completed(definition, step, blob, onward, fields)
             case StartChild():

@@ -107,8 +107,11 @@ class ReversalOutcomes(RuntimeParts):
         plan = self.record_outcome(move.definition, held, move.outcome, move.reason)
         if plan is None:
             return None
-        fields = {"execution_id": move.execution_id, "saga": move.definition.name}
-        fields["step"] = record.name
+        fields = {
+            "execution_id": move.execution_id,
+            "saga": move.definition.name,
+            "step": record.name,
+        }
         if move.outcome is CompensationOutcome.COMPENSATED:
             self.emit("saga-step-compensated", fields)
         else:
