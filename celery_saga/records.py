@@ -87,6 +87,9 @@ class StepRecord:
     compensation_attempts: int = 0
     compensation_lease_expires_at: datetime | None = None
     child_execution_id: str | None = None
+    #: The worker process holding the forward (or reversal) claim: "node/pid/task id".
+    holder: str | None = None
+    compensation_holder: str | None = None
 
 
 @dataclass(frozen=True)

@@ -68,4 +68,6 @@ def step_from_row(row: Mapping[Any, Any], prefix: str = "") -> StepRecord:
         compensation_attempts=get("compensation_attempts"),
         compensation_lease_expires_at=from_db_time(get("compensation_lease_expires_at")),
         child_execution_id=get("child_execution_id"),
+        holder=get("holder"),
+        compensation_holder=get("compensation_holder"),
     )

@@ -88,6 +88,9 @@ step_records = Table(
     Column("compensation_attempts", Integer, nullable=False, default=0),
     Column("compensation_lease_expires_at", Timestamp),
     Column("child_execution_id", String(64)),
+    # The worker process holding the claim ("node/pid/task id"): a takeover asks it first.
+    Column("holder", String(200)),
+    Column("compensation_holder", String(200)),
     UniqueConstraint("execution_id", "name", name="uq_saga_steps_execution_name"),
 )
 
@@ -123,6 +126,28 @@ signals = Table(
 )
 
 
+history = Table(
+    "saga_history",
+    metadata,
+    Column("id", RecordId, primary_key=True, autoincrement=True),
+    Column(
+        "execution_id",
+        String(64),
+        ForeignKey("saga_executions.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("at", Timestamp, nullable=False),
+    Column("kind", String(40), nullable=False),
+    Column("step", String(200)),
+    Column("attempt", Integer),
+    Column("holder", String(200)),
+    Column("actor", String(200)),
+    Column("detail", Text),
+    Column("data", Blob),
+    Index("ix_saga_history_execution", "execution_id", "id"),
+)
+
+
 def _archive_of(table: Table, primary_key: tuple[str, ...], *extra: Column[Any]) -> Table:
     """A copy of ``table``'s columns without foreign keys or defaults, for archived runs."""
     columns = [
@@ -145,6 +170,7 @@ executions_archive = _archive_of(
 step_records_archive = _archive_of(step_records, ("execution_id", "name"))
 signals_archive = _archive_of(signals, ("execution_id", "event"))
 decisions_archive = _archive_of(decisions, ("execution_id", "key"))
+history_archive = _archive_of(history, ("execution_id", "id"))
 
 #: Live table -> its archive, children after their execution.
 ARCHIVES = (
@@ -152,4 +178,5 @@ ARCHIVES = (
     (step_records, step_records_archive),
     (signals, signals_archive),
     (decisions, decisions_archive),
+    (history, history_archive),
 )
