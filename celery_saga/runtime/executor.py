@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 from datetime import timedelta
 from typing import Any
@@ -11,6 +10,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from celery_saga.decisions.admission import Admission, NodeMessage, decide_admission
 from celery_saga.decisions.cursor import advance
+from celery_saga.decisions.takeover import Takeover
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import (
     ParallelNode,
@@ -19,11 +19,12 @@ from celery_saga.definition.nodes import (
     WaitNode,
 )
 from celery_saga.errors import BranchPathError, LoopError, PayloadError, UnknownSagaError
-from celery_saga.records import ExecutionRecord, StepAttempt, StepRecord
+from celery_saga.records import ExecutionRecord, StepAttempt, StepRecord, StepStatus
 from celery_saga.runtime.children import Children
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.contexts import Snapshot, step_context
 from celery_saga.runtime.describe import describe_error
+from celery_saga.runtime.holders import HeldClaim, Holders, fenced_by
 from celery_saga.runtime.invoke import invoke_step
 from celery_saga.runtime.keys import record_key
 from celery_saga.runtime.moves import (
@@ -55,6 +56,7 @@ from celery_saga.runtime.outcomes import (
 from celery_saga.runtime.ports import Catalog, EventSink, Publisher, Settings
 from celery_saga.runtime.progress import Progress
 from celery_saga.runtime.stopping import worker_is_stopping
+from celery_saga.runtime.takeovers import judge, keep_late_outcome
 from celery_saga.runtime.unwinder import Unwinder
 from celery_saga.runtime.waits import Waits
 from celery_saga.store import forward, queries, waits
@@ -63,6 +65,8 @@ from celery_saga.store.database import Database
 
 logger = logging.getLogger("celery_saga")
 
+#: Admissions of a message that meets a claim in flight: a live one, or a lapsed one.
+_CLAIMED = (Admission.REJECT_IN_FLIGHT, Admission.RUN)
 #: What a control-flow choice raises when it cannot be made: the run fails, unwound.
 CHOICE_ERRORS = (BranchPathError, LoopError, PayloadError)
 
@@ -82,6 +86,10 @@ class Executor(Progress):
         self.unwinder = Unwinder(db, registry, publisher, emit, settings)
         parts = self.parts()
         self.waits, self.children = Waits(parts), Children(parts)
+
+    def use_holders(self, holders: Holders) -> None:
+        """Name claims and ask their holders through ``holders`` (the worker layer's)."""
+        self.holders = self.unwinder.holders = holders
 
     def carry_out(self, move: Move) -> None:
         """Do what a helper decided: the store write that follows it, then the publish."""
@@ -238,22 +246,32 @@ class Executor(Progress):
         execution = snapshot[0]
         record = next((s for s in steps if s.name == position.record_name), None)
         verdict = decide_admission(execution, record, message, definition.hash, now)
-        if verdict is Admission.REJECT_IN_FLIGHT and redelivered and record:
-            assert record.lease_expires_at is not None and position.spec is not None
-            wait = (record.lease_expires_at - now).total_seconds() + 1
-            logger.warning(
-                "execution %s: redelivered message for step %r held back %.0f s, until the "
-                "lease of the attempt in flight ends (its worker may be the one that died)",
+        fenced = False
+        if record is not None and record.status is StepStatus.RUNNING and verdict in _CLAIMED:
+            spec = position.spec
+            assert spec is not None
+            claim = HeldClaim(
+                "step",
                 message.execution_id,
-                position.record_name,
-                wait,
+                record.name,
+                record.attempts,
+                record.holder,
+                lease_live=verdict is Admission.REJECT_IN_FLIGHT,
             )
-            self.publisher.publish_node(definition.name, position.spec, message, countdown=wait)
-            return NoBody("held back until the lease in flight ends")
-        if verdict is not Admission.RUN:
+            if claim.lease_live and not redelivered:
+                return self.refused(message, verdict)
+            takeover = judge(self.holders, claim)
+            if takeover is Takeover.LEAVE:
+                if not redelivered:
+                    return self.refused(message, Admission.REJECT_IN_FLIGHT)
+                wait = self.until_released(record.lease_expires_at, claim.lease_live)
+                self.publisher.publish_node(definition.name, spec, message, countdown=wait)
+                return NoBody("held back while the attempt in flight holds its claim")
+            fenced = takeover is Takeover.TAKE_OVER_FENCED
+        elif verdict is not Admission.RUN:
             return self.refused(message, verdict)
         take = lambda: self._claim(definition, position, message, record)  # noqa: E731
-        if self._exhausted(definition, position, message, record, take):
+        if not fenced and self._exhausted(definition, position, message, record, take):
             return NoBody("no attempt left after lost ones")
         attempt = self._claim(definition, position, message, record)
         if attempt is None:
@@ -282,6 +300,7 @@ class Executor(Progress):
             lease_expires_at=now + timedelta(seconds=self.settings.lease_seconds),
             now=now,
             existing=record,
+            holder=self.holders.me(),
         )
 
     def _run_claimed(
@@ -306,9 +325,8 @@ class Executor(Progress):
         }
         self.emit("saga-step-started", fields)
         loop = (position.iteration, position.item, position.for_each)
-        renew = functools.partial(forward.renew_step_lease, self.db, held)
         what = f"step {name!r} of execution {execution_id}"
-        with self.holding(lambda expiry: renew(lease_expires_at=expiry), what):
+        with self.holding(self.renewals.of_step(held), what), fenced_by(attempt):
             try:
                 ctx = step_context(
                     self.db, definition, spec, name, execution_id, key, attempt, snapshot, loop
@@ -337,6 +355,16 @@ class Executor(Progress):
                 step_advance = advance(definition.nodes, message.node, message.sub, position.length)
                 if self.step_completed(definition, held, blob, step_advance, fields):
                     return Ran(result)
+                keep_late_outcome(
+                    self.db,
+                    execution_id,
+                    f"step {name!r}",
+                    name,
+                    attempt,
+                    key,
+                    blob,
+                    self.holders.me(),
+                )
                 taken = f"step {name!r} of execution {execution_id} attempt {attempt}"
                 return TakenOver(taken, result)
         return self.interrupted(definition, spec, message, held, stopped)

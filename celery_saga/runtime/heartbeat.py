@@ -8,6 +8,7 @@ worker dying, so the step is picked up again promptly instead of after a fixed g
 
 from __future__ import annotations
 
+import enum
 import itertools
 import logging
 import os
@@ -19,14 +20,26 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from celery_saga.runtime.clock import get_clock
-from celery_saga.runtime.describe import describe_error
+from celery_saga.store.transient import describe_store_error
 
 logger = logging.getLogger("celery_saga")
 
 #: Seconds before a renewal the store refused is tried again.
 RETRY_AFTER_FAILURE = 1.0
-#: ``renew(new_expiry)`` extends the lease if this attempt still holds it; False if not.
-Renewal = Callable[[datetime], bool]
+
+
+class LeaseState(str, enum.Enum):
+    """What a renewal found: the attempt still holds its claim (renewed), its claim ended
+    (its outcome was recorded meanwhile), or another attempt claimed it (taken over)."""
+
+    HELD = "held"
+    ENDED = "ended"
+    TAKEN = "taken"
+
+
+#: ``renew(new_expiry)`` extends the lease if this attempt still holds it (a bare False
+#: means taken over).
+Renewal = Callable[[datetime], "LeaseState | bool"]
 
 
 @dataclass
@@ -49,6 +62,8 @@ class Heartbeat:
         self._renewing: set[int] = set()
         self._renewed = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
+        #: When renewals started failing (monotonic), while the store is unreachable.
+        self._outage_since: float | None = None
 
     @contextmanager
     def keep(self, renew: Renewal, lease: float, what: str) -> Iterator[None]:
@@ -96,21 +111,47 @@ class Heartbeat:
     def _renew(self, token: int, claim: _Claim) -> None:
         expiry = get_clock().now() + timedelta(seconds=claim.lease)
         try:
-            held = claim.renew(expiry)
+            state = claim.renew(expiry)
         except Exception as error:
             # The store is unreachable: try again in a second, so the lease is renewed as
-            # soon as the store is back, ahead of any sweep that would take the claim over.
-            logger.warning("could not renew the lease of %s: %s", claim.what, describe_error(error))
+            # soon as the store is back. One line per process for the whole outage.
+            self._store_lost(error)
             with self._lock:
                 claim.due = time.monotonic() + RETRY_AFTER_FAILURE
             return
-        if not held:
+        self._store_back()
+        if state is True or state is LeaseState.HELD:
+            return
+        if state is False or state is LeaseState.TAKEN:
             logger.warning(
-                "the lease of %s was lost while its body ran (claimed again elsewhere?)",
+                "the claim of %s was taken over by another worker while its body ran; its "
+                "outcome will not be recorded as the step's",
                 claim.what,
             )
-            with self._lock:
-                self._claims.pop(token, None)
+        with self._lock:
+            self._claims.pop(token, None)
+
+    def _store_lost(self, error: BaseException) -> None:
+        with self._lock:
+            if self._outage_since is not None:
+                return
+            self._outage_since = time.monotonic()
+            held = len(self._claims)
+        logger.warning(
+            "the saga store is unreachable (%s): %d claim(s) held here keep their bodies "
+            "running; their leases are renewed as soon as it is back",
+            describe_store_error(error),
+            held,
+        )
+
+    def _store_back(self) -> None:
+        with self._lock:
+            since, self._outage_since = self._outage_since, None
+        if since is not None:
+            logger.warning(
+                "the saga store is reachable again after %.1f s; leases renewed",
+                time.monotonic() - since,
+            )
 
 
 _heartbeat = Heartbeat()

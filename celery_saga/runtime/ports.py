@@ -5,12 +5,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 
 from celery_saga.decisions.admission import NodeMessage
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import StepSpec
+from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.heartbeat import Renewal, keep_lease
+from celery_saga.runtime.holders import Holders
+from celery_saga.runtime.takeovers import Renewals
 from celery_saga.store.codec import DEFAULT_MAX_PAYLOAD_BYTES
 from celery_saga.store.database import Database
 
@@ -144,10 +148,22 @@ class RuntimeParts:
     ) -> None:
         self.db, self.registry, self.publisher = db, registry, publisher
         self.emit, self.settings = emit, settings
+        #: Who this process is as a claim's holder, and how it asks other holders.
+        self.holders = Holders()
+        self.renewals = Renewals(db)
 
     def parts(self) -> RuntimeParts:
         """The same parts on their own, for a helper that must not hold its owner."""
-        return RuntimeParts(self.db, self.registry, self.publisher, self.emit, self.settings)
+        parts = RuntimeParts(self.db, self.registry, self.publisher, self.emit, self.settings)
+        parts.holders = self.holders
+        return parts
+
+    def until_released(self, lease_expires_at: datetime | None, live: bool) -> float:
+        """Seconds a redelivered message left to a claim's holder waits before it is tried
+        again: until the live lease ends, or a whole lease once its holder renewed it."""
+        if live and lease_expires_at is not None:
+            return max(1.0, (lease_expires_at - get_clock().now()).total_seconds() + 1)
+        return self.lease + 1
 
     @property
     def lease(self) -> float:

@@ -3,16 +3,13 @@ the first definitive failure (guarantees 1-9, 20)."""
 
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy.exc import SQLAlchemyError
-
 from celery_saga.decisions.admission import Admission
-from celery_saga.decisions.retry import backoff_delay
+from celery_saga.decisions.takeover import Takeover
 from celery_saga.decisions.unwind import (
     UnwindKind,
     UnwindStep,
@@ -30,13 +27,10 @@ from celery_saga.records import (
     StepRecord,
 )
 from celery_saga.runtime import unwind_exits
-from celery_saga.runtime.async_bodies import run_body
 from celery_saga.runtime.child_unwind import ChildUnwind
 from celery_saga.runtime.clock import get_clock
-from celery_saga.runtime.contexts import reversal_context
-from celery_saga.runtime.describe import describe_error
-from celery_saga.runtime.invoke import body_error, body_of, call_arguments, reversal_needs_run
-from celery_saga.runtime.keys import record_key
+from celery_saga.runtime.holders import HeldClaim
+from celery_saga.runtime.invoke import reversal_needs_run
 from celery_saga.runtime.moves import (
     BeginUnwind,
     FollowUnwind,
@@ -51,14 +45,10 @@ from celery_saga.runtime.outcomes import (
     Failed,
     NoBody,
     Outcome,
-    Ran,
-    Retrying,
-    TakenOver,
     attempt_failed,
-    no_body_if_taken_over,
 )
-from celery_saga.runtime.reversal_outcome import ReversalOutcomes
-from celery_saga.runtime.stopping import worker_is_stopping
+from celery_saga.runtime.reversal_runs import ReversalRuns
+from celery_saga.runtime.takeovers import judge
 from celery_saga.store import queries, reversal, unwind
 from celery_saga.store.reversal import Unwinding
 
@@ -70,7 +60,7 @@ def compensations_of(definition: SagaDefinition | None) -> frozenset[str]:
     return frozenset() if definition is None else definition.reversible
 
 
-class Unwinder(ReversalOutcomes):
+class Unwinder(ReversalRuns):
     """Runs one reversal per compensate message and decides the next move."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -213,29 +203,48 @@ class Unwinder(ReversalOutcomes):
                 return _refused(execution_id, step_name, "not next")
             return self._reverse_child(definition, execution, planned.record)
         lease = record.compensation_lease_expires_at if record else None
-        verdict = compensation_admission(
-            record, planned, attempt, lease is not None and lease > now
-        )
-        if verdict is Admission.REJECT_IN_FLIGHT and redelivered and record and lease:
-            logger.warning(
-                "execution %s: redelivered reversal of step %r held back until the lease of "
-                "the attempt in flight ends (its worker may be the one that died)",
-                execution_id,
-                step_name,
-            )
-            countdown = (lease - now).total_seconds() + 1
-            again = ReversalAttempt(execution_id, step_name, attempt)
-            self._publish(definition, again, countdown=countdown)
-            return NoBody("held back until the lease in flight ends")
-        if verdict is not Admission.RUN or record is None:
+        live = lease is not None and lease > now
+        verdict = compensation_admission(record, planned, attempt, live)
+        retake = verdict is Admission.REJECT_IN_FLIGHT and redelivered
+        if record is None or not (verdict is Admission.RUN or retake):
             return _refused(execution_id, step_name, verdict.value)
         spec = definition.find_step(step_name)
         assert spec is not None and spec.compensation is not None
-        if lease is not None and record.compensation_attempts > spec.compensation_retry:
+        takeover = Takeover.TAKE_OVER
+        if lease is not None:
+            claim = HeldClaim(
+                "reversal",
+                execution_id,
+                step_name,
+                record.compensation_attempts,
+                record.compensation_holder,
+                lease_live=live,
+            )
+            takeover = judge(self.holders, claim)
+            if takeover is Takeover.LEAVE:
+                again = ReversalAttempt(execution_id, step_name, attempt)
+                return self._left_to_holder(definition, again, redelivered, lease, live)
+        lost = takeover is Takeover.TAKE_OVER and lease is not None
+        if lost and record.compensation_attempts > spec.compensation_retry:
             plan = self.lost_too_often(definition, Unwinding(execution, steps), record)
             self.follow(definition, execution_id, plan)
             return NoBody("no attempt left after lost ones")
-        return self._reverse(definition, execution, steps, spec, record)
+        seen = lease if live else None
+        return self._reverse(definition, execution, steps, spec, record, seen)
+
+    def _left_to_holder(
+        self,
+        definition: SagaDefinition,
+        again: ReversalAttempt,
+        redelivered: bool,
+        lease: datetime,
+        live: bool,
+    ) -> Outcome:
+        """The holder still runs the reversal: a redelivered message waits for its claim."""
+        if not redelivered:
+            return _refused(again.execution_id, again.name, Admission.REJECT_IN_FLIGHT.value)
+        self._publish(definition, again, countdown=self.until_released(lease, live))
+        return NoBody("held back while the attempt in flight holds its claim")
 
     def _reverse_child(
         self, definition: SagaDefinition, parent: ExecutionRecord, record: StepRecord
@@ -263,7 +272,11 @@ class Unwinder(ReversalOutcomes):
         lease = get_clock().now() + timedelta(seconds=self.settings.lease_seconds)
         held = ReversalAttempt(execution_id, step_name, attempt)
         claimed = reversal.claim_next_reversal(
-            self.db, held, lease_expires_at=lease, with_run=reversal_needs_run(spec)
+            self.db,
+            held,
+            lease_expires_at=lease,
+            with_run=reversal_needs_run(spec),
+            holder=self.holders.me(),
         )
         if claimed is None:
             return None
@@ -277,113 +290,24 @@ class Unwinder(ReversalOutcomes):
         steps: list[StepRecord],
         spec: StepSpec,
         record: StepRecord,
+        seen_lease: datetime | None = None,
     ) -> Outcome:
         lease = get_clock().now() + timedelta(seconds=self.settings.lease_seconds)
         held = ReversalAttempt(record.execution_id, record.name, record.compensation_attempts + 1)
         now = get_clock().now()
-        if not unwind.claim_compensation(self.db, held, lease_expires_at=lease, now=now):
+        me = self.holders.me()
+        if not unwind.claim_compensation(
+            self.db, held, lease_expires_at=lease, now=now, holder=me, seen_lease=seen_lease
+        ):
             return _refused(record.execution_id, record.name, "claimed elsewhere")
         claimed = replace(
-            record, compensation_attempts=held.attempt, compensation_lease_expires_at=lease
+            record,
+            compensation_attempts=held.attempt,
+            compensation_lease_expires_at=lease,
+            compensation_holder=me,
         )
         steps = [claimed if s.id == record.id else s for s in steps]
         return self._run_reversal(definition, held, Unwinding(execution, steps), spec, claimed)
-
-    def _run_reversal(
-        self,
-        definition: SagaDefinition,
-        held: ReversalAttempt,
-        unwinding: Unwinding,
-        spec: StepSpec,
-        record: StepRecord,
-    ) -> Outcome:
-        """Run the reversal this worker claimed (``held``; ``record`` as claimed) and
-        record it."""
-        timeout = spec.compensation_timeout or self.settings.compensation_timeout
-        execution_id, attempt = held.execution_id, held.attempt
-        key = record_key(execution_id, record.name, "compensate")
-        fields = {
-            "execution_id": execution_id,
-            "saga": definition.name,
-            "step": record.name,
-            "attempt": attempt,
-            "idempotency_key": key,
-            "forward_key": record.idempotency_key,
-        }
-        self.emit("saga-compensation-started", fields)
-        renew = functools.partial(unwind.renew_compensation_lease, self.db, held)
-        what = f"the reversal of step {record.name!r} of execution {execution_id}"
-        stopped: BaseException | None = None
-        with self.holding(lambda expiry: renew(lease_expires_at=expiry), what):
-            try:
-                ctx = reversal_context(self.db, definition, unwinding, record, key, attempt)
-            except SQLAlchemyError:
-                raise  # reading the context failed, not the reversal: its claim expires
-            except Exception as error:  # e.g. the soft time limit, spent before the handler
-                failed = self._reversal_failed(definition, held, unwinding, spec, error, fields)
-                return no_body_if_taken_over(failed)
-            try:
-                kwargs = call_arguments(
-                    spec.compensation, ctx, spec.compensation_args, extra={"result": record.result}
-                )
-                call = body_of(spec.compensation)
-                result = run_body(
-                    spec.compensation,
-                    lambda: call(kwargs),
-                    timeout,
-                    f"reversal of step {record.name!r} of saga {definition.name!r}",
-                )
-            except (Exception, SystemExit) as error:
-                # The handler's own errors, database errors of its own included; only the
-                # worker's own shutdown is not the reversal's (given up below).
-                if not worker_is_stopping(error):
-                    return self._reversal_failed(definition, held, unwinding, spec, error, fields)
-                stopped = error
-            else:
-                compensated = CompensationOutcome.COMPENSATED
-                plan = self.record_outcome(definition, held, compensated, None, unwinding)
-        if stopped is not None:
-            return self.interrupted(definition, held, stopped)
-        self.emit("saga-step-compensated", fields)
-        self.follow(definition, execution_id, plan)
-        return Ran(result)
-
-    def _reversal_failed(
-        self,
-        definition: SagaDefinition,
-        held: ReversalAttempt,
-        unwinding: Unwinding,
-        spec: StepSpec,
-        error: BaseException,
-        fields: dict[str, object],
-    ) -> Outcome:
-        execution_id, attempt = held.execution_id, held.attempt
-        reason = describe_error(error)
-        logger.log(
-            logging.WARNING if attempt < spec.compensation_retry else logging.ERROR,
-            "saga %r execution %s: reversal of step %r attempt %d failed: %s",
-            definition.name,
-            execution_id,
-            held.name,
-            attempt,
-            reason,
-            exc_info=error,
-        )
-        description = attempt_failed(
-            "reversal of step", definition.name, held.name, attempt, reason
-        )
-        if attempt < spec.compensation_retry:
-            if not unwind.release_compensation(self.db, held, reason=reason):
-                return TakenOver(f"{description}; its claim was taken over")
-            delay = backoff_delay(attempt, spec.backoff, spec.backoff_max, get_clock().random())
-            self.emit("saga-compensation-retry", {**fields, "error": reason, "countdown": delay})
-            following = replace(held, attempt=attempt + 1)
-            self._publish(definition, following, countdown=delay)
-            return Retrying(f"{description}; retry in {delay:.3g}s", delay, body_error())
-        plan = self.record_outcome(definition, held, CompensationOutcome.FAILED, reason, unwinding)
-        self.emit("saga-compensation-failed", {**fields, "error": reason})
-        self.follow(definition, execution_id, plan)
-        return Failed(description, body_error())
 
     # -- operator exits ------------------------------------------------------------------
     def resume(self, definition: SagaDefinition, execution_id: str) -> None:

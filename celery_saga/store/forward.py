@@ -37,6 +37,7 @@ def claim_step(
     now: datetime,
     existing: StepRecord | None,
     child_execution_id: str | None = None,
+    holder: str | None = None,
 ) -> int | None:
     """Claim the step for this worker; returns the attempt number, or None if not ours.
 
@@ -44,6 +45,7 @@ def claim_step(
     live at this position; the unique (execution, name) key turns a duplicate into a refusal.
     A retry or a re-claim after an expired lease is a compare-and-set on what we read. A
     sub-saga's record names its child and has no lease: no body runs in a worker for it.
+    ``holder`` names the claiming process (``runtime/holders.py``).
     """
     lease = None if lease_expires_at is None else to_db_time(lease_expires_at)
     stamp = to_db_time(now)
@@ -63,6 +65,7 @@ def claim_step(
                 "started_at": stamp,
                 "compensation_attempts": 0,
                 "child_execution_id": child_execution_id,
+                "holder": holder,
             }
             params = {**at, **{f"new_{k}": v for k, v in new.items()}}
             try:
@@ -86,6 +89,7 @@ def claim_step(
                 status=StepStatus.RUNNING.value,
                 attempts=step_records.c.attempts + 1,
                 lease_expires_at=lease,
+                holder=holder,
             ),
             at,
         )

@@ -28,6 +28,7 @@ FIRST_CLAIM_COLUMNS = (
     "started_at",
     "compensation_attempts",
     "child_execution_id",
+    "holder",
 )
 
 #: The columns a new run is stored with (the rest take their defaults).

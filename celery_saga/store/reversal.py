@@ -113,6 +113,7 @@ def _claimed(durable: bool) -> Any:
             compensation_lease_expires_at=_param(
                 "lease", step_records.c.compensation_lease_expires_at
             ),
+            compensation_holder=_param("reversal_holder", step_records.c.compensation_holder),
         )
         .returning(step_records.c.id)
         .cte("claimed")
@@ -144,7 +145,12 @@ def _claim_returning(with_run: bool, durable: bool) -> Any:
 
 
 def claim_next_reversal(
-    db: Database, reversal: ReversalAttempt, *, lease_expires_at: datetime, with_run: bool
+    db: Database,
+    reversal: ReversalAttempt,
+    *,
+    lease_expires_at: datetime,
+    with_run: bool,
+    holder: str | None = None,
 ) -> Unwinding | None:
     """Claim ``reversal`` if it is the unwind's next move, returning the run as of the
     claim (``with_run``: its row and all its steps; otherwise the steps that decide the
@@ -158,6 +164,7 @@ def claim_next_reversal(
         "step_name": reversal.name,
         "attempts_before": reversal.attempt - 1,
         "lease": to_db_time(lease_expires_at),
+        "reversal_holder": holder,
     }
     with db.single_statement() as connection:
         rows = db.rows(connection, _claim_returning(with_run, db.durable_claims), params)
@@ -174,6 +181,7 @@ def claim_next_reversal(
             s,
             compensation_attempts=reversal.attempt,
             compensation_lease_expires_at=lease_expires_at,
+            compensation_holder=holder,
         )
         if s.name == reversal.name
         else s

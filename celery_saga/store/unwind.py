@@ -40,14 +40,23 @@ def _compensating(execution_id: str) -> Any:
 
 
 def claim_compensation(
-    db: Database, reversal: ReversalAttempt, *, lease_expires_at: datetime, now: datetime
+    db: Database,
+    reversal: ReversalAttempt,
+    *,
+    lease_expires_at: datetime,
+    now: datetime,
+    holder: str | None = None,
+    seen_lease: datetime | None = None,
 ) -> bool:
     """Claim attempt ``reversal.attempt`` of a reversal (the previous one is the latest
-    recorded) while the run is compensating and the step has no outcome."""
+    recorded) while the run is compensating and the step has no outcome, and no live lease
+    holds it but ``seen_lease`` (one whose holder said it no longer runs it)."""
     stamp = to_db_time(now)
     lease_free = (step_records.c.compensation_lease_expires_at.is_(None)) | (
         step_records.c.compensation_lease_expires_at < stamp
     )
+    if seen_lease is not None:
+        lease_free |= step_records.c.compensation_lease_expires_at == to_db_time(seen_lease)
     if not db.durable_claims:
         lease_free &= prepared.commit_without_flush_wait()
     with db.single_statement() as connection:
@@ -63,6 +72,7 @@ def claim_compensation(
             .values(
                 compensation_attempts=step_records.c.compensation_attempts + 1,
                 compensation_lease_expires_at=to_db_time(lease_expires_at),
+                compensation_holder=holder,
             )
         )
         return result.rowcount == 1

@@ -8,13 +8,17 @@ it is given, ``CeleryHooks.install()``:
   the saga header goes to the engine's step runner (admission, claim, store); any other
   call runs the body as before. ``retry`` is wrapped the same way, so ``self.retry()`` and
   ``autoretry_for`` ask the saga for another attempt instead of sending a message;
+- gives each of the app's tasks a request class of its own (``task.Request``, Celery's
+  hook for it) that tells the engine, in the worker's main process, when the pool process
+  running a message died, so its claims are given up at once;
 - adds a worker bootstep (``app.steps["worker"]``): when a worker of the app starts, before
   its pool forks, every other task of the app is wrapped too, the saga event switch takes
   the worker's ``-E``, and the callbacks given to ``when_worker_starts`` run;
 - adds a consumer bootstep (``app.steps["consumer"]``): it keeps the app's running consumers
   in view, so a step registered after a worker started is traced through its wrapper, and
   gives that worker's remote-control mailbox a command table of its own in which
-  ``enable_events`` / ``disable_events`` switch saga events too. Celery's process-wide
+  ``enable_events`` / ``disable_events`` switch saga events too and the engine's own
+  commands (``commands``: the claim holder's answer) are added. Celery's process-wide
   table, ``celery.worker.control.Panel.data``, is only read;
 - connects ``worker_ready`` (Celery has no per-app signal for it), acting only for a worker
   of this app: one recovery sweep when a ``celery worker`` of the app is ready;
@@ -30,8 +34,10 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from billiard.exceptions import WorkerLostError
 from celery import Celery, bootsteps
 from celery.signals import import_modules, worker_ready
+from celery.utils.imports import symbol_by_name
 from celery.worker.consumer.control import Control
 
 from celery_saga.errors import StepRetryRequested
@@ -62,6 +68,10 @@ class CeleryHooks:
         self.events = events
         self.consumers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._at_worker_start: list[Callable[[], None]] = []
+        #: Remote-control commands of the engine's own: name -> handler(state, **arguments).
+        self.commands: dict[str, Callable[..., Any]] = {}
+        #: Called with a worker's request whose pool process died running it.
+        self.on_pool_loss: Callable[[Any], None] = lambda request: None
 
     def install(self) -> None:
         self.app.steps["worker"].add(_worker_step(self))
@@ -110,6 +120,13 @@ class CeleryHooks:
         setattr(task, ORIGINAL_RUN, original)
         task.run = run
         task.retry = retry
+        self.follow_pool_losses(task)
+
+    def follow_pool_losses(self, task: Any) -> None:
+        """Give ``task`` a request class that reports a pool process lost under it."""
+        base = symbol_by_name(task.Request)
+        if not getattr(base, "_saga_follows_losses", False):
+            task.Request = _losing_request(base, lambda request: self.on_pool_loss(request))
 
     def retrace(self) -> None:
         """Tell the consumers running in this process about newly bound tasks."""
@@ -123,7 +140,9 @@ class CeleryHooks:
         # its saga then refuses the message (the saga is unknown here) instead of running
         # the body without admission. A message without the header runs as before.
         for name, task in list(self.app.tasks.items()):
-            if not name.startswith(("celery.", "celery_saga.")):
+            if name.startswith("celery_saga."):
+                self.follow_pool_losses(task)
+            elif not name.startswith("celery."):
                 self.wrap(task)
         self.events.switch(bool(getattr(worker, "task_events", self.events.send_to_celery)))
         for callback in self._at_worker_start:
@@ -148,6 +167,7 @@ class CeleryHooks:
                 for name, on in EVENT_SWITCH_COMMANDS.items():
                     if name in table:
                         table[name] = _following_saga_events(table[name], self.events, on)
+                table.update(self.commands)
                 node.handlers = table
 
 
@@ -164,6 +184,22 @@ def _following_saga_events(command: Any, events: EventHub, on: bool) -> Any:
         return reply
 
     return switched
+
+
+def _losing_request(base: type, on_loss: Callable[[Any], None]) -> type:
+    class SagaRequest(base):  # type: ignore[misc]
+        """Celery's request, telling the engine when its pool process died."""
+
+        _saga_follows_losses = True
+
+        def on_failure(self, exc_info: Any, *args: Any, **kwargs: Any) -> Any:
+            error = getattr(exc_info, "exception", None)
+            error = getattr(error, "exc", error)  # unwrapped from ExceptionWithTraceback
+            if isinstance(error, WorkerLostError):
+                on_loss(self)
+            return super().on_failure(exc_info, *args, **kwargs)
+
+    return SagaRequest
 
 
 def _worker_step(hooks: CeleryHooks) -> type:

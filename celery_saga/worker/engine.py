@@ -4,6 +4,7 @@ What it changes in Celery, it changes for its own app only, through ``celery_hoo
 
 from __future__ import annotations
 
+import functools
 import math
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -34,12 +35,14 @@ from celery_saga.store.codec import pack, unpack
 from celery_saga.store.database import Database
 from celery_saga.store.transient import describe_store_error, is_transient, retry_transient
 from celery_saga.store.url_errors import configuration_error
+from celery_saga.worker import holders
 from celery_saga.worker.beat import install_beat_entries
 from celery_saga.worker.celery_hooks import CeleryHooks
 from celery_saga.worker.delivery import stopped_by_worker
 from celery_saga.worker.discovery import Packages, SagaDiscovery
 from celery_saga.worker.events import EventHub, Listener
 from celery_saga.worker.handle import SagaHandle
+from celery_saga.worker.holders import CeleryHolders
 from celery_saga.worker.publisher import CeleryPublisher
 from celery_saga.worker.start_checks import refuse_before_start
 from celery_saga.worker.step_run import StepRun
@@ -106,6 +109,9 @@ class SagaEngine:
             tasks=self.step_tasks,
         )
         self.executor = Executor(self.db, self.catalog, publisher, self.events, self.settings)
+        self.executor.use_holders(CeleryHolders(self))
+        self.hooks.commands[holders.COMMAND] = functools.partial(holders.answer_holder, self)
+        self.hooks.on_pool_loss = functools.partial(holders.on_pool_loss, self)
         self.recoverer = Recoverer(self.executor)
         publisher.on_unsent = self.recoverer.owe_message
         register_tasks(app, self)

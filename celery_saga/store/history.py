@@ -1,0 +1,71 @@
+"""A run's history: append-only rows of what happened to it, kept and archived with it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import insert, select
+
+from celery_saga.store.codec import unpack
+from celery_saga.store.database import Database, from_db_time, to_db_time
+from celery_saga.store.tables import history
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One row: ``kind`` says what happened (``late-outcome``: a body's outcome that
+    arrived after its claim had been taken over), ``data`` holds a value it carried."""
+
+    at: datetime
+    kind: str
+    step: str | None = None
+    attempt: int | None = None
+    holder: str | None = None
+    actor: str | None = None
+    detail: str | None = None
+    data: Any = None
+
+
+def append(
+    db: Database,
+    execution_id: str,
+    entry: HistoryEntry,
+    blob: bytes | None = None,
+) -> None:
+    """Add ``entry`` to the run's history (``blob``: ``entry.data`` already encoded)."""
+    with db.single_statement() as connection:
+        connection.execute(
+            insert(history).values(
+                execution_id=execution_id,
+                at=to_db_time(entry.at),
+                kind=entry.kind,
+                step=entry.step,
+                attempt=entry.attempt,
+                holder=entry.holder,
+                actor=entry.actor,
+                detail=entry.detail,
+                data=blob,
+            )
+        )
+
+
+def load(db: Database, execution_id: str) -> list[HistoryEntry]:
+    """The run's history, oldest first."""
+    rows = db.read(
+        select(history).where(history.c.execution_id == execution_id).order_by(history.c.id)
+    )
+    return [
+        HistoryEntry(
+            at=from_db_time(row["at"]) or datetime.min,
+            kind=row["kind"],
+            step=row["step"],
+            attempt=row["attempt"],
+            holder=row["holder"],
+            actor=row["actor"],
+            detail=row["detail"],
+            data=None if row["data"] is None else unpack(row["data"]),
+        )
+        for row in rows
+    ]

@@ -1,0 +1,235 @@
+"""Claim holders over Celery's remote control (guarantee 30).
+
+A claim names the worker process that holds it (``node/pid/task id``). Before a claim is
+taken over, the taker asks that worker with the ``saga_claim_holder`` control command,
+addressed to the holder's node only. The holder's main process, which knows which task
+each of its pool processes runs, answers:
+
+- ``absent``: none of its processes runs that task any more;
+- ``held``: it still runs it, and the lease was renewed just now (from the main process,
+  which reaches the store as well as the body's process does);
+- ``stopped``: it runs it but cannot reach the store to renew the lease, so it stopped the
+  body's pool process before anyone else may run the step (fencing);
+- ``unstoppable``: the same, under a pool whose bodies cannot be stopped (threads, solo):
+  the claim stays with it until it can renew or finishes.
+
+A pool process that dies (SIGKILL, the OOM killer, ``os._exit``) cannot give up its claims:
+its worker's main process does it as soon as Celery reports the loss (``on_pool_loss``), so
+the redelivered message runs at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from celery import current_task
+
+from celery_saga.decisions.takeover import Answer
+from celery_saga.records import ReversalAttempt, StepAttempt
+from celery_saga.runtime.clock import get_clock
+from celery_saga.runtime.heartbeat import LeaseState
+from celery_saga.runtime.holders import HeldClaim, Holders, holder_name, parse_holder
+from celery_saga.store.holders import release_claims_of
+from celery_saga.store.transient import describe_store_error
+from celery_saga.worker.saga_header import HEADER
+
+if TYPE_CHECKING:
+    from celery_saga.worker.engine import SagaEngine
+
+logger = logging.getLogger("celery_saga")
+
+COMMAND = "saga_claim_holder"
+#: Seconds a taker waits for the answer about a live lease (the holder only looks it up),
+#: and about a lapsed one (the holder first tries to renew it, then may stop the body).
+ASK_LIVE_TIMEOUT = 2.0
+ASK_LAPSED_TIMEOUT = 10.0
+#: Seconds the holder's main process tries to renew a lapsed lease before it concludes that
+#: it cannot reach the store, and waits for a stopped pool process to be gone.
+RENEW_BUDGET = 5.0
+STOP_WAIT = 2.0
+
+
+class CeleryHolders(Holders):
+    """Names this process after the Celery task it runs, and asks other workers."""
+
+    def __init__(self, engine: SagaEngine) -> None:
+        self.engine = engine
+
+    def me(self) -> str:
+        request = getattr(current_task, "request", None)
+        node = getattr(request, "hostname", None)
+        if not node:
+            return super().me()
+        return holder_name(str(node), os.getpid(), getattr(request, "id", None))
+
+    def ask(self, claim: HeldClaim) -> Answer:
+        parsed = parse_holder(claim.holder or "")
+        if parsed is None or parsed[2] == "-":
+            return Answer.NO_CHANNEL
+        node, pid, task_id = parsed
+        arguments = {
+            "kind": claim.kind,
+            "execution_id": claim.execution_id,
+            "name": claim.name,
+            "attempt": claim.attempt,
+            "pid": pid,
+            "task_id": task_id,
+            "lease_live": claim.lease_live,
+        }
+        timeout = ASK_LIVE_TIMEOUT if claim.lease_live else ASK_LAPSED_TIMEOUT
+        try:
+            replies = self.engine.app.control.broadcast(
+                COMMAND,
+                arguments=arguments,
+                destination=[node],
+                reply=True,
+                timeout=timeout,
+                limit=1,
+            )
+        except Exception as error:
+            logger.warning("could not ask %s about its claim: %r", node, error)
+            return Answer.UNASKED
+        for reply in replies or ():
+            answer = (reply.get(node) or {}).get("answer")
+            if answer in Answer._value2member_map_:
+                return Answer(answer)
+        return Answer.SILENT
+
+
+def answer_holder(engine: SagaEngine, state: Any, **arguments: Any) -> dict[str, str]:
+    """The ``saga_claim_holder`` command, in the holder's main process."""
+    from celery.worker import state as worker_state
+
+    task_id, pid = str(arguments["task_id"]), int(arguments["pid"])
+    request = next(
+        (
+            r
+            for r in list(worker_state.active_requests)
+            if r.id == task_id and (r.worker_pid in (None, pid))
+        ),
+        None,
+    )
+    if request is None:
+        return {"answer": Answer.ABSENT.value}
+    if arguments.get("lease_live"):
+        return {"answer": Answer.HELD.value}
+    renewed = _renew_within(engine, arguments, RENEW_BUDGET)
+    if renewed is LeaseState.HELD:
+        return {"answer": Answer.HELD.value}
+    if renewed is LeaseState.ENDED:
+        return {"answer": Answer.ABSENT.value}
+    # The store cannot be reached from here (or the claim is someone else's already): the
+    # body must stop before anyone else may run the step.
+    what = f"{arguments['kind']} {arguments['name']!r} of execution {arguments['execution_id']}"
+    if pid == os.getpid():
+        logger.error("%s: its lease cannot be renewed and its pool cannot stop it", what)
+        return {"answer": Answer.UNSTOPPABLE.value}
+    _stop_process(pid)
+    logger.warning(
+        "%s: its lease could not be renewed (the saga store is unreachable from this "
+        "worker); its pool process %d was stopped so that it runs elsewhere, once",
+        what,
+        pid,
+    )
+    return {"answer": Answer.STOPPED.value}
+
+
+def _renew_within(
+    engine: SagaEngine, arguments: dict[str, Any], budget: float
+) -> LeaseState | None:
+    """Renew the asked-about lease from this process, retrying for ``budget`` s; None: the
+    store could not be reached in time. Runs on a thread: a connection attempt to a cut
+    store must not hold the worker's event loop longer than the budget."""
+    renewals = engine.executor.renewals
+    execution_id, name, attempt = (
+        str(arguments["execution_id"]),
+        str(arguments["name"]),
+        int(arguments["attempt"]),
+    )
+    renew: Callable[[Any], LeaseState]
+    if arguments["kind"] == "reversal":
+        renew = renewals.of_reversal(ReversalAttempt(execution_id, name, attempt))
+    else:
+        renew = renewals.of_step(StepAttempt(execution_id, name, 0, 0, attempt))
+    lease = timedelta(seconds=engine.settings.lease_seconds)
+    result: Future[LeaseState | None] = Future()
+
+    def attempt_renewals() -> None:
+        deadline = time.monotonic() + budget
+        while time.monotonic() < deadline:
+            try:
+                result.set_result(renew(get_clock().now() + lease))
+                return
+            except Exception as error:
+                logger.debug("renewal for a taker failed: %s", describe_store_error(error))
+                time.sleep(0.5)
+        result.set_result(None)
+
+    threading.Thread(target=attempt_renewals, name="saga-holder-renewal", daemon=True).start()
+    try:
+        return result.result(timeout=budget + 1.0)
+    except Exception:
+        return None
+
+
+def _stop_process(pid: int) -> None:
+    """SIGKILL the pool process running the body, and wait (boundedly) until it is gone."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + STOP_WAIT
+    while time.monotonic() < deadline and _running(pid):
+        time.sleep(0.02)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def on_pool_loss(engine: SagaEngine, request: Any) -> None:
+    """Celery reports that the pool process running ``request`` died: give its claims up at
+    once, on a thread (the main process's event loop must not wait on the store)."""
+    headers = getattr(request, "_request_dict", None) or {}
+    header = headers.get(HEADER) or (headers.get("headers") or {}).get(HEADER)
+    if not isinstance(header, dict) or "id" not in header or not request.worker_pid:
+        return
+    holder = holder_name(str(request.hostname), int(request.worker_pid), request.id)
+    execution_id = str(header["id"])
+
+    def release() -> None:
+        try:
+            released = release_claims_of(
+                engine.db, execution_id=execution_id, holder=holder, now=get_clock().now()
+            )
+        except Exception as error:
+            logger.warning(
+                "execution %s: the claims of pool process %s, which died, could not be given "
+                "up (%s); they are taken over when their holder is asked or their lease ends",
+                execution_id,
+                request.worker_pid,
+                describe_store_error(error),
+            )
+            return
+        if released:
+            logger.warning(
+                "execution %s: pool process %s died running %s; its claim was given up, so "
+                "the step runs again as soon as its message is redelivered",
+                execution_id,
+                request.worker_pid,
+                request.name,
+            )
+
+    threading.Thread(target=release, name="saga-release-claims", daemon=True).start()
