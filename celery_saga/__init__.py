@@ -34,6 +34,7 @@ from celery_saga.records import (
 )
 from celery_saga.runtime.clock import Clock, SystemClock, get_clock, set_clock
 from celery_saga.runtime.context import SagaContext
+from celery_saga.runtime.holders import fencing_token
 from celery_saga.store.queries import Page
 from celery_saga.worker.engine import SagaEngine
 from celery_saga.worker.handle import SagaHandle
@@ -79,6 +80,7 @@ __all__ = [
     "WaitTimeoutError",
     "__version__",
     "compensated_by",
+    "fencing_token",
     "get_clock",
     "path",
     "set_clock",

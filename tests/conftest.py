@@ -103,7 +103,12 @@ class Harness:
 
 
 def _spawn_workers(
-    env: dict[str, str], queue: str, logdir: Path, count: int, events: bool = True
+    env: dict[str, str],
+    queue: str,
+    logdir: Path,
+    count: int,
+    events: bool = True,
+    prefix: str = "w",
 ) -> tuple[list[subprocess.Popen[bytes]], list[Path]]:
     workers, logs = [], []
     for index in range(count):
@@ -124,7 +129,7 @@ def _spawn_workers(
             "-Q",
             queue,
             "-n",
-            f"w{index}-{queue}@%h",
+            f"{prefix}{index}-{queue}@%h",
             "--without-gossip",
             "--without-mingle",
             "-l",

@@ -15,7 +15,7 @@ from celery import Celery
 from sqlalchemy import Column, Integer, MetaData, String, Table, Text, create_engine, insert, select
 from sqlalchemy.pool import NullPool
 
-from celery_saga import Saga, SagaContext, SagaEngine, compensated_by, path, step
+from celery_saga import Saga, SagaContext, SagaEngine, compensated_by, fencing_token, path, step
 from celery_saga.decisions.admission import NodeMessage
 from celery_saga.definition.nodes import StepSpec
 from celery_saga.worker.publisher import CeleryPublisher
@@ -34,6 +34,14 @@ ledger = Table(
     Column("direction", String(32)),
     Column("key", String(400)),
     Column("forward_key", String(400)),
+    Column("detail", Text),
+)
+#: A downstream system that refuses stale writers: the largest fencing token per key.
+fenced = Table(
+    "test_fenced",
+    test_metadata,
+    Column("key", String(400), primary_key=True),
+    Column("token", Integer, nullable=False),
     Column("detail", Text),
 )
 switches = Table(
@@ -154,6 +162,20 @@ class TestApp:
                 )
             )
 
+    def fenced_write(self, key: str, token: int, detail: str) -> bool:
+        """Write ``detail`` under ``key`` unless a larger fencing token wrote there already
+        (PostgreSQL's upsert with a condition); False: refused as stale."""
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        statement = pg_insert(fenced).values(key=key, token=token, detail=detail)
+        statement = statement.on_conflict_do_update(
+            index_elements=[fenced.c.key],
+            set_={"token": statement.excluded.token, "detail": statement.excluded.detail},
+            where=fenced.c.token <= statement.excluded.token,
+        )
+        with self.sql.begin() as connection:
+            return connection.execute(statement.returning(fenced.c.key)).first() is not None
+
     def entries(self, execution_id: str) -> list[Any]:
         with self.sql.begin() as connection:
             return list(
@@ -182,7 +204,16 @@ class TestApp:
         plan = ctx.input.get("plan", {}).get(ctx.step_name, {})
         if plan.get("mark_begin"):
             self.write(ctx, "forward_begin", f"attempt={ctx.attempt}")
-        time.sleep(plan.get("sleep", 0) + (plan.get("first_sleep", 0) if ctx.attempt == 1 else 0))
+        if plan.get("fenced"):
+            self.fenced_write(ctx.idempotency_key, fencing_token(), f"attempt={ctx.attempt}")
+        pause = plan.get("sleep", 0) + (plan.get("first_sleep", 0) if ctx.attempt == 1 else 0)
+        if plan.get("tick"):  # alive marks while it runs: two attempts must never interleave
+            ends = time.monotonic() + pause
+            while time.monotonic() < ends:
+                self.write(ctx, "tick", f"attempt={ctx.attempt}")
+                time.sleep(0.2)
+        else:
+            time.sleep(pause)
         self.write(ctx, "forward", f"attempt={ctx.attempt}")
         _misbehave(plan)
         if plan.get("fail_after_cut"):  # the failure's record meets the outage

@@ -36,6 +36,13 @@ class SagaContext:
     iteration: int | None = None
     item: Any = None
 
+    @property
+    def fencing_token(self) -> int:
+        """The generation of this attempt's claim: larger for every later claim of the same
+        step (or reversal). Hand it to a system that refuses writes carrying a smaller one,
+        so a body whose claim was taken over cannot overwrite newer work (guarantee 30)."""
+        return self.attempt
+
     def iterations(self, step_name: str) -> list[Any]:
         """Results of every completed iteration of the loop body step ``step_name``, in
         iteration order."""

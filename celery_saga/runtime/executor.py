@@ -24,7 +24,7 @@ from celery_saga.runtime.children import Children
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.contexts import Snapshot, step_context
 from celery_saga.runtime.describe import describe_error
-from celery_saga.runtime.holders import HeldClaim, Holders, fenced_by
+from celery_saga.runtime.holders import HeldClaim, Holders, attempt_running
 from celery_saga.runtime.invoke import invoke_step
 from celery_saga.runtime.keys import record_key
 from celery_saga.runtime.moves import (
@@ -326,7 +326,10 @@ class Executor(Progress):
         self.emit("saga-step-started", fields)
         loop = (position.iteration, position.item, position.for_each)
         what = f"step {name!r} of execution {execution_id}"
-        with self.holding(self.renewals.of_step(held), what), fenced_by(attempt):
+        with (
+            self.holding(self.renewals.of_step(held), what),
+            attempt_running("step", execution_id, name, attempt),
+        ):
             try:
                 ctx = step_context(
                     self.db, definition, spec, name, execution_id, key, attempt, snapshot, loop

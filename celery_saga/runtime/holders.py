@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -61,20 +62,56 @@ class Holders:
         return holder_name(socket.gethostname(), os.getpid(), None)
 
     def ask(self, claim: HeldClaim) -> Answer:
+        if _in_this_process(claim.holder):
+            return Answer.HELD if runs_here(claim) else Answer.ABSENT
         return Answer.NO_CHANNEL
 
 
+def _in_this_process(holder: str | None) -> bool:
+    """Whether ``holder`` names this process (its host for a process without a worker
+    node name, or any node: a pid and a message are this process's alone while it runs).
+    Its own earlier attempt of the same message then runs here or nowhere."""
+    parsed = parse_holder(holder or "")
+    return (
+        parsed is not None
+        and parsed[1] == os.getpid()
+        and (parsed[2] != "-" or parsed[0] == socket.gethostname())
+    )
+
+
 _token: ContextVar[int | None] = ContextVar("celery_saga_fencing_token", default=None)
+#: The attempts whose bodies run in this process now: (kind, execution id, name, attempt).
+_running: set[tuple[str, str, str, int]] = set()
+_running_lock = threading.Lock()
 
 
 @contextmanager
-def fenced_by(token: int) -> Iterator[None]:
-    """Make ``token`` the running attempt's fencing token while the block runs."""
-    reset = _token.set(token)
+def attempt_running(kind: ClaimKind, execution_id: str, name: str, attempt: int) -> Iterator[None]:
+    """Mark an attempt as running in this process while the block runs, and make its
+    attempt number the fencing token its body reads."""
+    key = (kind, execution_id, name, attempt)
+    with _running_lock:
+        _running.add(key)
+    reset = _token.set(attempt)
     try:
         yield
     finally:
         _token.reset(reset)
+        with _running_lock:
+            _running.discard(key)
+
+
+def runs_here(claim: HeldClaim) -> bool:
+    """Whether the attempt ``claim`` names runs in this very process now."""
+    with _running_lock:
+        return (claim.kind, claim.execution_id, claim.name, claim.attempt) in _running
+
+
+def _forget_after_fork() -> None:
+    _running.clear()  # a forked process runs none of its parent's attempts
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def fencing_token() -> int:

@@ -73,7 +73,7 @@ class Settings:
     hard_limit_grace: float = 10.0
     recover_after: float = 45.0
     store_retry_budget: float = 15.0
-    outcome_retry_budget: float = 120.0
+    outcome_retry_budget: float = 600.0
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> Settings:

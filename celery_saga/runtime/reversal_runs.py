@@ -17,7 +17,7 @@ from celery_saga.runtime.async_bodies import run_body
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.contexts import reversal_context
 from celery_saga.runtime.describe import describe_error
-from celery_saga.runtime.holders import fenced_by
+from celery_saga.runtime.holders import attempt_running
 from celery_saga.runtime.invoke import body_error, body_of, call_arguments
 from celery_saga.runtime.keys import record_key
 from celery_saga.runtime.outcomes import (
@@ -75,7 +75,10 @@ class ReversalRuns(ReversalOutcomes):
         self.emit("saga-compensation-started", fields)
         what = f"the reversal of step {record.name!r} of execution {execution_id}"
         stopped: BaseException | None = None
-        with self.holding(self.renewals.of_reversal(held), what), fenced_by(attempt):
+        with (
+            self.holding(self.renewals.of_reversal(held), what),
+            attempt_running("reversal", execution_id, record.name, attempt),
+        ):
             try:
                 ctx = reversal_context(self.db, definition, unwinding, record, key, attempt)
             except SQLAlchemyError:

@@ -112,6 +112,7 @@ class SagaEngine:
         self.executor.use_holders(CeleryHolders(self))
         self.hooks.commands[holders.COMMAND] = functools.partial(holders.answer_holder, self)
         self.hooks.on_pool_loss = functools.partial(holders.on_pool_loss, self)
+        self.hooks.when_worker_starts(holders.PoolWatch(self).start)
         self.recoverer = Recoverer(self.executor)
         publisher.on_unsent = self.recoverer.owe_message
         register_tasks(app, self)

@@ -72,8 +72,8 @@ class CeleryHolders(Holders):
 
     def ask(self, claim: HeldClaim) -> Answer:
         parsed = parse_holder(claim.holder or "")
-        if parsed is None or parsed[2] == "-":
-            return Answer.NO_CHANNEL
+        if parsed is None or parsed[2] == "-" or parsed[1] == os.getpid():
+            return super().ask(claim)  # no worker to ask, or this very process
         node, pid, task_id = parsed
         arguments = {
             "kind": claim.kind,
@@ -110,15 +110,11 @@ def answer_holder(engine: SagaEngine, state: Any, **arguments: Any) -> dict[str,
 
     task_id, pid = str(arguments["task_id"]), int(arguments["pid"])
     request = next(
-        (
-            r
-            for r in list(worker_state.active_requests)
-            if r.id == task_id and (r.worker_pid in (None, pid))
-        ),
+        (r for r in list(worker_state.active_requests) if r.id == task_id and r.worker_pid == pid),
         None,
     )
-    if request is None:
-        return {"answer": Answer.ABSENT.value}
+    if request is None or (pid != os.getpid() and not _running(pid)):
+        return {"answer": Answer.ABSENT.value}  # its process died, or the task is over
     if arguments.get("lease_live"):
         return {"answer": Answer.HELD.value}
     renewed = _renew_within(engine, arguments, RENEW_BUDGET)
@@ -199,7 +195,40 @@ def _running(pid: int) -> bool:
         return False
 
 
-def on_pool_loss(engine: SagaEngine, request: Any) -> None:
+class PoolWatch:
+    """Notices, within a fraction of a second, a pool process that died running a saga
+    message (Celery reports it seconds later), and gives its claims up (``on_pool_loss``).
+    Runs in a worker's main process, under the prefork pool."""
+
+    INTERVAL = 0.25
+
+    def __init__(self, engine: SagaEngine) -> None:
+        self.engine = engine
+        self.reported: set[tuple[str, int]] = set()
+        self._watching_in: int | None = None
+
+    def start(self) -> None:
+        """Watch from this process, once (a process may start several embedded workers)."""
+        if self._watching_in != os.getpid():
+            self._watching_in = os.getpid()
+            threading.Thread(target=self._watch, name="saga-pool-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        from celery.worker import state as worker_state
+
+        main = os.getpid()
+        while True:
+            time.sleep(self.INTERVAL)
+            for request in list(worker_state.active_requests):
+                pid = request.worker_pid
+                if not pid or pid == main or _running(pid):
+                    continue
+                if (request.id, pid) not in self.reported:
+                    self.reported.add((request.id, pid))
+                    on_pool_loss(self.engine, request, resend_always=True)
+
+
+def on_pool_loss(engine: SagaEngine, request: Any, resend_always: bool = False) -> None:
     """Celery reports that the pool process running ``request`` died: give its claims up at
     once, on a thread (the main process's event loop must not wait on the store)."""
     headers = getattr(request, "_request_dict", None) or {}
@@ -223,13 +252,38 @@ def on_pool_loss(engine: SagaEngine, request: Any) -> None:
                 describe_store_error(error),
             )
             return
-        if released:
-            logger.warning(
-                "execution %s: pool process %s died running %s; its claim was given up, so "
-                "the step runs again as soon as its message is redelivered",
-                execution_id,
-                request.worker_pid,
-                request.name,
-            )
+        if not released:
+            return
+        redelivered = request.task.acks_late and request.task.reject_on_worker_lost
+        redelivered = redelivered and not resend_always
+        if not redelivered:  # the broker has forgotten it, or gives it back only later
+            _send_again(engine, request, header)
+        logger.warning(
+            "execution %s: pool process %s died running %s; its claim was given up and its "
+            "message %s, so it runs again at once",
+            execution_id,
+            request.worker_pid,
+            request.name,
+            "is redelivered" if redelivered else "sent again",
+        )
 
     threading.Thread(target=release, name="saga-release-claims", daemon=True).start()
+
+
+def _send_again(engine: SagaEngine, request: Any, header: dict[str, Any]) -> None:
+    """The same message (task id, header, route, time limits), ``resent`` counting up so
+    that the receiving worker treats it as a redelivery."""
+    info = request.delivery_info or {}
+    route = {k: info[k] for k in ("exchange", "routing_key") if info.get(k) is not None}
+    hard, soft = getattr(request, "time_limits", None) or (None, None)
+    limits = {"time_limit": hard, "soft_time_limit": soft} if hard or soft else {}
+    engine.publisher.send(
+        str(header["id"]),
+        request.name,
+        args=(),
+        kwargs={},
+        headers={HEADER: {**header, "resent": int(header.get("resent", 0)) + 1}},
+        task_id=request.id,
+        **route,
+        **limits,
+    )
