@@ -68,6 +68,7 @@ def _step(
         "completed_at": _time(record.completed_at),
         "error": record.error,
         "result": record.result,
+        "holder": record.holder if record.lease_expires_at is not None else None,
         "compensatable": record.compensatable,
         "compensation": None,
         "child": None,
@@ -78,6 +79,11 @@ def _step(
             "reason": record.compensation_reason,
             "attempts": record.compensation_attempts,
             "at": _time(record.compensated_at),
+            "holder": (
+                record.compensation_holder
+                if record.compensation_lease_expires_at is not None
+                else None
+            ),
         }
     if record.child_execution_id is not None:
         child = load(record.child_execution_id) if depth < MAX_DEPTH else None
@@ -121,6 +127,18 @@ def describe(run: StoredRun, load: LoadRun, find: FindDefinition, depth: int = 0
             for s in run.signals
         ],
         "steps": [_step(s, definition, load, find, depth) for s in run.steps],
+        "history": [
+            {
+                "at": _time(h.at),
+                "kind": h.kind,
+                "step": h.step,
+                "attempt": h.attempt,
+                "holder": h.holder,
+                "detail": h.detail,
+                "data": h.data,
+            }
+            for h in run.history
+        ],
     }
 
 
@@ -149,7 +167,21 @@ def _events(run: dict[str, Any], indent: str) -> list[tuple[str, str]]:
             events.append((reversal["at"], line))
         if step["child"] and not step["child"].get("missing"):
             events.extend(_events(step["child"], indent + "  | "))
+    for entry in run.get("history", ()):
+        events.append((entry["at"], f"{indent}{entry['kind']:<10} {entry['detail'] or ''}"))
     return events
+
+
+def _held(run: dict[str, Any]) -> list[str]:
+    """Who holds each claim in flight: the worker process a takeover would ask."""
+    lines = []
+    for step in run["steps"]:
+        if step["holder"]:
+            lines.append(f"running: {step['name']} held by {step['holder']}")
+        reversal = step["compensation"]
+        if reversal and reversal.get("holder"):
+            lines.append(f"reversing: {step['name']} held by {reversal['holder']}")
+    return lines
 
 
 def render(run: dict[str, Any]) -> list[str]:
@@ -175,6 +207,7 @@ def render(run: dict[str, Any]) -> list[str]:
             "parked: fix the cause, then `saga resume ID` retries the failed reversal; "
             "`saga abandon ID` gives the unwind up"
         )
+    lines.extend(_held(run))
     start = datetime.fromisoformat(run["created_at"])
     lines.append("timeline:")
     for moment, text in sorted(_events(run, ""), key=lambda event: event[0]):

@@ -10,7 +10,7 @@ from sqlalchemy import insert, select
 
 from celery_saga.store.codec import unpack
 from celery_saga.store.database import Database, from_db_time, to_db_time
-from celery_saga.store.tables import history
+from celery_saga.store.tables import history, history_archive
 
 
 @dataclass(frozen=True)
@@ -51,11 +51,10 @@ def append(
         )
 
 
-def load(db: Database, execution_id: str) -> list[HistoryEntry]:
-    """The run's history, oldest first."""
-    rows = db.read(
-        select(history).where(history.c.execution_id == execution_id).order_by(history.c.id)
-    )
+def load(db: Database, execution_id: str, archived: bool = False) -> list[HistoryEntry]:
+    """The run's history, oldest first (``archived``: from the archive)."""
+    table = history_archive if archived else history
+    rows = db.read(select(table).where(table.c.execution_id == execution_id).order_by(table.c.id))
     return [
         HistoryEntry(
             at=from_db_time(row["at"]) or datetime.min,

@@ -12,8 +12,10 @@ from typing import Any
 from sqlalchemy import Table, and_, func, or_, select
 
 from celery_saga.records import ExecutionRecord, ExecutionState, RollbackStatus, StepRecord
+from celery_saga.store import history
 from celery_saga.store.codec import unpack
 from celery_saga.store.database import Database, from_db_time, to_db_time
+from celery_saga.store.history import HistoryEntry
 from celery_saga.store.queries import Page, decode_cursor
 from celery_saga.store.rows import execution_from_row, step_from_row
 from celery_saga.store.tables import (
@@ -52,6 +54,7 @@ class StoredRun:
     steps: tuple[StepRecord, ...]
     signals: tuple[Signal, ...]
     archived_at: datetime | None = None
+    history: tuple[HistoryEntry, ...] = ()
 
 
 def _tables(archived: bool) -> tuple[Table, Table, Table]:
@@ -122,6 +125,7 @@ def load_run(db: Database, execution_id: str) -> StoredRun | None:
             tuple(step_from_row(r) for r in steps),
             signal_rows,
             from_db_time(rows[0]["archived_at"]) if archived else None,
+            tuple(history.load(db, execution_id, archived)),
         )
     return None
 
