@@ -91,6 +91,12 @@ class ChildUnwind:
         if notify is Notify.NOTHING or parent is None or record is None:
             return Stay()
         definition = u.registry.known(parent.saga_name, parent.definition_hash)
+        if definition is None and notify is Notify.NODE:
+            # Handed on: the parent's node message, for a worker that has its version.
+            message = NodeMessage(parent.id, record.node, record.sub, 0, 1)
+            label, version = f"{parent.saga_name}.{record.name}", parent.definition_hash
+            u.publisher.publish_node(parent.saga_name, None, message, label=label, version=version)
+            return Stay()
         if definition is None:
             logger.warning(
                 "child %s settled but its parent's saga %r version %s is not registered "
