@@ -21,6 +21,8 @@ from celery_saga.errors import (
     SubSagaError,
     UnknownEventError,
     UnknownSagaError,
+    UpgradeRefusedError,
+    VersionNotDeployedError,
     WaitTimeoutError,
 )
 from celery_saga.records import (
@@ -77,6 +79,8 @@ __all__ = [
     "SystemClock",
     "UnknownEventError",
     "UnknownSagaError",
+    "UpgradeRefusedError",
+    "VersionNotDeployedError",
     "WaitTimeoutError",
     "__version__",
     "compensated_by",

@@ -36,7 +36,21 @@ class StepTimeoutError(SagaError):
 
 
 class DefinitionChangedError(SagaError):
-    """A running execution's definition hash differs from the deployed definition."""
+    """A run's definition (its version) is not the one this process has."""
+
+
+class VersionNotDeployedError(DefinitionChangedError):
+    """The version a run started on is not registered in this process. A worker hands the
+    run's message back for a worker that has it; an operator call says where to run it."""
+
+    def __init__(self, message: str, saga_name: str, definition_hash: str) -> None:
+        super().__init__(message)
+        self.saga_name = saga_name
+        self.definition_hash = definition_hash
+
+
+class UpgradeRefusedError(SagaError):
+    """``upgrade`` cannot move a run to the version asked for (a node it passed differs)."""
 
 
 class BranchPathError(SagaError):

@@ -140,6 +140,9 @@ class Execution:
 
     record: ExecutionRecord
     steps: tuple[StepRecord, ...]
+    #: The version (definition hash) the run waits for: a worker without it handed its
+    #: message back, and no worker with it has taken the run since (None: not waiting).
+    waiting_for_version: str | None = None
 
     @property
     def id(self) -> str:

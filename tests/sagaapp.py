@@ -61,9 +61,10 @@ class DuplicatingPublisher(CeleryPublisher):
         message: NodeMessage,
         countdown: float | None = None,
         label: str | None = None,
+        version: str | None = None,
     ) -> None:
         for _ in range(2):
-            super().publish_node(saga_name, spec, message, countdown, label)
+            super().publish_node(saga_name, spec, message, countdown, label, version)
 
     def publish_compensation(
         self,
@@ -73,10 +74,11 @@ class DuplicatingPublisher(CeleryPublisher):
         step_name: str,
         attempt: int,
         countdown: float | None = None,
+        version: str | None = None,
     ) -> None:
         for _ in range(2):
             super().publish_compensation(
-                saga_name, spec, execution_id, step_name, attempt, countdown
+                saga_name, spec, execution_id, step_name, attempt, countdown, version
             )
 
 

@@ -85,12 +85,6 @@ def test_list_with_bad_arguments_is_refused(
         harness.engine.list(**options)
 
 
-def test_registering_a_different_saga_under_a_taken_name_is_refused(harness: Harness) -> None:
-    with pytest.raises(DefinitionError, match="a different saga named 'five'"):
-        harness.engine.register(Saga("five").step("other", lambda: None))
-    assert harness.engine.definition("five").find_step("other") is None
-
-
 def test_a_result_that_cannot_be_stored_fails_the_step_clearly(harness: Harness) -> None:
     if not harness.in_process:
         pytest.skip("registers a saga in-process")

@@ -112,10 +112,10 @@ def test_message_for_a_run_that_is_not_running_is_rejected_as_not_live(
 
 
 @pytest.mark.parametrize("deployed", ["other", None])
-def test_message_for_a_run_bound_to_another_graph_is_rejected_as_definition_changed(
+def test_message_for_a_run_bound_to_another_version_is_handed_back(
     deployed: str | None,
 ) -> None:
-    assert admit(deployed=deployed) is Admission.REJECT_DEFINITION_CHANGED
+    assert admit(deployed=deployed) is Admission.HAND_BACK
 
 
 @pytest.mark.parametrize(("node", "sub"), [(1, 0), (3, 0), (2, 1)])
@@ -161,7 +161,7 @@ def test_liveness_is_checked_before_the_cursor_and_the_record() -> None:
     done = record(status=StepStatus.COMPLETED)
     stale = message(node=0)
     assert admit(execution(state=ExecutionState.FAILED), done, stale) is Admission.REJECT_NOT_LIVE
-    assert admit(execution(), done, stale, "other") is Admission.REJECT_DEFINITION_CHANGED
+    assert admit(execution(), done, stale, "other") is Admission.HAND_BACK
     assert admit(execution(), done, stale) is Admission.REJECT_STALE_CURSOR
 
 

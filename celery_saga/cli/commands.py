@@ -24,10 +24,12 @@ from sqlalchemy.exc import SQLAlchemyError
 from celery_saga.cli import timeline
 from celery_saga.cli.durations import parse_duration
 from celery_saga.cli.output import OneLineErrors, as_json, table
+from celery_saga.cli.version_names import version_hashes
 from celery_saga.errors import ExecutionNotFoundError, InvalidStateError, SagaError
 from celery_saga.records import ExecutionRecord, ExecutionState, RollbackStatus
 from celery_saga.runtime.clock import get_clock
 from celery_saga.store import inspection
+from celery_saga.store.versions import waiting_for_version
 from celery_saga.worker.engine import SagaEngine
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -73,8 +75,10 @@ def _short(when: datetime | None) -> str:
     return "-" if when is None else when.strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _row(record: ExecutionRecord) -> list[str]:
+def _row(record: ExecutionRecord, waiting: str | None = None) -> list[str]:
     reason = (record.rollback_reason or record.failure_reason or "").replace("\n", " ")
+    if waiting and not reason:
+        reason = f"waiting for a worker with version {waiting}"
     return [
         record.id,
         record.saga_name,
@@ -86,9 +90,10 @@ def _row(record: ExecutionRecord) -> list[str]:
     ]
 
 
-def _summary(record: ExecutionRecord) -> dict[str, Any]:
+def _summary(record: ExecutionRecord, waiting: str | None = None) -> dict[str, Any]:
     return {
         **timeline.summary(record),
+        "waiting_for_version": waiting,
         "created_at": record.created_at,
         "updated_at": record.updated_at,
     }
@@ -105,6 +110,9 @@ _ROLLBACKS = click.Choice([s.value for s in RollbackStatus])
 @click.option("--older-than", help="Started at least this long ago (e.g. 30m, 7d).")
 @click.option("--newer-than", help="Started at most this long ago.")
 @click.option("--archived", is_flag=True, help="List archived runs instead of live ones.")
+@click.option(
+    "--version", "versions", multiple=True, help="Only runs on this version (hash or label)."
+)
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 1000))
 @click.option("--cursor", help="Continue after the page that printed this cursor.")
 @click.option("--json", "as_json_output", is_flag=True, help="Print JSON.")
@@ -118,20 +126,22 @@ def list_(
     older_than: str | None,
     newer_than: str | None,
     archived: bool,
+    versions: tuple[str, ...],
     limit: int,
     cursor: str | None,
     as_json_output: bool,
 ) -> None:
     """Runs, oldest first, one page at a time."""
     now = get_clock().now()
+    engine = engine_of(ctx)
     filters = inspection.Filters(
         saga_names=sagas,
         states=[ExecutionState(s) for s in states],
         rollback_statuses=[RollbackStatus(s) for s in rollbacks],
         created_before=now - parse_duration(older_than) if older_than else None,
         created_after=now - parse_duration(newer_than) if newer_than else None,
+        definition_hashes=version_hashes(engine, versions),
     )
-    engine = engine_of(ctx)
     engine.ensure_schema()
     try:
         page = inspection.list_runs(
@@ -139,15 +149,17 @@ def list_(
         )
     except (ValueError, UnicodeDecodeError):
         raise SagaError(f"{cursor!r} is not a cursor printed by `saga list`") from None
+    waits = {} if archived else waiting_for_version(engine.db, [r.id for r in page.items])
+    waiting = {run: wait.definition_hash for run, wait in waits.items()}
     if as_json_output:
-        items = [_summary(r) for r in page.items]
+        items = [_summary(r, waiting.get(r.id)) for r in page.items]
         click.echo(as_json({"items": items, "next_cursor": page.next_cursor}))
         return
     if not page.items:
         click.echo("no runs match")
         return
     headers = ["ID", "SAGA", "STATE", "ROLLBACK", "CREATED", "UPDATED", "REASON"]
-    for line in table(headers, [_row(r) for r in page.items]):
+    for line in table(headers, [_row(r, waiting.get(r.id)) for r in page.items]):
         click.echo(line)
     if page.next_cursor:
         click.echo(f"more: --cursor {page.next_cursor}")
@@ -178,6 +190,10 @@ def show(ctx: click.Context, execution_id: str, as_json_output: bool) -> None:
     engine = engine_of(ctx)
     load, find = _loaders(engine)
     described = timeline.describe(_stored(engine, execution_id), load, find)
+    waits = waiting_for_version(engine.db, [execution_id])
+    described["waiting_for_version"] = (
+        waits[execution_id].definition_hash if execution_id in waits else None
+    )
     if as_json_output:
         click.echo(as_json(described))
     else:

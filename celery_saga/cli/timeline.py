@@ -22,7 +22,8 @@ from celery_saga.store.inspection import StoredRun
 #: How deep ``show`` follows child runs; sub-sagas may nest, a cycle cannot be registered.
 MAX_DEPTH = 8
 LoadRun = Callable[[str], "StoredRun | None"]
-FindDefinition = Callable[[str], "SagaDefinition | None"]
+#: Finds the definition of (saga name, version hash) deployed in this process.
+FindDefinition = Callable[[str, str], "SagaDefinition | None"]
 
 
 def _time(value: datetime | None) -> str | None:
@@ -105,13 +106,14 @@ def summary(record: ExecutionRecord) -> dict[str, Any]:
         "failure_reason": record.failure_reason,
         "rollback_reason": record.rollback_reason,
         "parent_execution_id": record.parent_execution_id,
+        "version": record.definition_hash,
     }
 
 
 def describe(run: StoredRun, load: LoadRun, find: FindDefinition, depth: int = 0) -> dict[str, Any]:
     """Everything stored about ``run`` (and its child runs, nested under their step)."""
     record = run.record
-    definition = find(record.saga_name)
+    definition = find(record.saga_name, record.definition_hash)
     return {
         **summary(record),
         "definition_hash": record.definition_hash,
@@ -197,8 +199,13 @@ def render(run: dict[str, Any]) -> list[str]:
         lines.append(f"parent {run['parent_execution_id']}")
     if run["wake_at"] and run["state"] == "waiting":
         lines.append(f"waiting until {run['wake_at']}")
+    if run.get("waiting_for_version"):
+        lines.append(
+            f"waiting for version {run['waiting_for_version']}: a worker without it handed "
+            "its message back; a worker that has it carries the run on (`saga versions`)"
+        )
     if not run["definition_deployed"]:
-        lines.append("definition: not deployed in this process (or changed since this run began)")
+        lines.append(f"version {run['definition_hash']}: not registered in this process")
     for label in ("failure_reason", "rollback_reason"):
         if run[label]:
             lines.append(f"{label}: {run[label]}")

@@ -17,7 +17,7 @@ class Admission(str, Enum):
     RUN = "run"
     REJECT_MISSING = "missing"
     REJECT_NOT_LIVE = "not_live"
-    REJECT_DEFINITION_CHANGED = "definition_changed"
+    HAND_BACK = "version_not_deployed"  # the run's version is not this process's
     REJECT_STALE_CURSOR = "stale_cursor"
     REJECT_IN_FLIGHT = "in_flight"
     REJECT_ALREADY_DONE = "already_done"
@@ -45,7 +45,7 @@ def decide_admission(
     if execution.state is not ExecutionState.RUNNING:
         return Admission.REJECT_NOT_LIVE
     if deployed_hash != execution.definition_hash:
-        return Admission.REJECT_DEFINITION_CHANGED
+        return Admission.HAND_BACK
     if (execution.cursor, execution.cursor_sub) != (message.node, message.sub):
         return Admission.REJECT_STALE_CURSOR
     if record is None:

@@ -132,6 +132,8 @@ class SagaDefinition:
     name: str
     nodes: tuple[Node, ...]
     hash: str
+    #: The explicit ``version=`` label, if the saga was given one.
+    label: str | None = None
 
     def find_step(self, name: str) -> StepSpec | None:
         """The spec of a step record: exact names first, then ``<loop body step>:<index>``
@@ -193,11 +195,18 @@ def _as_steps(saga: str, body: Any) -> tuple[StepSpec, ...]:
 class Saga:
     """Fluent builder of a saga definition. Sealed by ``SagaEngine.register``."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, version: str | None = None) -> None:
         if not isinstance(name, str) or not name.strip():
             raise DefinitionError(f"a saga needs a non-empty string name, got {name!r}")
         check_stored_name("", "saga name", name, "saga_executions.saga_name")
+        if version is not None and (not isinstance(version, str) or not version.strip()):
+            raise DefinitionError(
+                f"saga {name!r}: version= takes a non-empty string label, got {version!r}"
+            )
+        if version is not None:
+            check_stored_name(f"saga {name!r}: ", "version label", version, "saga_versions.label")
         self.name = name
+        self.version = version
         self._nodes: list[Node] = []
         self._sealed: SagaDefinition | None = None
 
@@ -357,7 +366,8 @@ class Saga:
         if self._sealed is None:
             nodes = tuple(self._nodes)
             validate_saga(self.name, nodes)
-            self._sealed = SagaDefinition(self.name, nodes, structural_hash(self.name, nodes))
+            shape = structural_hash(self.name, nodes, self.version)
+            self._sealed = SagaDefinition(self.name, nodes, shape, self.version)
         return self._sealed
 
 

@@ -42,7 +42,8 @@ def _step_shape(spec: StepSpec) -> list[Any]:
     return [spec.name, callable_identity(spec.action), compensation, spec.is_transform]
 
 
-def _node_shape(node: Node) -> list[Any]:
+def node_shape(node: Node) -> list[Any]:
+    """What a node is, as far as a stored run is concerned (see the module docstring)."""
     if isinstance(node, StepNode):
         return ["step", _step_shape(node.step)]
     if isinstance(node, ParallelNode):
@@ -61,6 +62,11 @@ def _node_shape(node: Node) -> list[Any]:
     return ["pivot"]
 
 
-def structural_hash(saga: str, nodes: Sequence[Node]) -> str:
-    shape = [saga, [_node_shape(node) for node in nodes]]
+def structural_hash(saga: str, nodes: Sequence[Node], label: str | None = None) -> str:
+    """The version's identity: the graph's shape, and the ``version=`` label when there is
+    one (so a label tells apart two versions whose step bodies changed but not their shape).
+    A saga without a label hashes as it always did."""
+    shape: list[Any] = [saga, [node_shape(node) for node in nodes]]
+    if label is not None:
+        shape.append(["version", label])
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]

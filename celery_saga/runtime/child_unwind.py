@@ -14,7 +14,6 @@ from celery_saga.decisions.children import (
     decide_notification,
 )
 from celery_saga.definition.builder import SagaDefinition
-from celery_saga.errors import UnknownSagaError
 from celery_saga.records import (
     CompensationOutcome,
     ExecutionRecord,
@@ -43,13 +42,9 @@ class ChildUnwind:
         self.parts = parts
 
     def definition_of(self, execution: ExecutionRecord) -> SagaDefinition:
-        definition = self.parts.registry(execution.saga_name)
-        if definition is None:
-            raise UnknownSagaError(
-                f"saga {execution.saga_name!r} of execution {execution.id!r} is not registered "
-                "on this worker; import its definitions module in every worker"
-            )
-        return definition
+        return self.parts.registry.for_run(
+            execution.saga_name, execution.definition_hash, execution.id
+        )
 
     def reverse(
         self, definition: SagaDefinition, parent: ExecutionRecord, record: StepRecord
@@ -95,13 +90,20 @@ class ChildUnwind:
         notify = decide_notification(parent, record)
         if notify is Notify.NOTHING or parent is None or record is None:
             return Stay()
-        definition = u.registry(parent.saga_name)
+        definition = u.registry.known(parent.saga_name, parent.definition_hash)
+        if definition is None and notify is Notify.NODE:
+            # Handed on: the parent's node message, for a worker that has its version.
+            message = NodeMessage(parent.id, record.node, record.sub, 0, 1)
+            label, version = f"{parent.saga_name}.{record.name}", parent.definition_hash
+            u.publisher.publish_node(parent.saga_name, None, message, label=label, version=version)
+            return Stay()
         if definition is None:
             logger.warning(
-                "child %s settled but its parent's saga %r is not registered here; the "
-                "recovery sweep will pick the parent up",
+                "child %s settled but its parent's saga %r version %s is not registered "
+                "here; the recovery sweep of a worker that has it will pick the parent up",
                 child_id,
                 parent.saga_name,
+                parent.definition_hash,
             )
             return Stay()
         if notify is Notify.NODE:

@@ -18,8 +18,8 @@ from celery_saga.definition.nodes import (
     SubSagaNode,
     WaitNode,
 )
-from celery_saga.errors import BranchPathError, LoopError, PayloadError, UnknownSagaError
-from celery_saga.records import ExecutionRecord, StepAttempt, StepRecord, StepStatus
+from celery_saga.errors import BranchPathError, LoopError, PayloadError
+from celery_saga.records import ExecutionState, StepAttempt, StepRecord, StepStatus
 from celery_saga.runtime.children import Children
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.contexts import Snapshot, step_context
@@ -167,16 +167,23 @@ class Executor(Progress):
 
     # -- running a node ---------------------------------------------------------------
     def run_node(
-        self, message: NodeMessage, saga_name: str | None = None, redelivered: bool = False
+        self,
+        message: NodeMessage,
+        saga_name: str | None = None,
+        redelivered: bool = False,
+        version: str | None = None,
     ) -> Outcome:
-        """Handle one node message.
+        """Handle one node message (of a run on ``version``, when the message names it).
 
         Fast path (first delivery of a first attempt of a plain or parallel step): claim
         straight away; the claim's WHERE clause is the admission predicate (live run, this
-        position, deployed graph, no START record yet). Anything else, or a refused claim,
-        takes the checked path: read the run and let ``decide_admission`` say what to do.
+        position, the run's own version, no START record yet). Anything else, or a refused
+        claim, takes the checked path: read the run and let ``decide_admission`` say what to
+        do. A run whose version this process lacks raises ``VersionNotDeployedError`` there,
+        before anything is claimed: the worker hands the message back.
         """
-        definition = self.registry(saga_name) if saga_name else None
+        known = self.registry.known
+        definition = known(saga_name, version) if saga_name and version else None
         if definition is not None and message.attempt == 1 and not redelivered:
             target = node_at(definition, message)
             if isinstance(target, (StepNode, ParallelNode)):
@@ -195,19 +202,14 @@ class Executor(Progress):
         now = get_clock().now()
         snapshot = queries.load_snapshot(self.db, message.execution_id)
         execution, steps = snapshot
-        definition = self.registry(execution.saga_name) if execution else None
+        definition = None
+        if execution is not None and execution.state is ExecutionState.RUNNING:
+            # Only the run's own version handles it; without it: VersionNotDeployedError.
+            definition = self.registry.for_run(
+                execution.saga_name, execution.definition_hash, execution.id
+            )
         deployed = definition.hash if definition else None
         verdict = decide_admission(execution, None, message, deployed, now)
-        if verdict is Admission.REJECT_DEFINITION_CHANGED and execution and definition:
-            self._definition_changed(definition, execution)
-            return NoBody(verdict.value)
-        if execution is not None and definition is None:
-            # A worker without this saga imported must not swallow the message silently.
-            raise UnknownSagaError(
-                f"saga {execution.saga_name!r} of execution {execution.id!r} is not registered "
-                "on this worker; import its definitions module in every worker (or call "
-                "engine.autodiscover_sagas() where the Celery app is defined)"
-            )
         if verdict is not Admission.RUN or execution is None or definition is None:
             return self.refused(message, verdict)
         target = definition.nodes[message.node]
@@ -265,7 +267,9 @@ class Executor(Progress):
                 if not redelivered:
                     return self.refused(message, Admission.REJECT_IN_FLIGHT)
                 wait = self.until_released(record.lease_expires_at, claim.lease_live)
-                self.publisher.publish_node(definition.name, spec, message, countdown=wait)
+                self.publisher.publish_node(
+                    definition.name, spec, message, countdown=wait, version=definition.hash
+                )
                 return NoBody("held back while the attempt in flight holds its claim")
             fenced = takeover is Takeover.TAKE_OVER_FENCED
         elif verdict is not Admission.RUN:
@@ -386,15 +390,6 @@ class Executor(Progress):
             self.advanced(definition, message.execution_id, onward)
             return NoBody("nothing runs at this position")
         return self.refused(message, Admission.REJECT_STALE_CURSOR)
-
-    def _definition_changed(self, definition: SagaDefinition, execution: ExecutionRecord) -> None:
-        reason = (
-            f"DefinitionChangedError: saga {definition.name!r} was deployed with structure "
-            f"{definition.hash} while execution {execution.id!r} was running on "
-            f"{execution.definition_hash}; it was not run against the new graph"
-        )
-        logger.error(reason)
-        self.fail_outside_step(definition, execution.id, reason)
 
     def refused(self, message: NodeMessage, verdict: Admission) -> NoBody:
         logger.info("node message %s refused: %s", message, verdict.value)

@@ -166,7 +166,7 @@ class StepFailures(RuntimeParts):
         description = give_up(
             lambda: forward.give_up_step_claim(self.db, held, now=get_clock().now()),
             lambda: self.publisher.publish_node(
-                definition.name, spec, message, countdown=RESEND_AFTER
+                definition.name, spec, message, countdown=RESEND_AFTER, version=definition.hash
             ),
             where,
             what,
@@ -239,7 +239,9 @@ class StepFailures(RuntimeParts):
         if forward.record_step_retry(self.db, step, error=reason):
             self.emit("saga-step-retry", {**fields, "countdown": delay})
             following = replace(message, attempt=step.attempt + 1)
-            self.publisher.publish_node(definition.name, spec, following, countdown=delay)
+            self.publisher.publish_node(
+                definition.name, spec, following, countdown=delay, version=definition.hash
+            )
             return True
         return False
 

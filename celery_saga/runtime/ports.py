@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
 from celery_saga.decisions.admission import NodeMessage
-from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import StepSpec
+from celery_saga.runtime.catalog import Catalog
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.heartbeat import Renewal, keep_lease
 from celery_saga.runtime.holders import Holders
 from celery_saga.runtime.takeovers import Renewals
 from celery_saga.store.codec import DEFAULT_MAX_PAYLOAD_BYTES
 from celery_saga.store.database import Database
+
+__all__ = ["Catalog", "EventSink", "Publisher", "RuntimeParts", "Settings"]
 
 
 class Publisher(Protocol):
@@ -27,9 +29,11 @@ class Publisher(Protocol):
         message: NodeMessage,
         countdown: float | None = None,
         label: str | None = None,
+        version: str | None = None,
     ) -> None:
         """Send the node task for ``message``, routed and named after ``spec``'s action
-        (a control node without a step is named ``label``)."""
+        (a control node without a step is named ``label``); ``version`` is the hash of the
+        definition the run is on, named in the message."""
 
     def publish_compensation(
         self,
@@ -39,8 +43,9 @@ class Publisher(Protocol):
         step_name: str,
         attempt: int,
         countdown: float | None = None,
+        version: str | None = None,
     ) -> None:
-        """Send the compensate task for one reversal."""
+        """Send the compensate task for one reversal (of the run on ``version``)."""
 
 
 class EventSink(Protocol):
@@ -94,44 +99,6 @@ class Settings:
             store_retry_budget=number("store_retry_budget"),
             outcome_retry_budget=number("outcome_retry_budget"),
         )
-
-
-class Catalog:
-    """The deployed definitions by name; calling it looks one up.
-
-    ``discover`` (the engine's autodiscovery) runs on a miss, before the name is called
-    unknown: a process that never imported the defining module finds it then."""
-
-    def __init__(self, discover: Callable[[], None] | None = None) -> None:
-        self._definitions: dict[str, SagaDefinition] = {}
-        self._children: frozenset[str] = frozenset()
-        self._discover = discover
-
-    def __call__(self, name: str) -> SagaDefinition | None:
-        definition = self._definitions.get(name)
-        if definition is None and self._discover is not None:
-            self._discover()
-            definition = self._definitions.get(name)
-        return definition
-
-    def known(self, name: str) -> SagaDefinition | None:
-        """The definition registered so far, without discovery (for ``register``: a module
-        being imported must not import its siblings halfway)."""
-        return self._definitions.get(name)
-
-    def names(self) -> list[str]:
-        return sorted(self._definitions)
-
-    def add(self, definition: SagaDefinition) -> None:
-        self._definitions[definition.name] = definition
-        self._children = frozenset(
-            child for known in self._definitions.values() for child in known.child_sagas
-        )
-
-    def may_be_child(self, name: str) -> bool:
-        """Whether some deployed saga runs ``name`` as a sub-saga (so a run of it may have a
-        parent to notify)."""
-        return name in self._children
 
 
 class RuntimeParts:

@@ -76,20 +76,24 @@ class Progress(StepFailures):
     def publish_position(
         self, definition: SagaDefinition, execution_id: str, node: int, sub: int
     ) -> None:
-        target = definition.nodes[node]
+        target, version = definition.nodes[node], definition.hash
         message = NodeMessage(execution_id, node, sub, 0, 1)
         if isinstance(target, ParallelNode):
             for member, spec in enumerate(target.steps):
                 message = NodeMessage(execution_id, node, 0, member, 1)
-                self.publisher.publish_node(definition.name, spec, message)
+                self.publisher.publish_node(definition.name, spec, message, version=version)
             return
         if isinstance(target, WaitNode):
             label = f"{definition.name}.wait:{target.event}"
-            self.publisher.publish_node(definition.name, None, message, label=label)
+            self.publisher.publish_node(
+                definition.name, None, message, label=label, version=version
+            )
             return
         if isinstance(target, SubSagaNode):
             label = f"{definition.name}.{target.name}"
-            self.publisher.publish_node(definition.name, None, message, label=label)
+            self.publisher.publish_node(
+                definition.name, None, message, label=label, version=version
+            )
             return
         if isinstance(target, BranchNode):
             try:
@@ -97,9 +101,11 @@ class Progress(StepFailures):
             except BranchPathError as error:
                 self.fail_outside_step(definition, execution_id, describe_error(error))
                 return
-            self.publisher.publish_node(definition.name, path[sub], message)
+            self.publisher.publish_node(definition.name, path[sub], message, version=version)
             return
-        self.publisher.publish_node(definition.name, route(target, sub, 0), message)
+        self.publisher.publish_node(
+            definition.name, route(target, sub, 0), message, version=version
+        )
 
     def step_completed(
         self,

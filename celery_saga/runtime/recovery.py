@@ -15,10 +15,12 @@ from celery_saga.decisions.recovery import (
 )
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import ParallelNode
+from celery_saga.records import ExecutionRecord
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.executor import Executor
-from celery_saga.store import queries, recovery, unwind
+from celery_saga.runtime.identity import process_name
+from celery_saga.store import queries, recovery, unwind, versions
 from celery_saga.store.transient import retry_transient
 
 logger = logging.getLogger("celery_saga")
@@ -85,13 +87,13 @@ class Recoverer:
         now = get_clock().now()
         acted = 0
         for execution_id, version in recovery.list_owed(db, now=now, limit=page):
+            execution, steps = queries.load_snapshot(db, execution_id)
+            definition = self._version_of(execution) if execution else None
+            if execution is None or definition is None:
+                continue  # the owed message is left for a process that has the version
             if not recovery.claim_owed(
                 db, execution_id=execution_id, seen_version=version, now=now
             ):
-                continue
-            execution, steps = queries.load_snapshot(db, execution_id)
-            definition = self.executor.registry(execution.saga_name) if execution else None
-            if execution is None or definition is None:
                 continue
             action = decide_recovery(execution, steps, definition.reversible, now, timedelta(0))
             if action.kind in (RecoveryKind.NOTHING, RecoveryKind.RECOVER_CHILD):
@@ -110,7 +112,7 @@ class Recoverer:
         is driven through its parent, never on its own)."""
         db = self.executor.db
         execution, steps = queries.load_snapshot(db, execution_id)
-        definition = self.executor.registry(execution.saga_name) if execution else None
+        definition = self._version_of(execution) if execution else None
         if execution is None or definition is None:
             return 0
         holder = waited_on_child(execution, steps, definition.reversible)
@@ -132,6 +134,28 @@ class Recoverer:
         self._carry_out(definition, execution_id, execution.cursor, execution.cursor_sub, action)
         return 1
 
+    def _version_of(self, execution: ExecutionRecord) -> SagaDefinition | None:
+        """The run's own version, or None (logged, and the run marked as waiting for it):
+        a sweep never handles a run with another version; the sweep of a process that has
+        it recovers the run."""
+        found = self.executor.registry.known(execution.saga_name, execution.definition_hash)
+        if found is None:
+            logger.warning(
+                "execution %s runs version %s of saga %r, which this process does not have; "
+                "left for a worker that has it",
+                execution.id,
+                execution.definition_hash,
+                execution.saga_name,
+            )
+            versions.mark_waiting(
+                self.executor.db,
+                execution_id=execution.id,
+                definition_hash=execution.definition_hash,
+                handed_back_by=process_name(),
+                now=get_clock().now(),
+            )
+        return found
+
     def _carry_out(
         self, definition: SagaDefinition, execution_id: str, node: int, sub: int, action: Recovery
     ) -> None:
@@ -144,7 +168,9 @@ class Recoverer:
                 member = next((i for i, s in enumerate(members) if s.name == name), 0)
                 spec = definition.find_step(name)
                 message = NodeMessage(execution_id, node, sub, member, attempt)
-                executor.publisher.publish_node(definition.name, spec, message)
+                executor.publisher.publish_node(
+                    definition.name, spec, message, version=definition.hash
+                )
             return
         if action.kind is RecoveryKind.REPUBLISH_COMPENSATION and action.record is not None:
             unwinder.publish_reversal(definition, execution_id, action.record)

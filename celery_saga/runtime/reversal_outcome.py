@@ -136,6 +136,7 @@ class ReversalOutcomes(RuntimeParts):
                 held.name,
                 held.attempt,
                 countdown=RESEND_AFTER,
+                version=definition.hash,
             ),
             where,
             what,

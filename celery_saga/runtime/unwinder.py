@@ -18,7 +18,6 @@ from celery_saga.decisions.unwind import (
 )
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import StepSpec
-from celery_saga.errors import UnknownSagaError
 from celery_saga.records import (
     CompensationOutcome,
     ExecutionRecord,
@@ -77,7 +76,9 @@ class Unwinder(ReversalRuns):
             case FollowUnwind(definition, execution_id, plan):
                 self.follow(definition, execution_id, plan)
             case PublishNode(definition, message, label):
-                self.publisher.publish_node(definition.name, None, message, label=label)
+                self.publisher.publish_node(
+                    definition.name, None, message, label=label, version=definition.hash
+                )
             case PublishReversal(definition, execution_id, record):
                 self.publish_reversal(definition, execution_id, record)
             case RecordReversal(definition, execution_id):
@@ -158,6 +159,7 @@ class Unwinder(ReversalRuns):
             held.name,
             held.attempt,
             countdown,
+            version=definition.hash,
         )
 
     def run(
@@ -167,8 +169,11 @@ class Unwinder(ReversalRuns):
         attempt: int,
         redelivered: bool = False,
         saga_name: str | None = None,
+        version: str | None = None,
     ) -> Outcome:
-        """Handle one compensate message; in-flight duplicates as in ``Executor.run_node``.
+        """Handle one compensate message (of a run on ``version``, when the message names
+        it); in-flight duplicates as in ``Executor.run_node``, a run whose version this
+        process lacks raises ``VersionNotDeployedError`` before anything is claimed.
 
         Fast path (first delivery, where the store claims in one statement): claim at once,
         the claim's WHERE clause being the admission rule, and take the run from the claim.
@@ -176,19 +181,17 @@ class Unwinder(ReversalRuns):
         decide.
         """
         if saga_name is not None and not redelivered:
-            outcome = self._run_first_delivery(saga_name, execution_id, step_name, attempt)
+            outcome = self._run_first_delivery(saga_name, execution_id, step_name, attempt, version)
             if outcome is not None:
                 return outcome
         now = get_clock().now()
         execution, steps = queries.load_snapshot(self.db, execution_id)
         if execution is None or execution.state is not ExecutionState.COMPENSATING:
             return _refused(execution_id, step_name, "run is not compensating")
-        definition = self.registry(execution.saga_name)
-        if definition is None:
-            raise UnknownSagaError(
-                f"saga {execution.saga_name!r} is not registered on this worker; import its "
-                "definitions module in every worker (or call engine.autodiscover_sagas())"
-            )
+        # Compensations of the run's own version only; without it the message goes back.
+        definition = self.registry.for_run(
+            execution.saga_name, execution.definition_hash, execution.id
+        )
         compensations = compensations_of(definition)
         planned = next_unwind_step(steps, execution.committed_at is not None, compensations)
         if planned.kind is not UnwindKind.COMPENSATE:
@@ -263,9 +266,10 @@ class Unwinder(ReversalRuns):
         return Failed(attempt_failed("reversal of step", *what))
 
     def _run_first_delivery(
-        self, saga_name: str, execution_id: str, step_name: str, attempt: int
+        self, saga_name: str, execution_id: str, step_name: str, attempt: int, version: str | None
     ) -> Outcome | None:
-        definition = self.registry(saga_name)
+        # Only with the version the message names: this claim does not check it.
+        definition = self.registry.known(saga_name, version) if version else None
         spec = definition.find_step(step_name) if definition else None
         if definition is None or spec is None or spec.compensation is None:
             return None

@@ -98,14 +98,14 @@ class Waits:
         """Fire one deadline that passed: fail the run (re-checking its signal first), or
         resume it if the signal won the race."""
         ex = self.parts
-        definition = ex.registry(row.saga_name)
-        on_graph = definition is not None and definition.hash == row.definition_hash
-        gate = definition.nodes[row.cursor] if definition is not None and on_graph else None
+        definition = ex.registry.known(row.saga_name, row.definition_hash)
+        gate = definition.nodes[row.cursor] if definition is not None else None
         if definition is None or not isinstance(gate, WaitNode):
-            logger.error(
-                "execution %s waits past its deadline, but saga %r is not deployed here with "
-                "the graph it started on; not fired",
+            logger.warning(
+                "execution %s waits past its deadline, but version %s of saga %r is not "
+                "registered here; left for the timer sweep of a worker that has it",
                 row.id,
+                row.definition_hash,
                 row.saga_name,
             )
             return Stay()

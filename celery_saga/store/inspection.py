@@ -37,6 +37,7 @@ class Filters:
     rollback_statuses: Sequence[RollbackStatus] = ()
     created_before: datetime | None = None  # inclusive
     created_after: datetime | None = None  # inclusive
+    definition_hashes: Sequence[str] = ()  # runs on these versions
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,8 @@ def list_runs(
         query = query.where(table.c.saga_name.in_(list(filters.saga_names)))
     if filters.states:
         query = query.where(table.c.state.in_([s.value for s in filters.states]))
+    if filters.definition_hashes:
+        query = query.where(table.c.definition_hash.in_(list(filters.definition_hashes)))
     if filters.rollback_statuses:
         statuses = [s.value for s in filters.rollback_statuses]
         query = query.where(table.c.rollback_status.in_(statuses))

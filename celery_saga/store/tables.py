@@ -180,3 +180,34 @@ ARCHIVES = (
     (decisions, decisions_archive),
     (history, history_archive),
 )
+
+#: Where each version of a saga is deployed: one row per (saga, hash, process that
+#: registered it), written when a worker starts (``celery saga versions`` reads it).
+versions = Table(
+    "saga_versions",
+    metadata,
+    Column("saga_name", String(200), nullable=False),
+    Column("definition_hash", String(64), nullable=False),
+    Column("label", String(200)),
+    Column("seen_by", String(200), nullable=False),
+    Column("first_seen", Timestamp, nullable=False),
+    Column("last_seen", Timestamp, nullable=False),
+    PrimaryKeyConstraint("saga_name", "definition_hash", "seen_by", name="pk_saga_versions"),
+)
+
+#: A run whose message a worker without its version handed back: it waits for a worker that
+#: has it, as long as the run has not moved since (``handed_back_at`` >= its updated_at).
+version_waits = Table(
+    "saga_version_waits",
+    metadata,
+    Column(
+        "execution_id",
+        String(64),
+        ForeignKey("saga_executions.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("definition_hash", String(64), nullable=False),
+    Column("handed_back_by", String(200), nullable=False),
+    Column("handed_back_at", Timestamp, nullable=False),
+    Column("times", Integer, nullable=False),
+)

@@ -15,7 +15,8 @@ it is given, ``CeleryHooks.install()``:
   its pool forks, every other task of the app is wrapped too, the saga event switch takes
   the worker's ``-E``, and the callbacks given to ``when_worker_starts`` run;
 - adds a consumer bootstep (``app.steps["consumer"]``): it keeps the app's running consumers
-  in view, so a step registered after a worker started is traced through its wrapper, and
+  in view, so a step registered after a worker started is traced through its wrapper, hands
+  back a saga message for a task the worker lacks (``hand_back``), and
   gives that worker's remote-control mailbox a command table of its own in which
   ``enable_events`` / ``disable_events`` switch saga events too and the engine's own
   commands (``commands``: the claim holder's answer) are added. Celery's process-wide
@@ -72,6 +73,10 @@ class CeleryHooks:
         self.commands: dict[str, Callable[..., Any]] = {}
         #: Called with a worker's request whose pool process died running it.
         self.on_pool_loss: Callable[[Any], None] = lambda request: None
+        #: The node name of the worker being built in this process, once one is.
+        self.worker_name: str | None = None
+        #: Wraps a consumer's ``on_unknown_task`` (see ``worker/hand_back.py``).
+        self.unknown_task: Callable[[Any], Any] | None = None
 
     def install(self) -> None:
         self.app.steps["worker"].add(_worker_step(self))
@@ -145,6 +150,7 @@ class CeleryHooks:
             elif not name.startswith("celery."):
                 self.wrap(task)
         self.events.switch(bool(getattr(worker, "task_events", self.events.send_to_celery)))
+        self.worker_name = str(getattr(worker, "hostname", "") or "") or None
         for callback in self._at_worker_start:
             callback()
 
@@ -225,6 +231,8 @@ def _consumer_step(hooks: CeleryHooks) -> type:
         def __init__(self, consumer: Any, **kwargs: Any) -> None:
             super().__init__(consumer, **kwargs)
             hooks.own_command_table(consumer)
+            if hooks.unknown_task is not None:  # read when its task handler is made
+                consumer.on_unknown_task = hooks.unknown_task(consumer.on_unknown_task)
 
         def start(self, consumer: Any) -> None:
             hooks.consumers.add(consumer)

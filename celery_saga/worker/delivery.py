@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING, Any
 from celery.exceptions import WorkerShutdown, WorkerTerminate
 from sqlalchemy.exc import SQLAlchemyError
 
+from celery_saga.errors import VersionNotDeployedError
 from celery_saga.runtime.limits import restore_soft_limit
 from celery_saga.runtime.outcomes import Outcome
 from celery_saga.store.transient import describe_store_error, is_transient
+from celery_saga.worker.hand_back import hand_back_running
 
 if TYPE_CHECKING:
     from celery_saga.worker.engine import SagaEngine
@@ -48,10 +50,16 @@ def handle_message(
     handle: Callable[[bool], Outcome],
 ) -> Outcome:
     """Run ``handle(redelivered)`` on the task's store connection; a store that stays
-    unreachable sends the message again (see ``sent_again_on_lost_store``)."""
+    unreachable sends the message again (see ``sent_again_on_lost_store``), a run whose
+    version this worker lacks gets its message handed back (``hand_back``)."""
     with sent_again_on_lost_store(task, resends, send_again), engine.db.task_connection():
         engine.ensure_schema()
-        return handle(redelivered(task.request, resends))
+        try:
+            return handle(redelivered(task.request, resends))
+        except VersionNotDeployedError as missing:
+            if engine.app.conf.task_always_eager:
+                raise  # run in place: there is no other worker to hand it to
+            return hand_back_running(engine, task, missing.saga_name, missing.definition_hash)
 
 
 @contextmanager

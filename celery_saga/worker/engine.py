@@ -4,8 +4,8 @@ What it changes in Celery, it changes for its own app only, through ``celery_hoo
 
 from __future__ import annotations
 
+import builtins
 import functools
-import math
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
@@ -35,12 +35,15 @@ from celery_saga.store.codec import pack, unpack
 from celery_saga.store.database import Database
 from celery_saga.store.transient import describe_store_error, is_transient, retry_transient
 from celery_saga.store.url_errors import configuration_error
+from celery_saga.store.versions import waiting_for_version
 from celery_saga.worker import holders
+from celery_saga.worker.arguments import check_age, enum_values
 from celery_saga.worker.beat import install_beat_entries
 from celery_saga.worker.celery_hooks import CeleryHooks
 from celery_saga.worker.delivery import stopped_by_worker
 from celery_saga.worker.discovery import Packages, SagaDiscovery
 from celery_saga.worker.events import EventHub, Listener
+from celery_saga.worker.hand_back import on_unknown_task
 from celery_saga.worker.handle import SagaHandle
 from celery_saga.worker.holders import CeleryHolders
 from celery_saga.worker.publisher import CeleryPublisher
@@ -48,32 +51,10 @@ from celery_saga.worker.start_checks import refuse_before_start
 from celery_saga.worker.step_run import StepRun
 from celery_saga.worker.step_tasks import StepTasks
 from celery_saga.worker.tasks import register_tasks
+from celery_saga.worker.versioning import VersionInfo, Versions
 
 T = TypeVar("T")
 DEFAULT_STORE_URL = "sqlite:///celery_saga.sqlite3"
-
-
-def _age(value: float | timedelta, what: str) -> timedelta:
-    seconds = value.total_seconds() if isinstance(value, timedelta) else value
-    if (
-        isinstance(seconds, bool)
-        or not isinstance(seconds, (int, float))
-        or not math.isfinite(seconds)
-        or seconds < 0
-    ):
-        raise SagaError(f"{what} must be a number of seconds >= 0 or a timedelta, got {value!r}")
-    return timedelta(seconds=seconds)
-
-
-def _enum_values(kind: type[Any], values: Any, what: str) -> list[Any]:
-    if values is None:
-        return []
-    items = [values] if isinstance(values, (str, kind)) else list(values)
-    try:
-        return [kind(v) for v in items]
-    except ValueError:
-        allowed = ", ".join(member.value for member in kind)
-        raise SagaError(f"unknown {what} in {items!r}; expected one of: {allowed}") from None
 
 
 class SagaEngine:
@@ -117,6 +98,9 @@ class SagaEngine:
         publisher.on_unsent = self.recoverer.owe_message
         register_tasks(app, self)
         install_beat_entries(app)
+        self.versioning = Versions(self)
+        self.hooks.when_worker_starts(self.versioning.announce)
+        self.hooks.unknown_task = lambda original: on_unknown_task(self, original)
         self.hooks.install()
         # A body cut short by this worker's shutdown is a lost attempt, not a failure.
         stopping.set_probe(stopped_by_worker)
@@ -158,19 +142,15 @@ class SagaEngine:
             ) from error
 
     def register(self, *sagas: Saga) -> list[SagaDefinition]:
-        """Seal and register definitions; re-registering an identical one is a no-op."""
+        """Seal and register definitions; re-registering an identical one is a no-op. A
+        changed definition of a registered name is a new version beside the old one: new
+        runs start on the version registered last, each run stays on its own."""
         for saga in sagas:
             if not isinstance(saga, Saga):
                 raise DefinitionError(
                     f"register() takes Saga builders, got {saga!r} ({type(saga).__name__})"
                 )
         sealed = [saga.seal() for saga in sagas]
-        for definition in sealed:
-            known = self.catalog.known(definition.name)
-            if known is not None and known.hash != definition.hash:
-                raise DefinitionError(
-                    f"a different saga named {definition.name!r} is already registered"
-                )
         check_no_cycle(self.catalog.known, sealed)
         for definition in sealed:
             self.step_tasks.bind(definition)
@@ -264,7 +244,11 @@ class SagaEngine:
         )
         if record is None or record.id != execution_id:  # MySQL finds 'a1' for 'A1 '
             raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
-        return Execution(record, tuple(steps))
+        waits = self._store(
+            "reading version waits", lambda: waiting_for_version(self.db, [record.id])
+        )
+        waiting = waits[record.id].definition_hash if record.id in waits else None
+        return Execution(record, tuple(steps), waiting_for_version=waiting)
 
     def list(
         self,
@@ -288,8 +272,8 @@ class SagaEngine:
             except (ValueError, UnicodeDecodeError):
                 raise SagaError(f"{cursor!r} is not a cursor returned by list()") from None
         names = listed_saga_names(saga)
-        states = _enum_values(ExecutionState, state, "state")
-        rollback = _enum_values(RollbackStatus, rollback_status, "rollback status")
+        states = enum_values(ExecutionState, state, "state")
+        rollback = enum_values(RollbackStatus, rollback_status, "rollback status")
         self.ensure_schema()
         return self._store(
             "listing executions",
@@ -312,7 +296,8 @@ class SagaEngine:
         )
         if record is None or record.id != execution_id:  # MySQL finds 'a1' for 'A1 '
             raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
-        return self.definition(record.saga_name)
+        # The run's own version, never another: a process without it refuses, storing nothing.
+        return self.catalog.for_run(record.saga_name, record.definition_hash, record.id)
 
     def resume_compensation(self, execution_id: str) -> None:
         """Retry the failed reversal of a ``compensation_stuck`` run and continue the unwind."""
@@ -379,12 +364,23 @@ class SagaEngine:
         return self._retire(older_than, archive=True)
 
     def _retire(self, older_than: float | timedelta, archive: bool) -> int:
-        age = _age(older_than, "archive(older_than)" if archive else "cleanup(older_than)")
+        age = check_age(older_than, "archive(older_than)" if archive else "cleanup(older_than)")
         self.ensure_schema()
         now = get_clock().now()
         return self._store(
             "archiving" if archive else "cleaning up",
             lambda: retention.retire(self.db, cutoff=now - age, now=now, archive=archive),
+        )
+
+    def versions(self) -> builtins.list[VersionInfo]:
+        """Every version of every saga: registered here, seen on workers, or with live runs."""
+        return self._store("listing versions", self.versioning.report)
+
+    def upgrade(self, execution_id: str, to: str | None = None) -> SagaDefinition:
+        """Move a run to version ``to`` (hash or label; default: the newest registered here);
+        ``UpgradeRefusedError`` naming the first node that differs, nothing stored."""
+        return self._store(
+            f"upgrading {execution_id!r}", lambda: self.versioning.upgrade(execution_id, to)
         )
 
     # -- events -----------------------------------------------------------------------

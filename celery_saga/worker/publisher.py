@@ -112,10 +112,11 @@ class CeleryPublisher:
         message: NodeMessage,
         countdown: float | None = None,
         label: str | None = None,
+        version: str | None = None,
     ) -> None:
         task = self.tasks.task_for(saga_name, spec) if self.tasks and spec else None
+        header = node_header(saga_name, message, version)
         if task is not None and spec is not None:
-            header = node_header(saga_name, message)
             self._send_step(task, header, message.attempt, countdown, spec.timeout)
             return
         target = spec.action if spec else None
@@ -131,7 +132,8 @@ class CeleryPublisher:
                 message.member,
                 message.attempt,
             ],
-            kwargsrepr=describe(node_header(saga_name, message)),
+            kwargsrepr=describe(header),
+            headers={HEADER: header},
             countdown=countdown,
             **self._limits(self._options(target, name), spec.timeout if spec else None),
         )
@@ -144,19 +146,21 @@ class CeleryPublisher:
         step_name: str,
         attempt: int,
         countdown: float | None = None,
+        version: str | None = None,
     ) -> None:
         target = spec.compensation if spec else None
         timeout = (spec.compensation_timeout if spec else None) or self.compensation_timeout
         task = self.tasks.task_for(saga_name, spec, "reversal") if self.tasks and spec else None
+        header = reversal_header(saga_name, execution_id, step_name, attempt, version)
         if task is not None:
-            header = reversal_header(saga_name, execution_id, step_name, attempt)
             self._send_step(task, header, attempt, countdown, timeout, _unwind_root())
             return
         self.send(
             execution_id,
             COMPENSATE_TASK,
             args=[execution_id, step_name, attempt],
-            kwargsrepr=describe(reversal_header(saga_name, execution_id, step_name, attempt)),
+            kwargsrepr=describe(header),
+            headers={HEADER: header},
             countdown=countdown,
             **_unwind_root(),
             **self._limits(self._options(target, f"{saga_name}.{step_name}.compensate"), timeout),
@@ -187,7 +191,7 @@ class CeleryPublisher:
         self.send(str(header["id"]), task.name, **self._limits(options, timeout))
 
 
-_ATTEMPT_FIELDS = ("attempt", "resent")
+_ATTEMPT_FIELDS = ("attempt", "resent", "handed")
 
 
 def _unwind_root() -> dict[str, str]:

@@ -2,9 +2,10 @@
 
 One header, ``celery_saga``, holds a small dict: for a forward step the execution id, saga,
 node, sub-position, parallel member and attempt; for a reversal the execution id, saga,
-step and attempt. ``resent`` counts the times the engine sent the same message again
-because the store was unreachable. A message without the header is a plain call of the
-task, which runs as it always did.
+step and attempt; ``v`` names the version (definition hash) the run is on. ``resent``
+counts the times the engine sent the same message again because the store was unreachable,
+``handed`` the times a worker without the run's version handed it back. A message without
+the header is a plain call of the task, which runs as it always did.
 """
 
 from __future__ import annotations
@@ -17,8 +18,14 @@ from celery_saga.decisions.admission import NodeMessage
 HEADER = "celery_saga"
 
 
-def node_header(saga_name: str, message: NodeMessage) -> dict[str, Any]:
-    return {
+#: The header key of the version (definition hash) a run is on.
+VERSION = "v"
+#: The header key counting hand-backs by workers without that version.
+HANDED = "handed"
+
+
+def node_header(saga_name: str, message: NodeMessage, version: str | None = None) -> dict[str, Any]:
+    header: dict[str, Any] = {
         "id": message.execution_id,
         "saga": saga_name,
         "node": message.node,
@@ -26,6 +33,9 @@ def node_header(saga_name: str, message: NodeMessage) -> dict[str, Any]:
         "member": message.member,
         "attempt": message.attempt,
     }
+    if version is not None:
+        header[VERSION] = version
+    return header
 
 
 #: The header key naming the step a reversal's message reverses. A wire name: messages
@@ -34,9 +44,18 @@ REVERSES = "undo"
 
 
 def reversal_header(
-    saga_name: str, execution_id: str, step_name: str, attempt: int
+    saga_name: str, execution_id: str, step_name: str, attempt: int, version: str | None = None
 ) -> dict[str, Any]:
-    return {"id": execution_id, "saga": saga_name, REVERSES: step_name, "attempt": attempt}
+    header = {"id": execution_id, "saga": saga_name, REVERSES: step_name, "attempt": attempt}
+    if version is not None:
+        header[VERSION] = version
+    return header
+
+
+def version_of(header: Mapping[str, Any] | None) -> str | None:
+    """The version a message names (None: sent by a release that did not name it)."""
+    value = (header or {}).get(VERSION)
+    return value if isinstance(value, str) else None
 
 
 def node_message(header: Mapping[str, Any]) -> NodeMessage:

@@ -21,7 +21,7 @@ from celery_saga.runtime.outcomes import Outcome
 from celery_saga.store.transient import describe_store_error
 from celery_saga.worker.delivery import handle_message
 from celery_saga.worker.endings import end_task
-from celery_saga.worker.saga_header import HEADER, REVERSES, node_message
+from celery_saga.worker.saga_header import HEADER, REVERSES, node_message, version_of
 from celery_saga.worker.step_tasks import GENERATED_FROM
 
 if TYPE_CHECKING:
@@ -61,9 +61,15 @@ class StepRun:
         if REVERSES in header:
             attempt = int(header["attempt"])
             return executor.unwinder.run(
-                str(header["id"]), str(header[REVERSES]), attempt, redelivered, str(header["saga"])
+                str(header["id"]),
+                str(header[REVERSES]),
+                attempt,
+                redelivered,
+                str(header["saga"]),
+                version_of(header),
             )
-        return executor.run_node(node_message(header), str(header["saga"]), redelivered)
+        saga = str(header["saga"])
+        return executor.run_node(node_message(header), saga, redelivered, version_of(header))
 
 
 def _in_place(task: Any, original: Any, request: Any) -> Any:

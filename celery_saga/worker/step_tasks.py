@@ -3,6 +3,10 @@
 ``register()`` binds each step of a definition to a task: a step given as a Celery task is
 that task (looked up on the engine's app); a plain function becomes a task named
 ``<saga>.<step>`` (its reversal ``<saga>.<step>.compensate``), on ``saga_queue`` when set.
+Every version of a saga shares that task: its message names the run's version (the header's
+``v``), and the engine calls the body of that version's step, whichever version's function
+the task was first made from. So a task name never depends on which versions a worker has,
+and a worker that lacks the run's version hands the message back before any body runs.
 Each bound task's ``run`` and ``retry`` are wrapped once, by ``celery_hooks`` (where every
 change to Celery is made): a message carrying the saga header goes through admission, the
 claim and the store (see ``step_run``); any other call runs the body exactly as before.
@@ -34,6 +38,8 @@ if TYPE_CHECKING:
 
 #: Marks a task this module generated for a plain function (the value is the function).
 GENERATED_FROM = "__saga_function__"
+#: The (saga, step, kind) a generated task carries, for every version of the saga.
+GENERATED_FOR = "__saga_step__"
 
 
 def is_celery_task(target: Any) -> bool:
@@ -88,12 +94,16 @@ class StepTasks:
                 _refuse_two_retry_policies(task, spec, what)
             return task
         suffix = "" if kind == "forward" else ".compensate"
-        return self._generated(f"{definition.name}.{spec.name}{suffix}", target, what)
+        carries = (definition.name, spec.name, kind)
+        return self._generated(f"{definition.name}.{spec.name}{suffix}", target, what, carries)
 
-    def _generated(self, name: str, function: Any, what: str) -> Any:
+    def _generated(self, name: str, function: Any, what: str, carries: tuple[str, ...]) -> Any:
         existing = self.app.tasks.get(name)
         if existing is not None:
+            # Another version of the same step: the task carries both (see the docstring).
             if getattr(existing, GENERATED_FROM, None) is function:
+                return existing
+            if getattr(existing, GENERATED_FOR, None) == carries:
                 return existing
             raise DefinitionError(
                 f"{what}: its task would be named {name!r}, but the app already has a task "
@@ -105,6 +115,7 @@ class StepTasks:
             options["queue"] = queue
         task = self.app.task(**options)(_as_task_body(function, name))
         setattr(task, GENERATED_FROM, function)
+        setattr(task, GENERATED_FOR, carries)
         return task
 
 

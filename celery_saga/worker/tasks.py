@@ -20,6 +20,7 @@ from celery_saga.worker.publisher import (
     NODE_TASK,
     RECOVER_TASK,
 )
+from celery_saga.worker.saga_header import read_header, version_of
 
 logger = logging.getLogger("celery_saga")
 
@@ -59,7 +60,9 @@ def register_tasks(app: Celery, engine: SagaEngine) -> None:
             task,
             task.request.retries or 0,
             _send_again(task),
-            lambda redelivered: engine.executor.run_node(message, saga_name, redelivered),
+            lambda redelivered: engine.executor.run_node(
+                message, saga_name, redelivered, version_of(read_header(task.request))
+            ),
         )
         end_task(task, outcome, own_body=False, send_events=engine.events.send_to_celery)
 
@@ -71,7 +74,7 @@ def register_tasks(app: Celery, engine: SagaEngine) -> None:
             task.request.retries or 0,
             _send_again(task),
             lambda redelivered: engine.executor.unwinder.run(
-                execution_id, step_name, attempt, redelivered
+                execution_id, step_name, attempt, redelivered, *_saga_and_version(task)
             ),
         )
         end_task(task, outcome, own_body=False, send_events=engine.events.send_to_celery)
@@ -91,6 +94,12 @@ def register_tasks(app: Celery, engine: SagaEngine) -> None:
     @app.task(name=ARCHIVE_TASK, **_SWEEP_OPTIONS)  # type: ignore[untyped-decorator]
     def saga_archive() -> int:
         return engine.archive(float(app.conf.saga_archive_after))
+
+
+def _saga_and_version(task: Any) -> tuple[str | None, str | None]:
+    """The saga and version a compensate message names (None from an older release)."""
+    header = read_header(task.request)
+    return (str(header["saga"]) if header else None), version_of(header)
 
 
 def _send_again(task: Any) -> SendAgain:

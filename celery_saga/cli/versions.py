@@ -1,0 +1,70 @@
+"""``celery saga versions`` and ``celery saga upgrade``: the versions of each saga side by
+side, and moving one run to another version (guarantee 22)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from celery_saga.cli.commands import engine_of, operator_command, saga
+from celery_saga.cli.output import as_json, table
+from celery_saga.worker.versioning import VersionInfo
+
+
+def _item(version: VersionInfo) -> dict[str, Any]:
+    return {
+        "saga": version.saga,
+        "hash": version.hash,
+        "label": version.label,
+        "registered_here": version.registered_here,
+        "newest_here": version.newest_here,
+        "seen_by": list(version.seen_by),
+        "last_seen": version.last_seen,
+        "live_runs": version.live_runs,
+    }
+
+
+def _row(version: VersionInfo) -> list[str]:
+    here = "newest" if version.newest_here else ("yes" if version.registered_here else "-")
+    seen = version.last_seen.strftime("%Y-%m-%d %H:%M:%S") if version.last_seen else "-"
+    return [
+        version.saga,
+        version.hash,
+        version.label or "-",
+        here,
+        str(version.live_runs),
+        seen,
+        ", ".join(version.seen_by) or "-",
+    ]
+
+
+@saga.command()
+@click.option("--json", "as_json_output", is_flag=True, help="Print JSON.")
+@click.pass_context
+@operator_command
+def versions(ctx: click.Context, as_json_output: bool) -> None:
+    """Each saga's versions: where they were seen, how many live runs each still has. A
+    version with 0 live runs can be deleted from the code."""
+    found = engine_of(ctx).versions()
+    if as_json_output:
+        click.echo(as_json({"items": [_item(v) for v in found]}))
+        return
+    if not found:
+        click.echo("no sagas registered or stored")
+        return
+    headers = ["SAGA", "VERSION", "LABEL", "HERE", "LIVE RUNS", "LAST SEEN", "SEEN BY"]
+    for line in table(headers, [_row(v) for v in found]):
+        click.echo(line)
+
+
+@saga.command()
+@click.argument("execution_id")
+@click.option("--to", "to", help="The version (hash or label); default: the newest one here.")
+@click.pass_context
+@operator_command
+def upgrade(ctx: click.Context, execution_id: str, to: str | None) -> None:
+    """Move a run to another version, when every node it has passed is unchanged there."""
+    target = engine_of(ctx).upgrade(execution_id, to)
+    label = f" ({target.label})" if target.label else ""
+    click.echo(f"execution {execution_id} now runs version {target.hash}{label}")

@@ -1,0 +1,51 @@
+"""Versions side by side: where each version of a saga is deployed, and which runs wait for
+a worker that has their version.
+
+Revision ID: 0005
+Revises: 0004
+"""
+
+import sqlalchemy as sa
+from alembic import op
+from sqlalchemy.dialects import mysql
+
+revision = "0005"
+down_revision = "0004"
+branch_labels = None
+depends_on = None
+
+Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+
+
+def upgrade() -> None:
+    op.create_table(
+        "saga_versions",
+        sa.Column("saga_name", sa.String(200), nullable=False),
+        sa.Column("definition_hash", sa.String(64), nullable=False),
+        sa.Column("label", sa.String(200)),
+        sa.Column("seen_by", sa.String(200), nullable=False),
+        sa.Column("first_seen", Timestamp, nullable=False),
+        sa.Column("last_seen", Timestamp, nullable=False),
+        sa.PrimaryKeyConstraint(
+            "saga_name", "definition_hash", "seen_by", name="pk_saga_versions"
+        ),
+    )
+    op.create_table(
+        "saga_version_waits",
+        sa.Column(
+            "execution_id",
+            sa.String(64),
+            sa.ForeignKey("saga_executions.id", ondelete="CASCADE"),
+            nullable=False,
+        ),
+        sa.Column("definition_hash", sa.String(64), nullable=False),
+        sa.Column("handed_back_by", sa.String(200), nullable=False),
+        sa.Column("handed_back_at", Timestamp, nullable=False),
+        sa.Column("times", sa.Integer, nullable=False),
+        sa.PrimaryKeyConstraint("execution_id"),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table("saga_version_waits")
+    op.drop_table("saga_versions")

@@ -1,0 +1,221 @@
+"""Versions in the store: where each one is deployed, how many live runs each still has,
+which runs wait for a worker that has their version, and moving a run to another version
+(guarantee 22). One transaction per function."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, delete, func, insert, or_, select, update
+
+from celery_saga.records import ExecutionState
+from celery_saga.store.database import Database, from_db_time, to_db_time
+from celery_saga.store.tables import executions, history, version_waits, versions
+
+#: States of a run that is not over: it may still need its version's code.
+LIVE_STATES = tuple(
+    s.value
+    for s in (
+        ExecutionState.RUNNING,
+        ExecutionState.WAITING,
+        ExecutionState.COMPENSATING,
+        ExecutionState.COMPENSATION_STUCK,
+    )
+)
+
+
+@dataclass(frozen=True)
+class SeenVersion:
+    saga_name: str
+    definition_hash: str
+    label: str | None
+    seen_by: str
+    first_seen: datetime
+    last_seen: datetime
+
+
+@dataclass(frozen=True)
+class VersionWait:
+    """A run handed back by a worker without its version, not moved since."""
+
+    execution_id: str
+    definition_hash: str
+    handed_back_by: str
+    handed_back_at: datetime
+    times: int
+
+
+def _live() -> Any:
+    return or_(
+        executions.c.state.in_(LIVE_STATES),
+        (executions.c.state == ExecutionState.FAILED.value)
+        & executions.c.rollback_status.is_(None),
+    )
+
+
+def record_seen(
+    db: Database, registered: Iterable[tuple[str, str, str | None]], *, seen_by: str, now: datetime
+) -> None:
+    """A process with these (saga, hash, label) versions started: upsert one row each."""
+    stamp = to_db_time(now)
+    with db.transaction() as connection:
+        for saga_name, definition_hash, label in registered:
+            key = and_(
+                versions.c.saga_name == saga_name,
+                versions.c.definition_hash == definition_hash,
+                versions.c.seen_by == seen_by,
+            )
+            touched = connection.execute(
+                update(versions).where(key).values(last_seen=stamp, label=label)
+            ).rowcount
+            if not touched:
+                connection.execute(
+                    insert(versions).values(
+                        saga_name=saga_name,
+                        definition_hash=definition_hash,
+                        label=label,
+                        seen_by=seen_by,
+                        first_seen=stamp,
+                        last_seen=stamp,
+                    )
+                )
+
+
+def list_seen(db: Database) -> list[SeenVersion]:
+    query = select(versions).order_by(
+        versions.c.saga_name, versions.c.first_seen, versions.c.definition_hash, versions.c.seen_by
+    )
+    return [
+        SeenVersion(
+            r["saga_name"],
+            r["definition_hash"],
+            r["label"],
+            r["seen_by"],
+            _time(r["first_seen"]),
+            _time(r["last_seen"]),
+        )
+        for r in db.read(query)
+    ]
+
+
+def _time(value: datetime) -> datetime:
+    """A NOT NULL timestamp column's value, as the rest of the store hands it out."""
+    stamp = from_db_time(value)
+    assert stamp is not None
+    return stamp
+
+
+def live_runs(db: Database) -> dict[tuple[str, str], int]:
+    """How many runs that are not over each (saga, hash) has."""
+    query = (
+        select(executions.c.saga_name, executions.c.definition_hash, func.count())
+        .where(_live())
+        .group_by(executions.c.saga_name, executions.c.definition_hash)
+    )
+    return {(r["saga_name"], r["definition_hash"]): int(r["count_1"]) for r in db.read(query)}
+
+
+def mark_waiting(
+    db: Database, *, execution_id: str, definition_hash: str, handed_back_by: str, now: datetime
+) -> None:
+    """Record that ``handed_back_by`` handed back a message of the run (lacking its
+    version). Nothing of the run itself changes."""
+    stamp = to_db_time(now)
+    key = version_waits.c.execution_id == execution_id
+    with db.transaction() as connection:
+        exists = connection.execute(
+            select(executions.c.id).where(executions.c.id == execution_id)
+        ).first()
+        if exists is None:
+            return
+        touched = connection.execute(
+            update(version_waits)
+            .where(key)
+            .values(
+                definition_hash=definition_hash,
+                handed_back_by=handed_back_by,
+                handed_back_at=stamp,
+                times=version_waits.c.times + 1,
+            )
+        ).rowcount
+        if not touched:
+            connection.execute(
+                insert(version_waits).values(
+                    execution_id=execution_id,
+                    definition_hash=definition_hash,
+                    handed_back_by=handed_back_by,
+                    handed_back_at=stamp,
+                    times=1,
+                )
+            )
+
+
+def waiting_for_version(db: Database, execution_ids: Sequence[str]) -> dict[str, VersionWait]:
+    """The runs among ``execution_ids`` that wait for a worker with their version: handed
+    back, and not moved since (a run that moved was taken by a worker that has it)."""
+    if not execution_ids:
+        return {}
+    query = (
+        select(version_waits)
+        .join(executions, executions.c.id == version_waits.c.execution_id)
+        .where(
+            version_waits.c.execution_id.in_(list(execution_ids)),
+            version_waits.c.handed_back_at >= executions.c.updated_at,
+            version_waits.c.definition_hash == executions.c.definition_hash,
+            _live(),
+        )
+    )
+    found = {}
+    for r in db.read(query):
+        found[r["execution_id"]] = VersionWait(
+            r["execution_id"],
+            r["definition_hash"],
+            r["handed_back_by"],
+            _time(r["handed_back_at"]),
+            int(r["times"]),
+        )
+    return found
+
+
+def move_to_version(
+    db: Database,
+    *,
+    execution_id: str,
+    seen_version: int,
+    from_hash: str,
+    to_hash: str,
+    actor: str,
+    now: datetime,
+) -> bool:
+    """Rebind a run to ``to_hash`` if it is still as the operator's check saw it (same row
+    version, same hash, not over); recorded in its history. False: it moved meanwhile."""
+    stamp = to_db_time(now)
+    with db.transaction() as connection:
+        moved = connection.execute(
+            update(executions)
+            .where(
+                executions.c.id == execution_id,
+                executions.c.version == seen_version,
+                executions.c.definition_hash == from_hash,
+                _live(),
+            )
+            .values(definition_hash=to_hash, version=executions.c.version + 1, updated_at=stamp)
+        ).rowcount
+        if moved != 1:
+            return False
+        connection.execute(
+            insert(history).values(
+                execution_id=execution_id,
+                at=stamp,
+                kind="upgraded",
+                actor=actor,
+                detail=f"version {from_hash} -> {to_hash}",
+            )
+        )
+        connection.execute(
+            delete(version_waits).where(version_waits.c.execution_id == execution_id)
+        )
+    return True

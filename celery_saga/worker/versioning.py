@@ -1,0 +1,175 @@
+"""Versions side by side, for operators (guarantee 22): which versions of each saga exist,
+where they were seen, how many live runs each still has, and moving a run to another one.
+
+Where a version was seen comes from the store: every worker upserts one row per version it
+registered when it starts (``saga_versions``), so the list covers workers that are stopped
+now (with when they were last started) and needs no broker round trip; Celery's remote
+control would only show the workers answering at that moment.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from celery_saga.decisions.versions import VersionRef, decide_upgrade, find_version
+from celery_saga.definition.builder import SagaDefinition
+from celery_saga.definition.hashing import node_shape
+from celery_saga.definition.nodes import Node, StepNode, WaitNode
+from celery_saga.errors import (
+    ExecutionNotFoundError,
+    InvalidStateError,
+    SagaError,
+    UpgradeRefusedError,
+)
+from celery_saga.limits import check_lookup_id
+from celery_saga.runtime.clock import get_clock
+from celery_saga.runtime.identity import process_name, set_process_name
+from celery_saga.store import queries, versions
+
+if TYPE_CHECKING:
+    from celery_saga.worker.engine import SagaEngine
+
+logger = logging.getLogger("celery_saga")
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    """One version of one saga: ``registered_here`` in this process (``newest_here``: new
+    runs started here use it), ``seen_by`` the workers that registered it (last started at
+    ``last_seen``), ``live_runs`` its runs that are not over."""
+
+    saga: str
+    hash: str
+    label: str | None
+    registered_here: bool
+    newest_here: bool
+    seen_by: tuple[str, ...]
+    last_seen: datetime | None
+    live_runs: int
+
+
+def node_name(node: Node) -> str:
+    if isinstance(node, StepNode):
+        return node.step.name
+    if isinstance(node, WaitNode):
+        return f"wait_for({node.event!r})"
+    return str(getattr(node, "name", None) or "pivot")
+
+
+def _shapes(definition: SagaDefinition) -> list[tuple[str, Any]]:
+    return [(node_name(node), node_shape(node)) for node in definition.nodes]
+
+
+class Versions:
+    def __init__(self, engine: SagaEngine) -> None:
+        self.engine = engine
+
+    def announce(self) -> None:
+        """A worker starts: name this process after it and record its versions."""
+        engine = self.engine
+        if engine.hooks.worker_name:
+            set_process_name(engine.hooks.worker_name)
+        catalog = engine.catalog
+        registered = [
+            (d.name, d.hash, d.label) for n in catalog.names() for d in catalog.versions(n)
+        ]
+        try:
+            engine.ensure_schema()
+            versions.record_seen(
+                engine.db, registered, seen_by=process_name(), now=get_clock().now()
+            )
+        except (SQLAlchemyError, SagaError) as error:
+            logger.warning("the versions this worker has were not recorded: %s", error)
+
+    def report(self) -> list[VersionInfo]:
+        engine = self.engine
+        engine.ensure_schema()
+        seen = versions.list_seen(engine.db)
+        live = versions.live_runs(engine.db)
+        keys: dict[tuple[str, str], str | None] = {}
+        for row in seen:
+            keys.setdefault((row.saga_name, row.definition_hash), row.label)
+        for name in engine.catalog.names():
+            for definition in engine.catalog.versions(name):
+                keys.setdefault((name, definition.hash), definition.label)
+        for key in live:
+            keys.setdefault(key, None)
+        report = []
+        for (saga, version), label in keys.items():
+            rows = [r for r in seen if (r.saga_name, r.definition_hash) == (saga, version)]
+            here = engine.catalog.known(saga, version)
+            newest = engine.catalog.known(saga)
+            report.append(
+                VersionInfo(
+                    saga,
+                    version,
+                    label,
+                    here is not None,
+                    newest is not None and newest.hash == version,
+                    tuple(r.seen_by for r in rows),
+                    max((r.last_seen for r in rows), default=None),
+                    live.get((saga, version), 0),
+                )
+            )
+        return sorted(report, key=lambda v: (v.saga, v.last_seen is None, v.last_seen or 0))
+
+    def upgrade(self, execution_id: str, to: str | None = None) -> SagaDefinition:
+        """Move run ``execution_id`` to version ``to`` (a hash, hash prefix or label; the
+        newest registered here by default). Refused, with nothing stored, unless every node
+        the run has reached is the same in that version."""
+        engine = self.engine
+        check_lookup_id(execution_id)
+        engine.ensure_schema()
+        record, _ = queries.load_snapshot(engine.db, execution_id)
+        if record is None or record.id != execution_id:
+            raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
+        current = engine.catalog.for_run(record.saga_name, record.definition_hash, record.id)
+        target = self._target(record.saga_name, to)
+        if target.hash == current.hash:
+            raise UpgradeRefusedError(
+                f"execution {execution_id!r} already runs version {current.hash}"
+            )
+        if record.state.value not in versions.LIVE_STATES:
+            raise InvalidStateError(
+                f"execution {execution_id!r} is {record.state.value}; only a run that is not "
+                "over can move to another version"
+            )
+        verdict = decide_upgrade(record.cursor, _shapes(current), _shapes(target))
+        if not verdict.allowed:
+            raise UpgradeRefusedError(
+                f"execution {execution_id!r} cannot move to version {target.hash}: "
+                f"{verdict.reason}; nothing was changed"
+            )
+        moved = versions.move_to_version(
+            engine.db,
+            execution_id=execution_id,
+            seen_version=record.version,
+            from_hash=current.hash,
+            to_hash=target.hash,
+            actor=process_name(),
+            now=get_clock().now(),
+        )
+        if not moved:
+            raise UpgradeRefusedError(
+                f"execution {execution_id!r} moved while it was checked; nothing was changed, "
+                "try again"
+            )
+        logger.info("execution %s moved to version %s", execution_id, target.hash)
+        return target
+
+    def _target(self, saga: str, to: str | None) -> SagaDefinition:
+        registered = self.engine.catalog.versions(saga)
+        refs = [VersionRef(d.hash, d.label) for d in registered]
+        found = refs[-1] if to is None and refs else find_version(to or "", refs)
+        if found is None:
+            known = ", ".join(f"{r.hash} ({r.label})" if r.label else r.hash for r in refs)
+            raise SagaError(
+                f"no version {to!r} of saga {saga!r} is registered in this process "
+                f"(known: {known or 'none'})"
+            )
+        return next(d for d in registered if d.hash == found.hash)

@@ -1,0 +1,95 @@
+"""Guarantee 22, the pure decisions: which version a run uses, whether a worker runs or hands
+back a message, and whether an operator may move a run to another version."""
+
+from __future__ import annotations
+
+import pytest
+
+from celery_saga import Saga
+from celery_saga.decisions.versions import (
+    HAND_BACK_COUNTDOWNS,
+    Placement,
+    VersionRef,
+    decide_upgrade,
+    find_version,
+    hand_back_countdown,
+    newest,
+    place,
+)
+from celery_saga.definition.hashing import node_shape
+from celery_saga.worker.versioning import node_name
+
+V1, V2, V3 = VersionRef("aaaa1111", "1"), VersionRef("bbbb2222", "2"), VersionRef("cccc3333")
+
+
+def test_a_new_run_starts_on_the_version_registered_last() -> None:
+    assert newest([V1, V2]) == V2
+    assert newest([V2, V1]) == V1
+    assert newest([]) is None
+
+
+def test_a_message_runs_only_where_its_own_version_is_registered() -> None:
+    assert place(V1.hash, [V1, V2]) is Placement.RUN
+    assert place(V1.hash, [V2]) is Placement.HAND_BACK, "never run on another version"
+    assert place(V1.hash, []) is Placement.HAND_BACK
+
+
+def test_hand_backs_back_off_up_to_a_ceiling() -> None:
+    waits = [hand_back_countdown(n) for n in range(20)]
+    assert waits == sorted(waits)
+    assert waits[0] < 1 and waits[-1] == HAND_BACK_COUNTDOWNS[-1] == 10.0
+    assert hand_back_countdown(-3) == waits[0]
+
+
+def test_an_operator_names_a_version_by_hash_prefix_or_label() -> None:
+    registered = [V1, V2, V3]
+    assert find_version("bbbb2222", registered) == V2
+    assert find_version("2", registered) == V2
+    assert find_version("cccc", registered) == V3
+    assert find_version("ccc", registered) is None, "prefixes of at least 4 characters"
+    assert find_version("zzzz", registered) is None
+
+
+def _shapes(saga: Saga) -> list[tuple[str, object]]:
+    return [(node_name(n), node_shape(n)) for n in saga.seal().nodes]
+
+
+def one(_: object = None) -> None: ...
+
+
+def two(_: object = None) -> None: ...
+
+
+def _v1() -> Saga:
+    return Saga("order").step("reserve", one, compensate=two).wait_for("approved").step("ship", one)
+
+
+def test_a_run_may_move_when_every_node_it_reached_is_unchanged() -> None:
+    v2 = Saga("order").step("reserve", one, compensate=two).wait_for("approved").step("send", two)
+    verdict = decide_upgrade(1, _shapes(_v1()), _shapes(v2))  # parked on the wait
+    assert verdict.allowed and verdict.node is None
+
+
+def test_a_run_may_not_move_past_a_node_that_differs_and_the_node_is_named() -> None:
+    v2 = Saga("order").step("reserve", two, compensate=two).wait_for("approved").step("ship", one)
+    verdict = decide_upgrade(1, _shapes(_v1()), _shapes(v2))
+    assert not verdict.allowed
+    assert verdict.node == "reserve"
+    assert "reserve" in verdict.reason
+
+
+@pytest.mark.parametrize("cursor", [0, 1, 2])
+def test_a_node_missing_from_the_target_refuses_the_move(cursor: int) -> None:
+    shorter = Saga("order").step("reserve", one, compensate=two)
+    verdict = decide_upgrade(cursor, _shapes(_v1()), _shapes(shorter))
+    assert verdict.allowed is (cursor == 0)
+    if cursor:
+        assert verdict.node == "wait_for('approved')"
+
+
+def test_the_version_label_tells_apart_versions_of_the_same_shape() -> None:
+    plain = Saga("order").step("reserve", one).seal()
+    labelled = Saga("order", version="2").step("reserve", one).seal()
+    assert labelled.label == "2"
+    assert plain.hash != labelled.hash
+    assert plain.hash == Saga("order").step("reserve", one).seal().hash, "unlabelled: as before"
