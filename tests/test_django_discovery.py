@@ -3,8 +3,8 @@
 ``orders/tasks.py``, nothing importing them explicitly) starts its sagas from a view and
 from ``manage.py shell``, and a real ``celery worker`` of the project runs them.
 
-A run whose step message reaches a worker that never imported the saga's module is
-dropped by Celery as an unregistered task; ``wait()`` then says so."""
+A run whose step message reaches a worker that never imported the saga's module is handed
+back (Celery would drop it as an unregistered task); ``wait()`` then says so."""
 
 from __future__ import annotations
 
@@ -144,8 +144,8 @@ def test_an_unknown_saga_in_the_project_says_where_it_was_looked_for(shop: Shop)
 
 
 def test_a_worker_without_the_sagas_module_makes_wait_say_so(shop: Shop) -> None:
-    """The project's worker never imported this saga (it is registered only here): Celery
-    drops the step's message as an unregistered task, and wait() names the likely cause."""
+    """The project's worker never imported this saga (it is registered only here): it hands
+    the step's message back instead of dropping it, and wait() names the likely cause."""
     shop.engine.register(Saga("shop-lonely").step("only", lambda: None))
     run = shop.engine.start("shop-lonely")
     with pytest.raises(RunNotSettledError) as raised:
@@ -156,5 +156,5 @@ def test_a_worker_without_the_sagas_module_makes_wait_say_so(shop: Shop) -> None
     assert f"execution '{run.id}' of saga 'shop-lonely' still running after 3s" in message
     assert "at step 'only', whose task 'shop-lonely.only' no worker has taken" in message
     assert "engine.autodiscover_sagas()" in message
-    assert "Received unregistered task of type 'shop-lonely.only'" in shop.log.read_text()
+    assert "message shop-lonely.only handed back" in shop.log.read_text()
     assert "\n" not in message

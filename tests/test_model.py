@@ -121,6 +121,7 @@ class ModelPublisher:
         message: NodeMessage,
         countdown: float | None = None,
         label: str | None = None,
+        version: str | None = None,
     ) -> None:
         args = (message.execution_id, message.node, message.sub, message.member, message.attempt)
         QUEUE.append(Message("node", saga_name, args, self._later(countdown)))
@@ -133,6 +134,7 @@ class ModelPublisher:
         step_name: str,
         attempt: int,
         countdown: float | None = None,
+        version: str | None = None,
     ) -> None:
         args = (execution_id, step_name, attempt)
         QUEUE.append(Message("compensate", saga_name, args, self._later(countdown)))
