@@ -55,9 +55,13 @@ executions = Table(
     # No index may hold a column that every step changes (updated_at, version, cursor):
     # PostgreSQL then rewrites the run row in place (HOT). See migration 0003.
     Index("ix_saga_executions_state_created", "state", "created_at", "id"),
-    Index("ix_saga_executions_saga_name", "saga_name", "created_at"),
+    Index("ix_saga_executions_saga", "saga_name", "created_at", "id"),
     Index("ix_saga_executions_parent", "parent_execution_id"),
     Index("ix_saga_executions_wake", "state", "wake_at"),
+    # Failed runs whose unwind never started (recovery), finished runs oldest first by kind
+    # (retention), and list by rollback status. See migration 0006.
+    Index("ix_saga_executions_unwind", "state", "rollback_status", "created_at", "id"),
+    Index("ix_saga_executions_rollback", "rollback_status", "created_at", "id"),
 )
 
 step_records = Table(
