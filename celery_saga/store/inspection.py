@@ -134,11 +134,18 @@ def _aware(value: datetime) -> datetime:
 
 @dataclass(frozen=True)
 class Stats:
-    #: (saga name, state) -> number of live runs
+    #: (saga name, state) -> number of runs; unfinished states only unless ``complete``
     counts: dict[tuple[str, str], int]
-    archived: int
+    #: runs in the archive tables, counted only when ``complete``
+    archived: int | None
     oldest_waiting: ExecutionRecord | None
     oldest_parked: ExecutionRecord | None
+    complete: bool = False
+
+
+#: What ``stats`` counts by default: the runs that are live or need an operator. Their index
+#: range is small whatever the history; counting finished runs reads all of them.
+UNFINISHED = tuple(s.value for s in ExecutionState if not s.is_terminal)
 
 
 def _oldest(db: Database, state: ExecutionState) -> ExecutionRecord | None:
@@ -151,16 +158,21 @@ def _oldest(db: Database, state: ExecutionState) -> ExecutionRecord | None:
     return execution_from_row(rows[0]) if rows else None
 
 
-def stats(db: Database) -> Stats:
-    grouped = db.read(
-        select(executions.c.saga_name, executions.c.state, func.count().label("runs")).group_by(
-            executions.c.saga_name, executions.c.state
-        )
-    )
-    archived = db.read(select(func.count().label("runs")).select_from(executions_archive))
+def stats(db: Database, *, complete: bool = False) -> Stats:
+    """Counts of unfinished runs by saga and state, from the index on state (guarantee 32);
+    ``complete`` counts finished and archived runs too, which reads the whole history."""
+    query = select(executions.c.saga_name, executions.c.state, func.count().label("runs"))
+    if not complete:
+        query = query.where(executions.c.state.in_(UNFINISHED))
+    grouped = db.read(query.group_by(executions.c.saga_name, executions.c.state))
+    archived = None
+    if complete:
+        counted = db.read(select(func.count().label("runs")).select_from(executions_archive))
+        archived = int(counted[0]["runs"])
     return Stats(
         counts={(r["saga_name"], r["state"]): int(r["runs"]) for r in grouped},
-        archived=int(archived[0]["runs"]),
+        archived=archived,
         oldest_waiting=_oldest(db, ExecutionState.WAITING),
         oldest_parked=_oldest(db, ExecutionState.COMPENSATION_STUCK),
+        complete=complete,
     )
