@@ -178,12 +178,15 @@ def _measure(url: str, args: argparse.Namespace, runs: int) -> int:
     for label, call in calls.items():
         print(f"  {label:34} {_median_ms(call, args.repeats):8.2f} ms")
     periodic = {k: calls[k] for k in ("recover()", "fire_timers()", "stats")}
-    periodic["retention claim"] = _claims(engine, now - timedelta(minutes=30))
+    # An older checkout (to compare with) has no batch-wise retention to call.
+    batched = hasattr(retention, "retire_batch")
+    if batched:
+        periodic["retention claim"] = _claims(engine, now - timedelta(minutes=30))
     reads = {k: v for k, v in calls.items() if k.startswith(("list", "get"))}
     unfinished = args.waiting + args.live + args.parked
     limit = 2 * (unfinished + BATCH) + 100 if args.check else None
     problems = _report_plans(_plans(engine, {**periodic, **reads}, args.check), limit)
-    if args.retire_runs:
+    if args.retire_runs and batched:
         cutoff = now - timedelta(minutes=30)
         print("\n  " + _retire(engine, cutoff, args.retire_runs, archive=True))
         print("  " + _retire(engine, cutoff, args.retire_runs, archive=False))

@@ -85,11 +85,13 @@ def list_runs(
         query = query.where(table.c.created_at >= to_db_time(filters.created_after))
     if cursor is not None:
         stamp, last_id = decode_cursor(cursor)
+        # As queries.keyset_after, for either table: the >= is what the index seeks to.
         query = query.where(
+            table.c.created_at >= stamp,
             or_(
                 table.c.created_at > stamp,
                 and_(table.c.created_at == stamp, table.c.id > last_id),
-            )
+            ),
         )
     rows = db.read(query)
     items = tuple(execution_from_row(r) for r in rows[:limit])
@@ -149,10 +151,13 @@ UNFINISHED = tuple(s.value for s in ExecutionState if not s.is_terminal)
 
 
 def _oldest(db: Database, state: ExecutionState) -> ExecutionRecord | None:
+    """The run in ``state`` started first: one seek in the index on (state, created_at, id),
+    where the longest unchanged would sort every run in that state (updated_at is in no
+    index, migration 0003)."""
     rows = db.read(
         select(executions)
         .where(executions.c.state == state.value)
-        .order_by(executions.c.updated_at, executions.c.id)
+        .order_by(executions.c.created_at, executions.c.id)
         .limit(1)
     )
     return execution_from_row(rows[0]) if rows else None

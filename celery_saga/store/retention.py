@@ -41,15 +41,16 @@ def _terminal(table: Any) -> Any:
     )
 
 
-#: The terminal runs, one index range each (an equality on every column before created_at),
-#: so that a batch is an ordered scan of its own rows where an OR, or a range of rollback
-#: statuses, would be read and sorted whole. Completed runs carry no rollback status.
+#: The terminal runs, one index range each, with an equality on every column before
+#: created_at: completed runs in the index on (state, created_at, id), failed ones per
+#: rollback status in the one on (rollback_status, created_at, id). A batch is then an
+#: ordered scan of its own rows, where an OR or a range of statuses would be sorted whole.
 _RANGES = (
     (executions.c.state == ExecutionState.COMPLETED.value,),
     *(
         (
-            executions.c.state == ExecutionState.FAILED.value,
             executions.c.rollback_status == status.value,
+            executions.c.state == ExecutionState.FAILED.value,
         )
         for status in RollbackStatus
     ),
