@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, and_, delete, insert, literal, or_, select
+from sqlalchemy.exc import IntegrityError
 
 from celery_saga.records import ExecutionState, RollbackStatus
 from celery_saga.store.database import Database, to_db_time
@@ -111,21 +112,17 @@ def _families(connection: Connection, roots: Sequence[str]) -> list[str]:
     return [run for run, root in root_of.items() if root not in held]
 
 
-def _archived_already(connection: Connection, ids: Sequence[str]) -> list[str]:
-    """Ids whose earlier copy sits in the archive (a run id used again): a key lookup each."""
-    query = select(executions_archive.c.id).where(executions_archive.c.id.in_(ids))
-    return list(connection.execute(query).scalars())
-
-
-def _copy_to_archive(connection: Connection, ids: Sequence[str], now: datetime) -> None:
-    # Only an id archived before has rows to replace: the common batch deletes nothing, so
-    # no statement reads the archive beyond a primary-key lookup, whatever its statistics.
-    again = _archived_already(connection, ids)
+def _copy_to_archive(
+    connection: Connection, ids: Sequence[str], now: datetime, replace: bool
+) -> None:
+    """Copy the runs' rows into the archive. Only ``replace`` (an id archived before: the
+    first try hit the archive's primary key) deletes from the archive first: a DELETE there
+    is planned from the archive's statistics, which a growing archive rarely has fresh."""
     for live, archive in ARCHIVES:
         key = live.c.id if live is executions else live.c.execution_id
-        if again:
+        if replace:
             archive_key = archive.c.id if live is executions else archive.c.execution_id
-            connection.execute(delete(archive).where(archive_key.in_(again)))
+            connection.execute(delete(archive).where(archive_key.in_(ids)))
         columns = [c.name for c in live.columns]
         selected: list[Any] = [live.c[name] for name in columns]
         if archive is executions_archive:
@@ -141,20 +138,39 @@ def retire_batch(
 ) -> tuple[int, Position | None]:
     """One bounded transaction: retire up to ``batch`` families from ``position`` on.
     Returns how many runs went and where the next batch starts (None: nothing left)."""
-    with db.transaction() as connection:
-        roots = _claim_candidates(connection, cutoff, batch, position)
-        ids = _families(connection, [root for _, root in roots])
-        if ids:
-            if archive:
-                _copy_to_archive(connection, ids, now)
-            # Steps, signals and decisions go with their run (ON DELETE CASCADE).
-            connection.execute(delete(executions).where(executions.c.id.in_(ids)))
+    try:
+        roots, ids = _retire_once(db, cutoff, now, archive, batch, position, replace=False)
+    except IntegrityError:
+        if not archive:
+            raise
+        # A run id archived before: the batch again, replacing the older copies.
+        roots, ids = _retire_once(db, cutoff, now, archive, batch, position, replace=True)
     if len(roots) == batch:
         # Runs kept back (a child still parked) must not hide the ones behind them.
         return len(ids), Position(position.range_index, roots[-1])
     if position.range_index + 1 < len(_RANGES):
         return len(ids), Position(position.range_index + 1)
     return len(ids), None
+
+
+def _retire_once(
+    db: Database,
+    cutoff: datetime,
+    now: datetime,
+    archive: bool,
+    batch: int,
+    position: Position,
+    replace: bool,
+) -> tuple[list[tuple[datetime, str]], list[str]]:
+    with db.transaction() as connection:
+        roots = _claim_candidates(connection, cutoff, batch, position)
+        ids = _families(connection, [root for _, root in roots])
+        if ids:
+            if archive:
+                _copy_to_archive(connection, ids, now, replace)
+            # Steps, signals and decisions go with their run (ON DELETE CASCADE).
+            connection.execute(delete(executions).where(executions.c.id.in_(ids)))
+    return roots, ids
 
 
 def retire(
