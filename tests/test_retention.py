@@ -223,3 +223,31 @@ def test_a_bad_retention_is_refused_and_removes_nothing(
         engine.archive(older_than)
     assert _count(engine, executions, {run}) == 1
     engine.db.dispose()
+
+
+def test_archiving_an_id_archived_before_replaces_the_older_copy(
+    store_url: str, clock: ControlledClock
+) -> None:
+    engine = _engine(store_url)
+    run_id = f"again-{uuid.uuid4().hex[:12]}"
+    for saga_name in ("first", "second"):
+        queries.create_execution(
+            engine.db,
+            execution_id=run_id,
+            saga_name=saga_name,
+            definition_hash="h",
+            input_blob=pack({}),
+            node=0,
+            sub=0,
+            state=ExecutionState.COMPLETED,
+            committed=False,
+            now=clock.now(),
+        )
+        clock.advance(10)
+        assert engine.archive(0) >= 1
+    with engine.db.transaction() as connection:
+        names = connection.execute(
+            select(executions_archive.c.saga_name).where(executions_archive.c.id == run_id)
+        ).all()
+    assert [row.saga_name for row in names] == ["second"]
+    engine.db.dispose()

@@ -314,13 +314,19 @@ def cleanup(ctx: click.Context, older_than: str, archive: bool) -> None:
 
 @saga.command()
 @click.option("--json", "as_json_output", is_flag=True, help="Print JSON.")
+@click.option(
+    "--all",
+    "complete",
+    is_flag=True,
+    help="Count finished and archived runs too (reads the whole history: slow on a big store).",
+)
 @click.pass_context
 @operator_command
-def stats(ctx: click.Context, as_json_output: bool) -> None:
-    """Runs by saga and state, parked runs, and the oldest waiting one."""
+def stats(ctx: click.Context, as_json_output: bool, complete: bool) -> None:
+    """Unfinished runs by saga and state, parked runs, and the oldest waiting one."""
     engine = engine_of(ctx)
     engine.ensure_schema()
-    found = inspection.stats(engine.db)
+    found = inspection.stats(engine.db, complete=complete)
     by_state: dict[str, int] = {}
     for (_, state), runs in found.counts.items():
         by_state[state] = by_state.get(state, 0) + runs
@@ -340,7 +346,9 @@ def stats(ctx: click.Context, as_json_output: bool) -> None:
     for line in table(["SAGA", "STATE", "RUNS"], rows):
         click.echo(line)
     states = ", ".join(f"{s}={c}" for s, c in sorted(by_state.items())) or "none"
-    click.echo(f"live runs by state: {states}; archived: {found.archived}")
+    counted = "runs" if found.complete else "unfinished runs"
+    archived = "" if found.archived is None else f"; archived: {found.archived}"
+    click.echo(f"{counted} by state: {states}{archived}")
     click.echo(f"parked (compensation_stuck): {by_state.get('compensation_stuck', 0)}")
     for label, record in (("waiting", found.oldest_waiting), ("parked", found.oldest_parked)):
         if record is not None:

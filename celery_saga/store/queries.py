@@ -166,17 +166,21 @@ _parent = aliased(executions)
 
 
 def top_level() -> Any:
-    """Runs that are nobody's child: no parent, or a parent whose row is gone."""
-    return or_(
-        executions.c.parent_execution_id.is_(None),
-        ~exists().where(_parent.c.id == executions.c.parent_execution_id),
-    )
+    """Runs that are nobody's child: no parent, or a parent whose row is gone. One NOT
+    EXISTS covers both (a NULL parent matches no row), which PostgreSQL runs as an anti-join
+    probing the primary key; OR-ed with ``parent IS NULL`` it hashed every run id instead."""
+    return ~exists().where(_parent.c.id == executions.c.parent_execution_id)
 
 
 def keyset_after(time_column: Any, after: tuple[datetime, str]) -> Any:
-    """Rows strictly after ``after`` in (time_column, id) order: keyset pagination."""
+    """Rows strictly after ``after`` in (time_column, id) order: keyset pagination. The
+    ``>=`` is what an index on the time column seeks to; an OR alone would be a filter, and a
+    page would read every row before it (the rows earlier batches of retention deleted)."""
     stamp, last_id = after
-    return or_(time_column > stamp, and_(time_column == stamp, executions.c.id > last_id))
+    return and_(
+        time_column >= stamp,
+        or_(time_column > stamp, and_(time_column == stamp, executions.c.id > last_id)),
+    )
 
 
 def decode_cursor(cursor: str) -> tuple[datetime, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import (
+    DDL,
     BigInteger,
     Boolean,
     Column,
@@ -19,6 +20,8 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    event,
+    text,
 )
 from sqlalchemy.dialects import mysql
 
@@ -55,9 +58,33 @@ executions = Table(
     # No index may hold a column that every step changes (updated_at, version, cursor):
     # PostgreSQL then rewrites the run row in place (HOT). See migration 0003.
     Index("ix_saga_executions_state_created", "state", "created_at", "id"),
-    Index("ix_saga_executions_saga_name", "saga_name", "created_at"),
+    Index("ix_saga_executions_saga", "saga_name", "created_at", "id"),
     Index("ix_saga_executions_parent", "parent_execution_id"),
     Index("ix_saga_executions_wake", "state", "wake_at"),
+    # list by rollback status, in listing order. See migration 0006.
+    Index("ix_saga_executions_rollback", "rollback_status", "created_at", "id"),
+)
+
+#: Failed runs whose unwind never started, for the recovery sweep: on PostgreSQL and SQLite
+#: an index of those runs alone (the planner cannot misjudge it: a NULL rollback status is
+#: common among all runs and rare among failed ones); MySQL has no partial index and gets
+#: the composite. See migration 0006.
+UNWIND_OWED = "state = 'failed' AND rollback_status IS NULL"
+Index(
+    "ix_saga_executions_unwind_owed",
+    executions.c.state,
+    executions.c.rollback_status,
+    postgresql_where=text(UNWIND_OWED),
+    sqlite_where=text(UNWIND_OWED),
+)
+# The planner's view of (state, rollback_status) together; see migration 0006.
+event.listen(
+    executions,
+    "after_create",
+    DDL(  # type: ignore[no-untyped-call]
+        "CREATE STATISTICS st_saga_executions_state_rollback (mcv) "
+        "ON state, rollback_status FROM saga_executions"
+    ).execute_if(dialect="postgresql"),
 )
 
 step_records = Table(

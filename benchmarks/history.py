@@ -1,0 +1,223 @@
+"""What the periodic sweeps and the operator reads cost as history piles up (issue 26).
+
+For each ``--runs`` N, a PostgreSQL database of its own gets N finished five-step runs (80%
+completed, 20% failed and compensated), ``--waiting`` runs parked on a signal, ``--live``
+runs moving and ``--parked`` compensation_stuck ones (see ``history_fill.py``). Then, with
+fresh statistics:
+
+- the median of ``--repeats`` calls of ``recover()``, ``fire_timers()``, ``stats`` and each
+  ``list`` filter (none of the sweeps finds anything due: that is the beat's common case);
+- the EXPLAIN ANALYZE of every statement they send, with the rows each read from
+  ``saga_executions`` (``history_plans.py``);
+- a retention catch-up over the whole history as backlog: ``--retire-runs`` runs archived,
+  then as many deleted, batch by batch: runs/s and the median batch time of the first tenth
+  of the batches against the last tenth.
+
+``--check`` re-plans every statement with sequential scans off (a small store would be
+scanned whole, a big one would not) and exits 1 when one of them reads more rows of
+``saga_executions`` than the unfinished runs and a batch: it reads history.
+
+    python benchmarks/history.py --runs 0 100000 1000000
+    python benchmarks/history.py --runs 10000 --waiting 100 --live 20 --check --retire-runs 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from celery import Celery
+from history_fill import fill, vacuum
+from history_plans import Plan, Statement, explain, statements_of
+from sqlalchemy import Engine, create_engine, text
+
+from celery_saga import SagaEngine
+from celery_saga.store import inspection, retention
+
+DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+BATCH = 500
+
+
+def _operations(engine: SagaEngine, now: datetime) -> dict[str, Callable[[], object]]:
+    """The sweeps (periodic: their plans are checked) and the operator reads."""
+    day = inspection.Filters(
+        created_after=now - timedelta(days=31), created_before=now - timedelta(days=30)
+    )
+    some = engine.list(limit=1).items
+    first = some[0].id if some else "none"
+    return {
+        "recover()": lambda: engine.recover(),
+        "fire_timers()": engine.fire_timers,
+        "stats": lambda: inspection.stats(engine.db),
+        "list()": lambda: engine.list(),
+        "list(state=waiting)": lambda: engine.list(state="waiting"),
+        "list(state=running)": lambda: engine.list(state="running"),
+        "list(state=failed)": lambda: engine.list(state="failed"),
+        "list(state=compensation_stuck)": lambda: engine.list(state="compensation_stuck"),
+        "list(rollback_status=stuck)": lambda: engine.list(rollback_status="stuck"),
+        "list(rollback_status=completed)": lambda: engine.list(rollback_status="completed"),
+        "list(saga=order_1)": lambda: engine.list(saga="order_1"),
+        "list(created on one day)": lambda: inspection.list_runs(
+            engine.db, day, archived=False, limit=50, cursor=None
+        ),
+        "get(id)": lambda: engine.get(first),
+    }
+
+
+def _median_ms(call: Callable[[], object], repeats: int) -> float:
+    call()  # the first call pays for connections and compiled statements
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - began) * 1000)
+    return statistics.median(times)
+
+
+def _claims(engine: SagaEngine, cutoff: datetime) -> Callable[[], object]:
+    """The retention claim of the first batch of each range, rolled back."""
+
+    def claim() -> None:
+        with engine.db.engine.connect() as connection:
+            transaction = connection.begin()
+            for index in range(len(retention._RANGES)):
+                position = retention.Position(index)
+                retention._claim_candidates(connection, cutoff, BATCH, position)
+            transaction.rollback()
+
+    return claim
+
+
+def _plans(
+    engine: SagaEngine, calls: dict[str, Callable[[], object]], check: bool
+) -> dict[str, list[Plan]]:
+    found: dict[str, list[Plan]] = {}
+    for name, call in calls.items():
+        statements: list[Statement] = statements_of(engine.db.engine, call)
+        found[name] = [explain(engine.db.engine, s, no_seq_scan=check) for s in statements]
+    return found
+
+
+def _retire(engine: SagaEngine, cutoff: datetime, runs: int, archive: bool) -> str:
+    position: retention.Position | None = retention.Position()
+    times, gone, began = [], 0, time.perf_counter()
+    while position is not None and gone < runs:
+        started = time.perf_counter()
+        count, position = retention.retire_batch(
+            engine.db, cutoff=cutoff, now=cutoff, archive=archive, batch=BATCH, position=position
+        )
+        times.append((time.perf_counter() - started) * 1000)
+        gone += count
+    elapsed = time.perf_counter() - began
+    tenth = max(len(times) // 10, 1)
+    first, last = statistics.median(times[:tenth]), statistics.median(times[-tenth:])
+    verb = "archived" if archive else "deleted"
+    return (
+        f"{verb} {gone} runs in {elapsed:.1f} s: {gone / max(elapsed, 1e-9):,.0f} runs/s; "
+        f"batch of {BATCH}: first tenth {first:.1f} ms, last tenth {last:.1f} ms "
+        f"({last / max(first, 1e-9):.2f}x), {len(times)} batches"
+    )
+
+
+def _report_plans(plans: dict[str, list[Plan]], limit: int | None) -> list[str]:
+    """Print each plan; return what reads history (only when ``limit`` is set)."""
+    problems = []
+    for name, found in plans.items():
+        print(f"\n-- {name}: {len(found)} statement(s)")
+        for plan in found:
+            print(f"   rows read from saga_executions: {plan.rows_read}")
+            for line in plan.lines():
+                print(f"     {line}")
+            if limit is not None and plan.rows_read > limit:
+                problems.append(f"{name} reads {plan.rows_read} runs (at most {limit} expected)")
+    return problems
+
+
+def measure(admin_url: str, args: argparse.Namespace, runs: int) -> int:
+    name = f"saga_history_{runs}_{uuid.uuid4().hex[:6]}"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f"CREATE DATABASE {name}"))
+    url = admin_url.rsplit("/", 1)[0] + "/" + name
+    try:
+        return _measure(url, args, runs)
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f"DROP DATABASE {name} WITH (FORCE)"))
+        admin.dispose()
+
+
+def _store(url: str, args: argparse.Namespace) -> tuple[SagaEngine, Engine]:
+    app = Celery(f"history-{uuid.uuid4().hex[:6]}", broker="memory://", set_as_current=False)
+    engine = SagaEngine(app, store_url=url)
+    engine.ensure_schema()
+    for index in args.without_index:
+        with engine.db.engine.begin() as connection:
+            connection.execute(text(f"DROP INDEX {index}"))
+    return engine, create_engine(url)
+
+
+def _measure(url: str, args: argparse.Namespace, runs: int) -> int:
+    engine, bulk = _store(url, args)
+    now = datetime.now(UTC)
+    seconds = fill(bulk, runs, args.waiting, args.live, args.parked, now)
+    vacuum(bulk)
+    size = (
+        bulk.connect()
+        .execute(text("SELECT pg_size_pretty(pg_total_relation_size('saga_executions'))"))
+        .scalar()
+    )
+    print(f"\n=== {runs:,} finished runs (filled in {seconds:.1f} s; saga_executions {size})")
+    with bulk.begin() as connection:  # the live runs are moving: none is stale after a long fill
+        connection.execute(
+            text(
+                "UPDATE saga_executions SET updated_at = now() AT TIME ZONE 'UTC' "
+                "WHERE state = 'running'"
+            )
+        )
+    calls = _operations(engine, now)
+    for label, call in calls.items():
+        print(f"  {label:34} {_median_ms(call, args.repeats):8.2f} ms")
+    periodic = {k: calls[k] for k in ("recover()", "fire_timers()", "stats")}
+    # An older checkout (to compare with) has no batch-wise retention to call.
+    batched = hasattr(retention, "retire_batch")
+    if batched:
+        periodic["retention claim"] = _claims(engine, now - timedelta(minutes=30))
+    reads = {k: v for k, v in calls.items() if k.startswith(("list", "get"))}
+    unfinished = args.waiting + args.live + args.parked
+    limit = 2 * (unfinished + BATCH) + 100 if args.check else None
+    problems = _report_plans(_plans(engine, {**periodic, **reads}, args.check), limit)
+    if args.retire_runs and batched:
+        cutoff = now - timedelta(minutes=30)
+        print("\n  " + _retire(engine, cutoff, args.retire_runs, archive=True))
+        print("  " + _retire(engine, cutoff, args.retire_runs, archive=False))
+    engine.db.dispose()
+    bulk.dispose()
+    for problem in problems:
+        print(f"READS HISTORY: {problem}")
+    return 1 if problems else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, nargs="+", default=[0, 100_000])
+    parser.add_argument("--waiting", type=int, default=2000)
+    parser.add_argument("--live", type=int, default=200)
+    parser.add_argument("--parked", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--retire-runs", type=int, default=100_000)
+    parser.add_argument("--check", action="store_true")
+    parser.add_argument("--without-index", action="append", default=[])
+    args = parser.parse_args()
+    admin_url = os.environ.get("BENCH_ADMIN_URL", DEFAULT_ADMIN_URL)
+    return max(measure(admin_url, args, runs) for runs in args.runs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
