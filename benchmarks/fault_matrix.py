@@ -12,6 +12,8 @@ one ledger row per execution straight to PostgreSQL, so the table can count doub
 Prints one Markdown row per fault: runs ended (completed or failed), parked, forward and
 reversal doubles (keys run more than once), and seconds from the restore to the last run
 ending. Library defaults throughout (lease 30 s, recover_after 45 s, sweeps every 5/15 s).
+The failover rows (store outages longer than a lease, one worker cut off from the store,
+SIGKILLs) are in ``failover_matrix.py``, which shares this module's helpers.
 """
 
 from __future__ import annotations
@@ -89,12 +91,12 @@ def run_fault(fault: Fault, runs: int, unwinding: int, tmp: Path) -> dict[str, A
         _wait_ready(client, 2, workers)
         ids = _start_batch(client, runs, unwinding)
         direction = "compensate" if fault.during == "unwind" else "forward"
-        _wait_until(lambda: _ledger_rows(client, ids, direction) >= 5, 120)
+        wait_until(lambda: _ledger_rows(client, ids, direction) >= 5, 120)
         proxy = pg if fault.target == "postgres" else mq
         proxy.cut(fault.seconds)
         proxy.wait_restored()
         restored = time.monotonic()
-        ended_at = _wait_until(lambda: _settled(client, ids), fault.seconds + 300)
+        ended_at = wait_until(lambda: _settled(client, ids), fault.seconds + 300)
         return _tally(client, ids, fault, (ended_at or time.monotonic()) - restored)
     finally:
         stop_workers([*workers, beat])
@@ -121,7 +123,7 @@ def _settled(client: TestApp, ids: list[str]) -> bool:
     return all(client.engine.get(i).state in done for i in ids)
 
 
-def _wait_until(condition: Any, timeout: float) -> float | None:
+def wait_until(condition: Any, timeout: float) -> float | None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:

@@ -118,7 +118,11 @@ class TestApp:
             saga_compensation_timeout=4,
             # Crash tests run a real `celery beat` with short sweeps.
             saga_recover_after=float(os.environ.get("SAGA_TEST_RECOVER_AFTER", "60")),
-            saga_recover_interval=float(os.environ.get("SAGA_TEST_SWEEP_INTERVAL", "30")),
+            saga_recover_interval=float(
+                os.environ.get(
+                    "SAGA_TEST_RECOVER_INTERVAL", os.environ.get("SAGA_TEST_SWEEP_INTERVAL", "30")
+                )
+            ),
             saga_timer_interval=float(os.environ.get("SAGA_TEST_SWEEP_INTERVAL", "5")),
             # Steps are the user's tasks: their results reach a backend as a plain call's do.
             result_backend="cache+memory://" if broker.startswith("memory") else RESULTS_URL,
