@@ -56,7 +56,7 @@ from celery_saga.runtime.outcomes import (
 from celery_saga.runtime.ports import Catalog, EventSink, Publisher, Settings
 from celery_saga.runtime.progress import Progress
 from celery_saga.runtime.stopping import worker_is_stopping
-from celery_saga.runtime.takeovers import judge, keep_late_outcome
+from celery_saga.runtime.takeovers import judge, keep_late_outcome, taken_over
 from celery_saga.runtime.unwinder import Unwinder
 from celery_saga.runtime.waits import Waits
 from celery_saga.store import forward, queries, waits
@@ -248,7 +248,7 @@ class Executor(Progress):
         execution = snapshot[0]
         record = next((s for s in steps if s.name == position.record_name), None)
         verdict = decide_admission(execution, record, message, definition.hash, now)
-        fenced = False
+        fenced, asked = False, None
         if record is not None and record.status is StepStatus.RUNNING and verdict in _CLAIMED:
             spec = position.spec
             assert spec is not None
@@ -262,7 +262,7 @@ class Executor(Progress):
             )
             if claim.lease_live and not redelivered:
                 return self.refused(message, verdict)
-            takeover = judge(self.holders, claim)
+            takeover, answer = judge(self.holders, claim)
             if takeover is Takeover.LEAVE:
                 if not redelivered:
                     return self.refused(message, Admission.REJECT_IN_FLIGHT)
@@ -271,7 +271,7 @@ class Executor(Progress):
                     definition.name, spec, message, countdown=wait, version=definition.hash
                 )
                 return NoBody("held back while the attempt in flight holds its claim")
-            fenced = takeover is Takeover.TAKE_OVER_FENCED
+            fenced, asked = takeover is Takeover.TAKE_OVER_FENCED, (claim, answer)
         elif verdict is not Admission.RUN:
             return self.refused(message, verdict)
         take = lambda: self._claim(definition, position, message, record)  # noqa: E731
@@ -280,6 +280,8 @@ class Executor(Progress):
         attempt = self._claim(definition, position, message, record)
         if attempt is None:
             return self.refused(message, Admission.REJECT_IN_FLIGHT)
+        if asked is not None:
+            taken_over(*asked)
         return self._run_claimed(definition, position, message, attempt, snapshot)
 
     def _claim(

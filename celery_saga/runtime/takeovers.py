@@ -25,14 +25,22 @@ from celery_saga.store.database import Database
 logger = logging.getLogger("celery_saga")
 
 
-def judge(holders: Holders, claim: HeldClaim) -> Takeover:
-    """Whether ``claim`` may be taken over, on what its holder answers."""
+def judge(holders: Holders, claim: HeldClaim) -> tuple[Takeover, Answer]:
+    """Whether ``claim`` may be taken over, on what its holder answers (and the answer,
+    for ``taken_over`` to tell once the claim has really been taken)."""
     answer = Answer.NO_CHANNEL if claim.holder is None else holders.ask(claim)
     takeover = decide_takeover(claim.lease_live, answer)
-    what = _describe(claim)
     if takeover is Takeover.LEAVE:
+        what = _describe(claim)
         logger.info("%s: left to its holder %s (it answered %s)", what, claim.holder, answer.value)
-    elif answer is Answer.STOPPED:
+    return takeover, answer
+
+
+def taken_over(claim: HeldClaim, answer: Answer) -> None:
+    """One line once a claim was taken over: only then, since the claim may still go to
+    someone else (or to the holder's own outcome, landing a moment before)."""
+    what = _describe(claim)
+    if answer is Answer.STOPPED:
         logger.warning(
             "%s: its holder %s could not reach the store and stopped the body; it runs again here",
             what,
@@ -45,7 +53,6 @@ def judge(holders: Holders, claim: HeldClaim) -> Takeover:
             claim.holder,
             "no longer runs it" if answer is Answer.ABSENT else f"answered {answer.value}",
         )
-    return takeover
 
 
 def _describe(claim: HeldClaim) -> str:

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from celery_saga.decisions.admission import Admission
-from celery_saga.decisions.takeover import Takeover
+from celery_saga.decisions.takeover import Answer, Takeover
 from celery_saga.decisions.unwind import (
     UnwindKind,
     UnwindStep,
@@ -47,7 +47,7 @@ from celery_saga.runtime.outcomes import (
     attempt_failed,
 )
 from celery_saga.runtime.reversal_runs import ReversalRuns
-from celery_saga.runtime.takeovers import judge
+from celery_saga.runtime.takeovers import judge, taken_over
 from celery_saga.store import queries, reversal, unwind
 from celery_saga.store.reversal import Unwinding
 
@@ -213,7 +213,7 @@ class Unwinder(ReversalRuns):
             return _refused(execution_id, step_name, verdict.value)
         spec = definition.find_step(step_name)
         assert spec is not None and spec.compensation is not None
-        takeover = Takeover.TAKE_OVER
+        takeover, asked = Takeover.TAKE_OVER, None
         if lease is not None:
             claim = HeldClaim(
                 "reversal",
@@ -223,17 +223,18 @@ class Unwinder(ReversalRuns):
                 record.compensation_holder,
                 lease_live=live,
             )
-            takeover = judge(self.holders, claim)
+            takeover, answer = judge(self.holders, claim)
             if takeover is Takeover.LEAVE:
                 again = ReversalAttempt(execution_id, step_name, attempt)
                 return self._left_to_holder(definition, again, redelivered, lease, live)
+            asked = (claim, answer)
         lost = takeover is Takeover.TAKE_OVER and lease is not None
         if lost and record.compensation_attempts > spec.compensation_retry:
             plan = self.lost_too_often(definition, Unwinding(execution, steps), record)
             self.follow(definition, execution_id, plan)
             return NoBody("no attempt left after lost ones")
         seen = lease if live else None
-        return self._reverse(definition, execution, steps, spec, record, seen)
+        return self._reverse(definition, execution, steps, spec, record, seen, asked)
 
     def _left_to_holder(
         self,
@@ -295,6 +296,7 @@ class Unwinder(ReversalRuns):
         spec: StepSpec,
         record: StepRecord,
         seen_lease: datetime | None = None,
+        asked: tuple[HeldClaim, Answer] | None = None,
     ) -> Outcome:
         lease = get_clock().now() + timedelta(seconds=self.settings.lease_seconds)
         held = ReversalAttempt(record.execution_id, record.name, record.compensation_attempts + 1)
@@ -304,6 +306,8 @@ class Unwinder(ReversalRuns):
             self.db, held, lease_expires_at=lease, now=now, holder=me, seen_lease=seen_lease
         ):
             return _refused(record.execution_id, record.name, "claimed elsewhere")
+        if asked is not None:
+            taken_over(*asked)
         claimed = replace(
             record,
             compensation_attempts=held.attempt,

@@ -77,7 +77,8 @@ def retry_transient(
             failures += 1
             waited = monotonic() - started
             if waited + delay > budget:
-                logger.error(
+                # The caller's error says it failed; here one line says why and how long.
+                logger.warning(
                     "store unreachable for %s after %.1f s (%d tries), giving up: %s",
                     what,
                     waited,
