@@ -50,9 +50,9 @@ COMMAND = "saga_claim_holder"
 #: Seconds a taker waits for the answer about a live lease (the holder only looks it up),
 #: and about a lapsed one (the holder first tries to renew it, then may stop the body).
 ASK_LIVE_TIMEOUT = 2.0
+#: (Not shorter, and no quick ping first: a holder's main process answers one taker at a
+#: time, and may spend a renewal budget on another taker's question before this one's.)
 ASK_LAPSED_TIMEOUT = 10.0
-#: Seconds a taker waits for the holder's worker to answer a ping before the long question.
-PING_TIMEOUT = 1.0
 #: Seconds the holder's main process tries to renew a lapsed lease before it concludes that
 #: it cannot reach the store, and waits for a stopped pool process to be gone.
 RENEW_BUDGET = 5.0
@@ -88,8 +88,6 @@ class CeleryHolders(Holders):
         }
         timeout = ASK_LIVE_TIMEOUT if claim.lease_live else ASK_LAPSED_TIMEOUT
         try:
-            if not claim.lease_live and not self._answers(node):
-                return Answer.SILENT  # a host that died: no need to wait the long answer out
             replies = self.engine.app.control.broadcast(
                 COMMAND,
                 arguments=arguments,
@@ -106,12 +104,6 @@ class CeleryHolders(Holders):
             if answer in Answer._value2member_map_:
                 return Answer(answer)
         return Answer.SILENT
-
-    def _answers(self, node: str) -> bool:
-        """Whether ``node`` answers a ping at all (its main process does at once, whatever
-        its pool and the store are doing)."""
-        replies = self.engine.app.control.ping(destination=[node], timeout=PING_TIMEOUT)
-        return any(node in reply for reply in replies or ())
 
 
 def answer_holder(engine: SagaEngine, state: Any, **arguments: Any) -> dict[str, str]:
