@@ -2,6 +2,7 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
+from celery_saga.decisions.cancel import CancelVerdict
 from celery_saga.definition.builder import Saga, SagaDefinition, compensated_by, path, step
 from celery_saga.errors import (
     BranchPathError,
@@ -36,7 +37,7 @@ from celery_saga.records import (
 )
 from celery_saga.runtime.clock import Clock, SystemClock, get_clock, set_clock
 from celery_saga.runtime.context import SagaContext
-from celery_saga.runtime.holders import fencing_token
+from celery_saga.runtime.holders import cancelled, fencing_token
 from celery_saga.store.queries import Page
 from celery_saga.worker.engine import SagaEngine
 from celery_saga.worker.handle import SagaHandle
@@ -48,6 +49,7 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
 
 __all__ = [
     "BranchPathError",
+    "CancelVerdict",
     "Clock",
     "CompensationOutcome",
     "DefinitionChangedError",
@@ -83,6 +85,7 @@ __all__ = [
     "VersionNotDeployedError",
     "WaitTimeoutError",
     "__version__",
+    "cancelled",
     "compensated_by",
     "fencing_token",
     "get_clock",

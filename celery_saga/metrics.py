@@ -70,6 +70,9 @@ class SagaMetrics:
             buckets=BUCKETS,
             **options,
         )
+        self.cancelled = Counter(
+            f"{prefix}_runs_cancelled", "Cancels stored (the run then unwinds)", by_saga, **options
+        )
         self.recovered = Counter(
             f"{prefix}_sweep_recoveries", "Runs the recovery sweep picked up", by_saga, **options
         )
@@ -89,6 +92,8 @@ class SagaMetrics:
             self.parked.labels(saga).inc()
         elif event == "saga-recovered":
             self.recovered.labels(saga).inc()
+        elif event == "saga-cancelled":
+            self.cancelled.labels(saga).inc()
         elif event in ("saga-step-started", "saga-compensation-started"):
             self._begin(event, fields)
         elif event in _STEP_END:

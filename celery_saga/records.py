@@ -18,10 +18,14 @@ class ExecutionState(str, Enum):
     FAILED = "failed"
     COMPENSATING = "compensating"
     COMPENSATION_STUCK = "compensation_stuck"
+    #: A cancel was stored: no step starts, the bodies in flight are being stopped.
+    CANCELLING = "cancelling"
+    #: Cancelled, and what it had done unwound.
+    CANCELLED = "cancelled"
 
     @property
     def is_terminal(self) -> bool:
-        return self in (ExecutionState.COMPLETED, ExecutionState.FAILED)
+        return self in (ExecutionState.COMPLETED, ExecutionState.FAILED, ExecutionState.CANCELLED)
 
 
 class RollbackStatus(str, Enum):
@@ -61,6 +65,8 @@ class ExecutionRecord:
     created_at: datetime
     updated_at: datetime
     wake_at: datetime | None = None
+    cancelled_at: datetime | None = None
+    deadline_at: datetime | None = None
 
 
 @dataclass(frozen=True)

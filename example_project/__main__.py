@@ -1,5 +1,6 @@
-"""Run four order sagas and print their timelines: approved and completed; compensated after
-shipping fails; parked mid-unwind and resumed; and never approved, so it times out."""
+"""Run five order sagas and print their timelines: approved and completed; compensated after
+shipping fails; parked mid-unwind and resumed; never approved, so it times out; and cancelled
+by the customer while it waits for approval."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ _SHOWN = {
     "saga-waiting": "waiting    for 'approved'",
     "saga-signal-received": "signal     'approved' received",
     "saga-wait-expired": "timed out  waiting for 'approved'",
+    "saga-cancelled": "cancelled  by the customer",
 }
 
 
@@ -154,6 +156,12 @@ def main() -> None:
         timeline(
             f"4. nobody approves within {APPROVAL_TIMEOUT:g} s: beat fails and unwinds it", expired
         )
+
+        withdrawn = engine.start("order", {"order_id": "E5", "items": items})
+        withdrawn.wait(20)  # waiting for approval, the customer withdraws the order
+        engine.cancel(withdrawn.id, "the customer withdrew order E5")
+        cancelled = withdrawn.wait(20, states=[ExecutionState.CANCELLED])
+        timeline("5. the customer cancels while it waits: what was done is unwound", cancelled)
     print(f"\n{celery_view()}")
     print(f"finished in {time.monotonic() - started:.1f} s")
 

@@ -1,4 +1,4 @@
-"""``python -m example_project`` reads as a demo: four timelines, each intentional failure
+"""``python -m example_project`` reads as a demo: five timelines, each intentional failure
 one line under its timeline, and a traceback only for an error nobody planned."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from example_project.failures import FailureLog, ShippingRefused
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_the_example_project_runs_its_four_timelines_without_a_traceback(
+def test_the_example_project_runs_its_five_timelines_without_a_traceback(
     tmp_path: Path,
 ) -> None:
     done = subprocess.run(
@@ -29,7 +29,14 @@ def test_the_example_project_runs_its_four_timelines_without_a_traceback(
     assert "Traceback" not in out + done.stderr
     assert done.stderr == "", done.stderr[-3000:]
     headings = [line.split("  [")[0] for line in out.splitlines() if line.startswith("== ")]
-    assert [h.split(".")[0] for h in headings] == ["== 1", "== 2", "== 3a", "== 3b", "== 4"]
+    assert [h.split(".")[0] for h in headings] == [
+        "== 1",
+        "== 2",
+        "== 3a",
+        "== 3b",
+        "== 4",
+        "== 5",
+    ]
     assert out.count("state=completed") == 1
     # Each step is its own Celery task: Celery's signals name it, with its true outcome.
     assert "5 task_failure (release_item x1, ship_order x4)" in out
@@ -38,6 +45,8 @@ def test_the_example_project_runs_its_four_timelines_without_a_traceback(
     assert "WaitTimeoutError: saga 'order' waited 2 s" in out
     assert "signal     'approved' received" in out
     assert "  | compensated capture" in out, "the nested payment saga was unwound"
+    assert "state=cancelled  rollback=completed" in out
+    assert "failure_reason: CancelledError: the customer withdrew order E5" in out
     # Shipping is tried twice: the first failure is a retry line, the last its outcome.
     retry = "retry      ship_order  (attempt 1: ShippingRefused: carrier rejected order B2)"
     assert out.count(retry) == 1

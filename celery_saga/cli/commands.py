@@ -25,12 +25,14 @@ from celery_saga.cli import timeline
 from celery_saga.cli.durations import parse_duration
 from celery_saga.cli.output import OneLineErrors, as_json, table
 from celery_saga.cli.version_names import version_hashes
+from celery_saga.decisions.cancel import CancelVerdict
 from celery_saga.errors import ExecutionNotFoundError, InvalidStateError, SagaError
 from celery_saga.records import ExecutionRecord, ExecutionState, RollbackStatus
 from celery_saga.runtime.clock import get_clock
 from celery_saga.store import inspection
 from celery_saga.store.versions import waiting_for_version
 from celery_saga.worker.engine import SagaEngine
+from celery_saga.worker.run_commands import NO_OP
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -286,6 +288,21 @@ def abandon(ctx: click.Context, execution_id: str, yes: bool) -> None:
         )
     skipped = engine.abandon_compensation(execution_id)
     click.echo(f"abandoned {execution_id}: {skipped} step(s) marked compensation_skipped")
+
+
+@saga.command()
+@click.argument("execution_id")
+@click.option("--reason", help="Why: recorded as the run's failure reason and shown by show.")
+@click.pass_context
+@operator_command
+def cancel(ctx: click.Context, execution_id: str, reason: str | None) -> None:
+    """Cancel a run: nothing new starts, its running body is stopped, what it did is
+    unwound, and it ends cancelled. Refused past the pivot and once ended."""
+    verdict = engine_of(ctx).cancel(execution_id, reason)
+    if verdict is CancelVerdict.CANCEL:
+        click.echo(f"cancelled {execution_id}; what it did is unwound by the workers")
+    else:
+        click.echo(f"execution {execution_id} {NO_OP[verdict]}")
 
 
 @saga.command()

@@ -8,7 +8,12 @@ from enum import Enum
 
 from celery_saga.records import ExecutionRecord, ExecutionState, RollbackStatus, StepRecord
 
-_LIVE = (ExecutionState.RUNNING, ExecutionState.WAITING, ExecutionState.COMPENSATING)
+_LIVE = (
+    ExecutionState.RUNNING,
+    ExecutionState.WAITING,
+    ExecutionState.COMPENSATING,
+    ExecutionState.CANCELLING,
+)
 
 
 def unwind_owed(child: ExecutionRecord) -> bool:
@@ -23,6 +28,7 @@ def is_settled(child: ExecutionRecord) -> bool:
     return child.state in (
         ExecutionState.COMPLETED,
         ExecutionState.FAILED,
+        ExecutionState.CANCELLED,
         ExecutionState.COMPENSATION_STUCK,
     )
 
@@ -80,7 +86,9 @@ def decide_child_reversal(child: ExecutionRecord | None, child_id: str) -> Child
         return ChildReversal(halt, f"{what} is committed past its pivot; nothing was reversed")
     if child.state is ExecutionState.COMPLETED:
         return ChildReversal(ChildReversalKind.START_UNWIND)
-    if child.state is ExecutionState.COMPENSATING or unwind_owed(child):
+    if child.state in (ExecutionState.COMPENSATING, ExecutionState.CANCELLING):
+        return ChildReversal(ChildReversalKind.WAIT)
+    if unwind_owed(child):
         return ChildReversal(ChildReversalKind.WAIT)
     if child.state is ExecutionState.COMPENSATION_STUCK:
         return ChildReversal(halt, f"{what} is parked mid-unwind: {child.rollback_reason}")
@@ -99,6 +107,8 @@ def decide_notification(parent: ExecutionRecord | None, record: StepRecord | Non
     """A child settled; ``record`` is the parent's record of it."""
     if parent is None or record is None:
         return Notify.NOTHING
+    if parent.state is ExecutionState.CANCELLING:
+        return Notify.NODE  # the parent's cancel waits for its children to end
     if (
         parent.state is ExecutionState.RUNNING
         and (parent.cursor, parent.cursor_sub) == (record.node, record.sub)

@@ -25,6 +25,7 @@ class RecoveryKind(str, Enum):
     REPLAN_UNWIND = "replan_unwind"
     REOPEN_UNWIND = "reopen_unwind"
     RECOVER_CHILD = "recover_child"
+    CONTINUE_CANCEL = "continue_cancel"
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class Recovery:
     """REPUBLISH_POSITION: publish the cursor's messages afresh, plus ``retries`` (step name,
     attempt) for steps waiting on a retry whose message was lost. REPUBLISH_COMPENSATION:
     the reversal of ``record``. REPLAN_UNWIND: let the unwind plan finish or park the run.
+    CONTINUE_CANCEL: begin a cancelled run's unwind (guarantee 31).
     REOPEN_UNWIND: the run was recorded failed before its unwind started. RECOVER_CHILD:
     the run waits on its child ``record.child_execution_id``; recover that one instead."""
 
@@ -78,6 +80,9 @@ def decide_recovery(
     """Pure: given a snapshot (and the child it waits on), what must be republished."""
     if execution.updated_at > now - stale_after:
         return Recovery(RecoveryKind.NOTHING)
+    if execution.state is ExecutionState.CANCELLING:
+        # A cancel whose unwind has not begun: begun now if nothing of the run still goes.
+        return Recovery(RecoveryKind.CONTINUE_CANCEL)
     holder = waited_on_child(execution, steps, compensations)
     if holder is not None and child is not None:
         waiting = (

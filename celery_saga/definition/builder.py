@@ -134,6 +134,8 @@ class SagaDefinition:
     hash: str
     #: The explicit ``version=`` label, if the saga was given one.
     label: str | None = None
+    #: Seconds after its start at which a run is cancelled (``Saga(..., timeout=)``).
+    timeout: float | None = None
 
     def find_step(self, name: str) -> StepSpec | None:
         """The spec of a step record: exact names first, then ``<loop body step>:<index>``
@@ -195,7 +197,13 @@ def _as_steps(saga: str, body: Any) -> tuple[StepSpec, ...]:
 class Saga:
     """Fluent builder of a saga definition. Sealed by ``SagaEngine.register``."""
 
-    def __init__(self, name: str, *, version: str | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        version: str | None = None,
+        timeout: float | timedelta | None = None,
+    ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise DefinitionError(f"a saga needs a non-empty string name, got {name!r}")
         check_stored_name("", "saga name", name, "saga_executions.saga_name")
@@ -207,6 +215,7 @@ class Saga:
             check_stored_name(f"saga {name!r}: ", "version label", version, "saga_versions.label")
         self.name = name
         self.version = version
+        self.timeout = run_timeout(f"saga {name!r}", timeout)
         self._nodes: list[Node] = []
         self._sealed: SagaDefinition | None = None
 
@@ -367,8 +376,20 @@ class Saga:
             nodes = tuple(self._nodes)
             validate_saga(self.name, nodes)
             shape = structural_hash(self.name, nodes, self.version)
-            self._sealed = SagaDefinition(self.name, nodes, shape, self.version)
+            self._sealed = SagaDefinition(self.name, nodes, shape, self.version, self.timeout)
         return self._sealed
+
+
+def run_timeout(what: str, timeout: float | timedelta | None) -> float | None:
+    """A run's deadline in seconds (``timeout=``), checked: a positive number or None."""
+    if timeout is None:
+        return None
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+        raise DefinitionError(
+            f"{what}: timeout= takes a positive number of seconds or a timedelta, got {timeout!r}"
+        )
+    return float(seconds)
 
 
 def _child_marker() -> None:

@@ -43,6 +43,14 @@ class SagaContext:
         so a body whose claim was taken over cannot overwrite newer work (guarantee 30)."""
         return self.attempt
 
+    @property
+    def cancelled(self) -> bool:
+        """Whether this run was cancelled while the step runs (one read of the run): a
+        body the pool cannot stop checks it between units of work (guarantee 31)."""
+        from celery_saga.runtime.holders import cancelled
+
+        return cancelled()
+
     def iterations(self, step_name: str) -> list[Any]:
         """Results of every completed iteration of the loop body step ``step_name``, in
         iteration order."""

@@ -19,7 +19,8 @@ from celery_saga.definition.nodes import (
     WaitNode,
 )
 from celery_saga.errors import BranchPathError, LoopError, PayloadError
-from celery_saga.records import ExecutionState, StepAttempt, StepRecord, StepStatus
+from celery_saga.records import ExecutionRecord, ExecutionState, StepAttempt, StepRecord, StepStatus
+from celery_saga.runtime.cancel import Cancellation
 from celery_saga.runtime.children import Children
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.contexts import Snapshot, step_context
@@ -86,6 +87,14 @@ class Executor(Progress):
         self.unwinder = Unwinder(db, registry, publisher, emit, settings)
         parts = self.parts()
         self.waits, self.children = Waits(parts), Children(parts)
+        self.cancellation = Cancellation(parts, self.unwinder.begin, self._definition_of)
+
+    def _definition_of(self, execution: ExecutionRecord) -> SagaDefinition:
+        return self.registry.for_run(execution.saga_name, execution.definition_hash, execution.id)
+
+    def continue_cancel(self, execution: ExecutionRecord) -> None:
+        """Begin a cancelled run's unwind once nothing of it is going (guarantee 31)."""
+        self.cancellation.resume_cancel(self._definition_of(execution), execution.id)
 
     def use_holders(self, holders: Holders) -> None:
         """Name claims and ask their holders through ``holders`` (the worker layer's)."""
@@ -211,6 +220,8 @@ class Executor(Progress):
         deployed = definition.hash if definition else None
         verdict = decide_admission(execution, None, message, deployed, now)
         if verdict is not Admission.RUN or execution is None or definition is None:
+            if execution is not None and execution.state is ExecutionState.CANCELLING:
+                self.continue_cancel(execution)  # a message that meets a cancel moves it on
             return self.refused(message, verdict)
         target = definition.nodes[message.node]
         if isinstance(target, WaitNode):
@@ -334,7 +345,7 @@ class Executor(Progress):
         what = f"step {name!r} of execution {execution_id}"
         with (
             self.holding(self.renewals.of_step(held), what),
-            attempt_running("step", execution_id, name, attempt),
+            attempt_running("step", execution_id, name, attempt, self.db),
         ):
             try:
                 ctx = step_context(
@@ -364,6 +375,8 @@ class Executor(Progress):
                 step_advance = advance(definition.nodes, message.node, message.sub, position.length)
                 if self.step_completed(definition, held, blob, step_advance, fields):
                     return Ran(result)
+                if self.refused_while_cancelling(held):
+                    return TakenOver(f"step {name!r} of a cancelled run", result)
                 keep_late_outcome(
                     self.db,
                     execution_id,
@@ -392,11 +405,3 @@ class Executor(Progress):
             self.advanced(definition, message.execution_id, onward)
             return NoBody("nothing runs at this position")
         return self.refused(message, Admission.REJECT_STALE_CURSOR)
-
-    def refused(self, message: NodeMessage, verdict: Admission) -> NoBody:
-        logger.info("node message %s refused: %s", message, verdict.value)
-        self.emit(
-            "saga-message-refused",
-            {"execution_id": message.execution_id, "node": message.node, "reason": verdict.value},
-        )
-        return NoBody(verdict.value)

@@ -8,14 +8,27 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from billiard.exceptions import SoftTimeLimitExceeded
+
 from celery_saga.decisions.admission import NodeMessage
 from celery_saga.decisions.cursor import Advance
 from celery_saga.decisions.retry import plan_retry
 from celery_saga.decisions.unwind import UnwindKind, UnwindStep
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import ParallelNode, StepSpec
-from celery_saga.errors import PayloadError, SchemaValidationError, StepRetryRequested
-from celery_saga.records import ExecutionState, StepAttempt, StepRecord, StepStatus
+from celery_saga.errors import (
+    PayloadError,
+    SchemaValidationError,
+    StepRetryRequested,
+    StepTimeoutError,
+)
+from celery_saga.records import (
+    ExecutionRecord,
+    ExecutionState,
+    StepAttempt,
+    StepRecord,
+    StepStatus,
+)
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.invoke import body_error
@@ -24,6 +37,7 @@ from celery_saga.runtime.navigation import Position
 from celery_saga.runtime.outcomes import (
     Failed,
     Interrupted,
+    NoBody,
     Outcome,
     Retrying,
     TakenOver,
@@ -120,6 +134,7 @@ class StepFailures(RuntimeParts):
         assert spec is not None
         cause = error.cause if isinstance(error, StepRetryRequested) else None
         reason = describe_error(cause or error)
+        description = attempt_failed("step", definition.name, name, attempt, reason)
         fields = {
             "execution_id": message.execution_id,
             "saga": definition.name,
@@ -128,6 +143,9 @@ class StepFailures(RuntimeParts):
             "idempotency_key": record_key(message.execution_id, name, "forward"),
             "error": reason,
         }
+        stopped = isinstance(error, (SoftTimeLimitExceeded, StepTimeoutError))
+        if stopped and self.refused_while_cancelling(step):
+            return NoBody(f"{description}: stopped by the run's cancel")
         delay = _retry_delay(spec, attempt, error)
         final = delay is None
         logger.log(
@@ -140,10 +158,10 @@ class StepFailures(RuntimeParts):
             reason,
             exc_info=None if _traced_by_celery(error) or (cause and not final) else error,
         )
-        description = attempt_failed("step", definition.name, name, attempt, reason)
         if delay is not None:
             if self._schedule_retry(definition, position, message, step, reason, fields, delay):
                 return Retrying(f"{description}; retry in {delay:.3g}s", delay, body_error())
+            self.refused_while_cancelling(step)
             return TakenOver(f"{description}; its claim was taken over")
         members = _members(definition, step)
         self.settle_failure(definition, step, members, reason, error)
@@ -219,7 +237,9 @@ class StepFailures(RuntimeParts):
         begins its unwind. A store that stays unreachable re-raises ``error``."""
         stay = Advance(step.node, step.sub, False, False)
         group = self.settle(definition, step, members, stay, error=reason, cause=error)
-        if group is not None and group.settled and group.unwind is not None:
+        if group is None:
+            self.refused_while_cancelling(step)
+        elif group.settled and group.unwind is not None:
             self.unwinder.begin(definition, step.execution_id, group.unwind, group.failure_reason)
 
     def _schedule_retry(
@@ -244,6 +264,25 @@ class StepFailures(RuntimeParts):
             )
             return True
         return False
+
+    def refused_while_cancelling(self, step: StepAttempt) -> bool:
+        """An attempt's outcome met a run being cancelled (or, for a stopped body, will):
+        give its claim up and let the cancel go on; False if the run is not cancelling."""
+        execution = queries.load_execution(self.db, step.execution_id)
+        if execution is None or execution.state is not ExecutionState.CANCELLING:
+            return False
+        forward.give_up_step_claim(self.db, step, now=get_clock().now())
+        logger.info(
+            "execution %s: step %r attempt %d ended after the run's cancel; not recorded",
+            step.execution_id,
+            step.name,
+            step.attempt,
+        )
+        self.continue_cancel(execution)
+        return True
+
+    def continue_cancel(self, execution: ExecutionRecord) -> None:
+        raise NotImplementedError  # the executor's
 
     def fail_outside_step(self, definition: SagaDefinition, execution_id: str, reason: str) -> None:
         """Fail a live run for a reason no step raised (a choice that could not be made, a

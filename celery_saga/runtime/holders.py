@@ -16,13 +16,15 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Literal
 
 from celery_saga.decisions.takeover import Answer
+from celery_saga.store import queries
+from celery_saga.store.database import Database
 
 #: A claim as a taker sees it: whose, and which attempt of what.
 ClaimKind = Literal["step", "reversal"]
@@ -61,6 +63,11 @@ class Holders:
     def me(self) -> str:
         return holder_name(socket.gethostname(), os.getpid(), None)
 
+    def stop(self, holder: str) -> None:
+        """Stop the body ``holder`` runs, where the pool can (a cancelled run's, guarantee
+        31); without a worker's remote control the body stops at its next
+        ``cancelled()`` check, or ends on its own."""
+
     def ask(self, claim: HeldClaim) -> Answer:
         if _in_this_process(claim.holder):
             return Answer.HELD if runs_here(claim) else Answer.ABSENT
@@ -85,20 +92,43 @@ _running: set[tuple[str, str, str, int]] = set()
 _running_lock = threading.Lock()
 
 
+_cancel_check: ContextVar[Callable[[], bool] | None] = ContextVar(
+    "celery_saga_cancel_check", default=None
+)
+
+
 @contextmanager
-def attempt_running(kind: ClaimKind, execution_id: str, name: str, attempt: int) -> Iterator[None]:
-    """Mark an attempt as running in this process while the block runs, and make its
-    attempt number the fencing token its body reads."""
+def attempt_running(
+    kind: ClaimKind, execution_id: str, name: str, attempt: int, db: Database | None = None
+) -> Iterator[None]:
+    """Mark an attempt as running in this process while the block runs, make its attempt
+    number the fencing token its body reads, and let it ask whether its run was cancelled
+    (``cancelled()``, one read of the run in ``db``)."""
     key = (kind, execution_id, name, attempt)
     with _running_lock:
         _running.add(key)
     reset = _token.set(attempt)
+    check = _cancel_check.set(None if db is None else lambda: _run_cancelled(db, execution_id))
     try:
         yield
     finally:
+        _cancel_check.reset(check)
         _token.reset(reset)
         with _running_lock:
             _running.discard(key)
+
+
+def _run_cancelled(db: Database, execution_id: str) -> bool:
+    execution = queries.load_execution(db, execution_id)
+    return execution is not None and execution.cancelled_at is not None
+
+
+def cancelled() -> bool:
+    """Whether the run of the step running here was cancelled (guarantee 31): a body that
+    the pool cannot stop (a thread or solo pool, a loop that catches everything) checks it
+    between units of work and returns early. False outside a step."""
+    check = _cancel_check.get()
+    return bool(check and check())
 
 
 def runs_here(claim: HeldClaim) -> bool:

@@ -4,9 +4,10 @@ step's completion, and the owner's side of waits (signals and deadlines)."""
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from typing import Any
 
-from celery_saga.decisions.admission import NodeMessage
+from celery_saga.decisions.admission import Admission, NodeMessage
 from celery_saga.decisions.cursor import Advance, first_position
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import BranchNode, ParallelNode, SubSagaNode, WaitNode
@@ -16,6 +17,7 @@ from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.failures import StepFailures
 from celery_saga.runtime.navigation import choose_path, route
+from celery_saga.runtime.outcomes import NoBody
 from celery_saga.runtime.store_retry import write_outcome
 from celery_saga.store import forward, queries
 from celery_saga.store.codec import pack
@@ -31,15 +33,18 @@ class Progress(StepFailures):
         saga_input: Any,
         execution_id: str,
         parent_execution_id: str | None = None,
+        timeout: float | None = None,
     ) -> None:
         """Store a new run at its first position (one INSERT; a taken id raises
-        ``IntegrityError``)."""
+        ``IntegrityError``); ``timeout`` (else the saga's) sets its deadline."""
         blob = pack(
             saga_input,
             what=f"input of saga {definition.name!r}",
             limit=self.settings.max_payload_bytes,
         )
         first = first_position(definition.nodes)
+        now = get_clock().now()
+        seconds = timeout if timeout is not None else definition.timeout
         queries.create_execution(
             self.db,
             execution_id=execution_id,
@@ -50,8 +55,9 @@ class Progress(StepFailures):
             sub=0,
             state=ExecutionState.RUNNING,
             committed=first.passes_pivot,
-            now=get_clock().now(),
+            now=now,
             parent_execution_id=parent_execution_id,
+            deadline_at=None if seconds is None else now + timedelta(seconds=seconds),
         )
 
     def launch(
@@ -160,3 +166,11 @@ class Progress(StepFailures):
             self.unwinder.settled(definition, execution_id)
         else:
             self.publish_position(definition, execution_id, step_advance.node, step_advance.sub)
+
+    def refused(self, message: NodeMessage, verdict: Admission) -> NoBody:
+        logger.info("node message %s refused: %s", message, verdict.value)
+        self.emit(
+            "saga-message-refused",
+            {"execution_id": message.execution_id, "node": message.node, "reason": verdict.value},
+        )
+        return NoBody(verdict.value)

@@ -160,6 +160,9 @@ class Recoverer:
         self, definition: SagaDefinition, execution_id: str, node: int, sub: int, action: Recovery
     ) -> None:
         executor, unwinder = self.executor, self.executor.unwinder
+        if action.kind is RecoveryKind.CONTINUE_CANCEL:
+            executor.cancellation.resume_cancel(definition, execution_id)
+            return
         if action.kind is RecoveryKind.REPUBLISH_POSITION:
             executor.publish_position(definition, execution_id, node, sub)
             target = definition.nodes[node]

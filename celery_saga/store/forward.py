@@ -284,7 +284,7 @@ def fail_run_locked(
 def failed_run_values(plan: UnwindStep, reason: str) -> dict[str, Any]:
     """The run's columns once it failed for ``reason``: compensating, or failed at once
     when ``plan`` (the unwind's first move) says nothing is owed a reversal."""
-    values: dict[str, Any] = {"failure_reason": reason, "wake_at": None}
+    values: dict[str, Any] = {"failure_reason": reason, "wake_at": None, "deadline_at": None}
     if plan.kind is UnwindKind.DONE:
         assert plan.rollback_status is not None
         values.update(state=ExecutionState.FAILED.value, rollback_status=plan.rollback_status.value)

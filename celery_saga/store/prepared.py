@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sqlalchemy import bindparam, insert, literal_column, select, update
+from sqlalchemy import and_, bindparam, case, insert, literal_column, select, update
 
 from celery_saga.records import ExecutionState, StepStatus
 from celery_saga.store.tables import executions, step_records
@@ -35,6 +35,7 @@ FIRST_CLAIM_COLUMNS = (
 NEW_RUN_COLUMNS = (
     *("id", "saga_name", "definition_hash", "state", "cursor", "cursor_sub", "input"),
     *("committed_at", "parent_execution_id", "created_at", "updated_at", "version"),
+    "deadline_at",
 )
 
 
@@ -116,6 +117,7 @@ def _completion_values(finished: bool, pivot: bool) -> tuple[dict[str, Any], dic
     }
     if finished:
         run["state"] = ExecutionState.COMPLETED.value
+        run["deadline_at"] = None  # the deadline index holds live runs only
     else:
         run["cursor"] = _param("run_next_node", executions.c.cursor)
         run["cursor_sub"] = _param("run_next_sub", executions.c.cursor_sub)
@@ -199,8 +201,29 @@ def bumped_run(changes: tuple[str, ...]) -> dict[str, Any]:
     return {
         "version": executions.c.version + 1,
         "updated_at": _param("run_updated_at", executions.c.updated_at),
-        **{key: _param(f"set_{key}", executions.c[key]) for key in changes},
+        **_run_values(changes),
     }
+
+
+def _run_values(changes: tuple[str, ...]) -> dict[str, Any]:
+    return {
+        key: ending_state(_param(f"set_{key}", executions.c.state))
+        if key == "state"
+        else _param(f"set_{key}", executions.c[key])
+        for key in changes
+    }
+
+
+def ending_state(state: Any) -> Any:
+    """``state``, except that a run whose cancel was stored ends ``cancelled``, not
+    ``failed``, whichever of the unwind's writes ends it (guarantee 31)."""
+    return case(
+        (
+            and_(state == ExecutionState.FAILED.value, executions.c.cancelled_at.is_not(None)),
+            ExecutionState.CANCELLED.value,
+        ),
+        else_=state,
+    )
 
 
 @functools.cache
@@ -214,7 +237,7 @@ def settle_held_step(changes: tuple[str, ...]) -> Any:
 @functools.cache
 def update_run(changes: tuple[str, ...]) -> Any:
     """Set columns of a run (its row lock held). Params: ``run_id``, ``set_<column>``."""
-    values = {key: _param(f"set_{key}", executions.c[key]) for key in changes}
+    values = _run_values(changes)
     return (
         update(executions)
         .where(executions.c.id == _param("run_id", executions.c.id))

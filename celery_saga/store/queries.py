@@ -36,6 +36,7 @@ def create_execution(
     committed: bool,
     now: datetime,
     parent_execution_id: str | None = None,
+    deadline_at: datetime | None = None,
 ) -> None:
     """A plain INSERT: a duplicate id fails loudly instead of overwriting a live run."""
     stamp = to_db_time(now)
@@ -52,6 +53,7 @@ def create_execution(
         "created_at": stamp,
         "updated_at": stamp,
         "version": 1,
+        "deadline_at": None if deadline_at is None else to_db_time(deadline_at),
     }
     with db.single_statement() as connection:
         db.rowcount(connection, prepared.new_run(), values)

@@ -21,7 +21,13 @@ from celery_saga.store.tables import executions
 def _recoverable() -> Any:
     """Live runs, and runs recorded failed whose unwind never started."""
     return or_(
-        executions.c.state.in_((ExecutionState.RUNNING.value, ExecutionState.COMPENSATING.value)),
+        executions.c.state.in_(
+            (
+                ExecutionState.RUNNING.value,
+                ExecutionState.COMPENSATING.value,
+                ExecutionState.CANCELLING.value,
+            )
+        ),
         (executions.c.state == ExecutionState.FAILED.value)
         & executions.c.rollback_status.is_(None),
     )

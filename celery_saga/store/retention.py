@@ -34,10 +34,10 @@ LOG_EVERY = 50
 
 
 def _terminal(table: Any) -> Any:
-    """Completed, or failed with its unwind finished (a failed run still owed its unwind
-    is recovered, not retired)."""
+    """Completed, cancelled, or failed with its unwind finished (a failed run still owed
+    its unwind is recovered, not retired)."""
     return or_(
-        table.c.state == ExecutionState.COMPLETED.value,
+        table.c.state.in_((ExecutionState.COMPLETED.value, ExecutionState.CANCELLED.value)),
         and_(table.c.state == ExecutionState.FAILED.value, table.c.rollback_status.is_not(None)),
     )
 
@@ -48,6 +48,7 @@ def _terminal(table: Any) -> Any:
 #: ordered scan of its own rows, where an OR or a range of statuses would be sorted whole.
 _RANGES = (
     (executions.c.state == ExecutionState.COMPLETED.value,),
+    (executions.c.state == ExecutionState.CANCELLED.value,),
     *(
         (
             executions.c.rollback_status == status.value,

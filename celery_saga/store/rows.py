@@ -39,6 +39,8 @@ def execution_from_row(row: Mapping[Any, Any]) -> ExecutionRecord:
         created_at=created_at,
         updated_at=updated_at,
         wake_at=from_db_time(row["wake_at"]),
+        cancelled_at=from_db_time(row.get("cancelled_at")),
+        deadline_at=from_db_time(row.get("deadline_at")),
     )
 
 

@@ -54,6 +54,10 @@ executions = Table(
     Column("created_at", Timestamp, nullable=False),
     Column("updated_at", Timestamp, nullable=False),
     Column("version", Integer, nullable=False),
+    # Set when a cancel is stored: the unwind then ends in ``cancelled``.
+    Column("cancelled_at", Timestamp),
+    # When a live run is cancelled by the timer sweep; cleared when it ends.
+    Column("deadline_at", Timestamp),
     Index("ix_saga_executions_listing", "created_at", "id"),
     # No index may hold a column that every step changes (updated_at, version, cursor):
     # PostgreSQL then rewrites the run row in place (HOT). See migration 0003.
@@ -63,6 +67,7 @@ executions = Table(
     Index("ix_saga_executions_wake", "state", "wake_at"),
     # list by rollback status, in listing order. See migration 0006.
     Index("ix_saga_executions_rollback", "rollback_status", "created_at", "id"),
+    Index("ix_saga_executions_deadline", "deadline_at"),
 )
 
 #: Failed runs whose unwind never started, for the recovery sweep: on PostgreSQL and SQLite

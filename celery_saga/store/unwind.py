@@ -6,7 +6,7 @@ from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, exists, func, update
+from sqlalchemy import Connection, exists, func, literal, update
 
 from celery_saga.decisions.unwind import (
     UnwindKind,
@@ -147,7 +147,7 @@ def _plan_and_finish(
             update(executions)
             .where(executions.c.id == record.id)
             .values(
-                state=ExecutionState.FAILED.value,
+                state=prepared.ending_state(literal(ExecutionState.FAILED.value)),
                 rollback_status=plan.rollback_status.value,
                 updated_at=to_db_time(now),
             )
@@ -330,7 +330,7 @@ def abandon_compensation(db: Database, execution_id: str, now: datetime) -> int:
             connection,
             record,
             now,
-            state=ExecutionState.FAILED.value,
+            state=prepared.ending_state(literal(ExecutionState.FAILED.value)),
             rollback_status=RollbackStatus.STUCK.value,
         )
         outstanding = outstanding_steps(

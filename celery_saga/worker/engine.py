@@ -14,7 +14,8 @@ from typing import Any, TypeVar
 from celery import Celery
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from celery_saga.definition.builder import Saga, SagaDefinition
+from celery_saga.decisions.cancel import CancelVerdict
+from celery_saga.definition.builder import Saga, SagaDefinition, run_timeout
 from celery_saga.definition.sub_sagas import check_no_cycle
 from celery_saga.errors import (
     DefinitionError,
@@ -31,7 +32,6 @@ from celery_saga.runtime.executor import Executor
 from celery_saga.runtime.ports import Catalog, Settings
 from celery_saga.runtime.recovery import Recoverer
 from celery_saga.store import queries, retention
-from celery_saga.store.codec import pack, unpack
 from celery_saga.store.database import Database
 from celery_saga.store.transient import describe_store_error, is_transient, retry_transient
 from celery_saga.store.url_errors import configuration_error
@@ -47,6 +47,7 @@ from celery_saga.worker.hand_back import on_unknown_task
 from celery_saga.worker.handle import SagaHandle
 from celery_saga.worker.holders import CeleryHolders
 from celery_saga.worker.publisher import CeleryPublisher
+from celery_saga.worker.run_commands import adopt, cancel_run
 from celery_saga.worker.start_checks import refuse_before_start
 from celery_saga.worker.step_run import StepRun
 from celery_saga.worker.step_tasks import StepTasks
@@ -179,9 +180,18 @@ class SagaEngine:
         self.discovery.request(packages, related_name, force)
 
     # -- running ----------------------------------------------------------------------
-    def start(self, saga: str, input: Any = None, *, execution_id: str | None = None) -> SagaHandle:
-        """Start a run of the registered saga ``saga`` with ``input``."""
+    def start(
+        self,
+        saga: str,
+        input: Any = None,
+        *,
+        execution_id: str | None = None,
+        timeout: float | timedelta | None = None,
+    ) -> SagaHandle:
+        """Start a run of the registered saga ``saga`` with ``input``; ``timeout`` (else the
+        saga's own) cancels it when that much time has passed (guarantee 31)."""
         definition = self.definition(saga)
+        seconds = run_timeout(f"starting saga {saga!r}", timeout)
         refuse_before_start(self.catalog, definition, execution_id)
         if input is not None and not isinstance(input, Mapping):
             raise SagaError(
@@ -194,10 +204,10 @@ class SagaEngine:
         try:
             self._store(
                 f"starting saga {saga!r}",
-                lambda: self.executor.create(definition, saga_input, new_id),
+                lambda: self.executor.create(definition, saga_input, new_id, timeout=seconds),
             )
         except IntegrityError:
-            self._adopt(definition, saga_input, new_id)
+            adopt(self, definition, saga_input, new_id)
             return SagaHandle(self, new_id)
         self._launch(definition, new_id, announce=True)
         return SagaHandle(self, new_id)
@@ -208,29 +218,6 @@ class SagaEngine:
             f"sending the first message of {execution_id!r}",
             lambda: self.executor.launch(definition, execution_id, announce=announce),
         )
-
-    def _adopt(self, definition: SagaDefinition, saga_input: Any, execution_id: str) -> None:
-        """``start`` with an id that is taken: the same saga and input is the same run
-        (a caller retrying, or our own INSERT whose reply was lost), anything else an error.
-        A run that has not moved yet gets its first message again; admission drops the
-        spare if the first one was sent (guarantee 28)."""
-        existing = self._store(
-            "reading an existing execution",
-            lambda: queries.load_snapshot(self.db, execution_id),
-        )
-        record, steps = existing
-        if (
-            record is None
-            or record.id != execution_id  # MySQL finds 'a1' for 'A1'
-            or record.saga_name != definition.name
-            or record.input != unpack(pack(saga_input, limit=self.settings.max_payload_bytes))
-        ):
-            raise SagaError(
-                f"an execution with id {execution_id!r} already exists with a different saga "
-                "or input; start it with another id"
-            )
-        if record.state is ExecutionState.RUNNING and not steps:
-            self._launch(definition, execution_id, announce=False)
 
     def handle(self, execution_id: str) -> SagaHandle:
         return SagaHandle(self, execution_id)
@@ -316,6 +303,13 @@ class SagaEngine:
             lambda: self.executor.unwinder.abandon(definition, execution_id),
         )
 
+    def cancel(self, execution_id: str, reason: str | None = None) -> CancelVerdict:
+        """Cancel a run wherever it stands: no step starts any more, the bodies in flight
+        are stopped, and what it did is unwound; it ends ``cancelled`` (guarantee 31).
+        Refused with ``InvalidStateError`` past its pivot or once ended; a run already
+        cancelled or unwinding is left as it is (the verdict says which)."""
+        return cancel_run(self, execution_id, reason)
+
     def signal(self, execution_id: str, event: str, payload: Any = None) -> bool:
         """Deliver ``event`` (with an optional storable ``payload``) to a run.
 
@@ -344,13 +338,17 @@ class SagaEngine:
         )
 
     def fire_timers(self) -> int:
-        """Fail (and unwind) every run whose ``wait_for`` deadline has passed, and send the
-        messages a broker outage left owed; returns how many runs were acted on. Beat runs
-        it every ``saga_timer_interval`` seconds."""
+        """Fail (and unwind) every run whose ``wait_for`` deadline has passed, cancel every
+        run past its own deadline, and send the messages a broker outage left owed; returns
+        how many runs were acted on. Beat runs it every ``saga_timer_interval`` seconds."""
         self.ensure_schema()
         return self._store(
             "the timer sweep",
-            lambda: self.executor.fire_timers() + self.recoverer.send_owed(),
+            lambda: (
+                self.executor.fire_timers()
+                + self.executor.cancellation.cancel_overdue()
+                + self.recoverer.send_owed()
+            ),
         )
 
     def cleanup(self, older_than: float | timedelta) -> int:

@@ -40,6 +40,7 @@ EVENT_TYPES = frozenset(
         "saga-resumed",
         "saga-wait-expired",
         "saga-recovered",
+        "saga-cancelled",
     }
 )
 

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 SETTLED_STATES = (
     ExecutionState.COMPLETED,
     ExecutionState.FAILED,
+    ExecutionState.CANCELLED,
     ExecutionState.COMPENSATION_STUCK,
     ExecutionState.WAITING,
 )

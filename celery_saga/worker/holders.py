@@ -57,6 +57,9 @@ ASK_LAPSED_TIMEOUT = 10.0
 #: it cannot reach the store, and waits for a stopped pool process to be gone.
 RENEW_BUDGET = 5.0
 STOP_WAIT = 2.0
+#: How a cancelled run's body is stopped: the signal of Celery's soft time limit, which
+#: the body sees as ``SoftTimeLimitExceeded`` (its ``finally`` blocks still run).
+STOP_SIGNAL = "SIGUSR1"
 
 
 class CeleryHolders(Holders):
@@ -104,6 +107,19 @@ class CeleryHolders(Holders):
             if answer in Answer._value2member_map_:
                 return Answer(answer)
         return Answer.SILENT
+
+    def stop(self, holder: str) -> None:
+        """Revoke the holder's task with the soft time limit's signal: Celery stops the body
+        there (prefork), and Flower shows the task as REVOKED, as for any revoke."""
+        parsed = parse_holder(holder)
+        if parsed is None or parsed[2] == "-":
+            return
+        try:
+            self.engine.app.control.revoke(
+                parsed[2], terminate=True, signal=STOP_SIGNAL, destination=[parsed[0]]
+            )
+        except Exception as error:  # the body stops at its next cancelled() check
+            logger.warning("could not ask %s to stop task %s: %r", parsed[0], parsed[2], error)
 
 
 def answer_holder(engine: SagaEngine, state: Any, **arguments: Any) -> dict[str, str]:

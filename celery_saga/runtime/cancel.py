@@ -1,0 +1,122 @@
+"""Cancelling a run (guarantee 31): store the cancel, stop what runs, unwind what ran.
+
+``Cancellation.cancel`` decides (``decisions/cancel.py``), stores the cancel (first writer
+wins against every forward write), asks the workers running the run's bodies to stop them
+(Celery's revoke, which the body sees as its soft time limit), cancels the run's children
+first, and begins the unwind once nothing of the run is still going. A body that ends, or
+a child that ends, after the cancel comes back through ``resume_cancel``; the recovery sweep
+does too, for a cancel whose worker died halfway.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from celery_saga.decisions.cancel import CancelVerdict, bodies_in_flight, decide_cancel
+from celery_saga.definition.builder import SagaDefinition
+from celery_saga.records import ExecutionRecord, ExecutionState
+from celery_saga.runtime.clock import get_clock
+from celery_saga.runtime.ports import RuntimeParts
+from celery_saga.store import cancel, queries
+
+logger = logging.getLogger("celery_saga")
+
+#: ``begin(definition, execution_id, plan, reason)``: the unwinder's first move.
+BeginUnwind = Callable[..., None]
+#: The definition a run runs on (its own version).
+DefinitionOf = Callable[[ExecutionRecord], SagaDefinition]
+
+
+class Cancellation:
+    def __init__(self, parts: RuntimeParts, begin: BeginUnwind, definition_of: DefinitionOf):
+        self.parts, self.begin, self.definition_of = parts, begin, definition_of
+
+    def cancel(self, execution: ExecutionRecord, reason: str | None) -> CancelVerdict:
+        """Cancel ``execution`` (as read); returns what was done (see ``CancelVerdict``)."""
+        verdict = decide_cancel(execution)
+        if verdict is not CancelVerdict.CANCEL:
+            return verdict
+        db, now = self.parts.db, get_clock().now()
+        stored = cancel.request_cancel(
+            db, execution_id=execution.id, reason=cancel.cancel_reason(reason), now=now
+        )
+        if not stored:  # something moved it first: decide again on what it is now
+            current = queries.load_execution(db, execution.id)
+            if current is None:
+                return CancelVerdict.ENDED
+            again = decide_cancel(current)
+            return CancelVerdict.ENDED if again is CancelVerdict.CANCEL else again
+        logger.warning(
+            "saga %r execution %s cancelled%s; its bodies in flight are stopped, then what "
+            "it did is unwound",
+            execution.saga_name,
+            execution.id,
+            f": {reason}" if reason else "",
+        )
+        self.parts.emit(
+            "saga-cancelled",
+            {"execution_id": execution.id, "saga": execution.saga_name, "reason": reason},
+        )
+        self._stop_bodies(execution.id)
+        self._cancel_children(execution.id, reason)
+        self.resume_cancel(self.definition_of(execution), execution.id)
+        return CancelVerdict.CANCEL
+
+    def resume_cancel(self, definition: SagaDefinition, execution_id: str) -> bool:
+        """Begin the cancelled run's unwind if nothing of it is still going; False if
+        something is (a body, a child), which comes back here when it ends."""
+        plan = cancel.begin_cancelled_unwind(
+            self.parts.db,
+            execution_id=execution_id,
+            compensations=definition.reversible,
+            now=get_clock().now(),
+        )
+        if plan is None:
+            return False
+        execution = queries.load_execution(self.parts.db, execution_id)
+        reason = execution.failure_reason if execution else None
+        self.begin(definition, execution_id, plan, reason)
+        return True
+
+    def cancel_overdue(self, page: int = 200) -> int:
+        """Cancel every run whose deadline has passed (the timer sweep); returns how many."""
+        db, acted = self.parts.db, 0
+        for execution_id in cancel.list_overdue(db, now=get_clock().now(), limit=page):
+            execution = queries.load_execution(db, execution_id)
+            if execution is None:
+                continue
+            verdict = self.cancel(execution, "deadline")
+            if verdict is CancelVerdict.CANCEL:
+                acted += 1
+                continue
+            logger.info(
+                "execution %s: its deadline passed, but it is not cancelled (%s)",
+                execution_id,
+                verdict.value,
+            )
+            cancel.clear_deadline(db, execution_id)
+        return acted
+
+    def _stop_bodies(self, execution_id: str) -> None:
+        steps = queries.load_snapshot(self.parts.db, execution_id)[1]
+        for step in bodies_in_flight(steps, get_clock().now()):
+            if step.holder is not None:
+                logger.info(
+                    "execution %s: stopping the body of step %r (%s)",
+                    execution_id,
+                    step.name,
+                    step.holder,
+                )
+                self.parts.holders.stop(step.holder)
+
+    def _cancel_children(self, execution_id: str, reason: str | None) -> None:
+        for step in queries.load_snapshot(self.parts.db, execution_id)[1]:
+            if step.child_execution_id is None:
+                continue
+            child = queries.load_execution(self.parts.db, step.child_execution_id)
+            if child is not None and child.state in (
+                ExecutionState.RUNNING,
+                ExecutionState.WAITING,
+            ):
+                self.cancel(child, f"its parent {execution_id} was cancelled")

@@ -1,0 +1,135 @@
+"""Cancellation writes (guarantee 31): the cancel itself, then the unwind it leads to.
+
+``request_cancel`` is one conditional write on the run row: it lands only while the run is
+running or waiting and short of its pivot, so it and every forward write (a claim, a
+completion, a signal, a wait's timeout) exclude each other, and the first one wins.
+``begin_cancelled_unwind`` starts the unwind once no body of the run is in flight and no
+child of it is still going; the unwind then ends ``cancelled`` (``prepared.ending_state``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from datetime import datetime
+
+from sqlalchemy import Connection, select, update
+
+from celery_saga.decisions.cancel import bodies_in_flight, interrupted_steps
+from celery_saga.decisions.unwind import UnwindStep
+from celery_saga.records import ExecutionState, StepRecord, StepStatus
+from celery_saga.store.database import Database, to_db_time
+from celery_saga.store.forward import Conflict, fail_run_locked
+from celery_saga.store.queries import load_execution_row, load_steps
+from celery_saga.store.tables import executions, step_records
+
+CANCELLABLE = (ExecutionState.RUNNING.value, ExecutionState.WAITING.value)
+#: A child of a cancelled run that has not ended yet: the parent's unwind waits for it.
+_CHILD_GOING = (
+    ExecutionState.RUNNING.value,
+    ExecutionState.WAITING.value,
+    ExecutionState.COMPENSATING.value,
+    ExecutionState.CANCELLING.value,
+)
+
+
+def cancel_reason(reason: str | None) -> str:
+    return f"CancelledError: {reason}" if reason else "CancelledError: cancelled"
+
+
+def request_cancel(db: Database, *, execution_id: str, reason: str, now: datetime) -> bool:
+    """Store the cancel of a live run short of its pivot; False: not such a run (any more)."""
+    stamp = to_db_time(now)
+    with db.single_statement() as connection:
+        result = connection.execute(
+            update(executions)
+            .where(
+                executions.c.id == execution_id,
+                executions.c.state.in_(CANCELLABLE),
+                executions.c.committed_at.is_(None),
+            )
+            .values(
+                state=ExecutionState.CANCELLING.value,
+                cancelled_at=stamp,
+                failure_reason=reason,
+                wake_at=None,
+                deadline_at=None,
+                version=executions.c.version + 1,
+                updated_at=stamp,
+            )
+        )
+        return bool(result.rowcount == 1)
+
+
+def begin_cancelled_unwind(
+    db: Database, *, execution_id: str, compensations: Collection[str], now: datetime
+) -> UnwindStep | None:
+    """Begin the unwind of a cancelled run, its interrupted steps recorded failed; None
+    while a body is in flight or a child is still going (whoever ends last comes back)."""
+    stamp = to_db_time(now)
+    try:
+        with db.transaction() as connection:
+            locked = connection.execute(
+                update(executions)
+                .where(
+                    executions.c.id == execution_id,
+                    executions.c.state == ExecutionState.CANCELLING.value,
+                )
+                .values(version=executions.c.version + 1, updated_at=stamp)
+            )
+            run = load_execution_row(connection, execution_id) if locked.rowcount == 1 else None
+            if run is None:
+                return None
+            steps = load_steps(connection, execution_id)
+            if bodies_in_flight(steps, now) or _children_going(connection, steps):
+                raise Conflict(execution_id)
+            cut_short = [s.id for s in interrupted_steps(steps)]
+            if cut_short:
+                connection.execute(
+                    update(step_records)
+                    .where(step_records.c.id.in_(cut_short))
+                    .values(
+                        status=StepStatus.FAILED.value,
+                        error="CancelledError: the run was cancelled while this step was due",
+                        lease_expires_at=None,
+                        completed_at=stamp,
+                    )
+                )
+                steps = load_steps(connection, execution_id)
+            reason = run.failure_reason or cancel_reason(None)
+            return fail_run_locked(
+                connection, execution_id, reason, False, compensations, now, steps
+            )
+    except Conflict:
+        return None
+
+
+def _children_going(connection: Connection, steps: list[StepRecord]) -> bool:
+    children = [s.child_execution_id for s in steps if s.child_execution_id is not None]
+    if not children:
+        return False
+    going = connection.execute(
+        select(executions.c.id).where(
+            executions.c.id.in_(children), executions.c.state.in_(_CHILD_GOING)
+        )
+    ).first()
+    return going is not None
+
+
+def list_overdue(db: Database, *, now: datetime, limit: int) -> list[str]:
+    """Runs whose deadline has passed, earliest first (an index seek: only live runs keep a
+    deadline)."""
+    rows = db.read(
+        select(executions.c.id)
+        .where(executions.c.deadline_at <= to_db_time(now))
+        .order_by(executions.c.deadline_at, executions.c.id)
+        .limit(limit)
+    )
+    return [row["id"] for row in rows]
+
+
+def clear_deadline(db: Database, execution_id: str) -> None:
+    """Forget the deadline of a run it can no longer cancel (past its pivot, unwinding)."""
+    with db.single_statement() as connection:
+        connection.execute(
+            update(executions).where(executions.c.id == execution_id).values(deadline_at=None)
+        )

@@ -1,0 +1,37 @@
+"""Cancellation and deadlines: when a run was cancelled, and when it must be.
+
+``cancelled_at`` marks a run whose cancel was stored (its unwind then ends in ``cancelled``,
+not ``failed``); ``deadline_at`` is when a live run is cancelled by the timer sweep. It is
+set at start and cleared when the run ends, so its index holds only live runs.
+
+Revision ID: 0007
+Revises: 0006
+"""
+
+import sqlalchemy as sa
+from alembic import op
+from sqlalchemy.dialects import mysql
+
+revision = "0007"
+down_revision = "0006"
+branch_labels = None
+depends_on = None
+
+Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+COLUMNS = ("cancelled_at", "deadline_at")
+
+
+def upgrade() -> None:
+    for table in ("saga_executions", "saga_executions_archive"):
+        with op.batch_alter_table(table) as batch:
+            for name in COLUMNS:
+                batch.add_column(sa.Column(name, Timestamp))
+    op.create_index("ix_saga_executions_deadline", "saga_executions", ["deadline_at"])
+
+
+def downgrade() -> None:
+    op.drop_index("ix_saga_executions_deadline", "saga_executions")
+    for table in ("saga_executions", "saga_executions_archive"):
+        with op.batch_alter_table(table) as batch:
+            for name in COLUMNS:
+                batch.drop_column(name)

@@ -1,0 +1,408 @@
+"""Cancelling a run (guarantee 31), wherever it stands, on an in-process worker.
+
+Each saga writes what its steps and compensations did to a list, so a test sees the order
+of the reversals and that no step started after the cancel was stored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_saga import (
+    CancelVerdict,
+    ExecutionState,
+    InvalidStateError,
+    Saga,
+    SagaContext,
+    SagaEngine,
+    compensated_by,
+)
+from celery_saga.store import queries
+from celery_saga.worker.embedded import embedded_worker
+
+
+class Shop:
+    """A saga world of its own: an app, an engine on SQLite, and a journal of effects."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.app = Celery(f"cancel{uuid.uuid4().hex[:6]}", broker="memory://localhost/")
+        self.app.conf.broker_transport_options = {"polling_interval": 0.01}
+        self.engine = SagaEngine(self.app, store_url=f"sqlite:///{tmp}/cancel.sqlite3")
+        self.journal: list[str] = []
+        self.lock = threading.Lock()
+
+    def note(self, entry: str) -> None:
+        with self.lock:
+            self.journal.append(entry)
+
+    def step(self, name: str, *, sleep: float = 0.0, cooperative: bool = False) -> Any:
+        def undo(ctx: SagaContext) -> None:
+            self.note(f"undo {name}")
+
+        @compensated_by(undo)
+        def action(ctx: SagaContext) -> str:
+            self.note(f"do {name}")
+            ends = time.monotonic() + sleep
+            while time.monotonic() < ends:
+                if cooperative and ctx.cancelled:
+                    self.note(f"stopped {name}")
+                    return "stopped"
+                time.sleep(0.02)
+            return name
+
+        action.__name__ = name
+        return action
+
+
+@pytest.fixture
+def shop(tmp_path: Path) -> Iterator[Shop]:
+    world = Shop(tmp_path)
+    with embedded_worker(world.app, concurrency=4):
+        yield world
+
+
+def _until(condition: Any, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.02)
+
+
+def _state(shop: Shop, execution_id: str) -> ExecutionState:
+    return shop.engine.get(execution_id).state
+
+
+def _ended(shop: Shop, execution_id: str) -> Any:
+    _until(lambda: _state(shop, execution_id).is_terminal)
+    return shop.engine.get(execution_id)
+
+
+def test_a_run_waiting_at_a_gate_is_cancelled_and_unwound_in_reverse_start_order(
+    shop: Shop,
+) -> None:
+    name = f"order{uuid.uuid4().hex[:6]}"
+    shop.engine.register(
+        Saga(name).step(shop.step("reserve")).step(shop.step("charge")).wait_for("approved")
+    )
+    run = shop.engine.start(name, {})
+    _until(lambda: _state(shop, run.id) is ExecutionState.WAITING)
+    assert shop.engine.cancel(run.id, "the customer changed their mind") is CancelVerdict.CANCEL
+    execution = _ended(shop, run.id)
+    assert execution.state is ExecutionState.CANCELLED
+    assert execution.failure_reason == "CancelledError: the customer changed their mind"
+    assert execution.rollback_status.value == "completed"
+    assert shop.journal == ["do reserve", "do charge", "undo charge", "undo reserve"]
+    assert [s.compensation_status.value for s in execution.steps] == ["compensated"] * 2
+
+
+def test_a_running_body_that_checks_is_stopped_and_reversed_too(shop: Shop) -> None:
+    """Under a pool that cannot stop a body, the body checks ``ctx.cancelled``; the step it
+    cut short is reversed like a failed one (its effect may have landed, guarantee 6)."""
+    name = f"ship{uuid.uuid4().hex[:6]}"
+    shop.engine.register(
+        Saga(name)
+        .step(shop.step("reserve"))
+        .step(shop.step("pack", sleep=30, cooperative=True))
+        .step(shop.step("ship"))
+    )
+    run = shop.engine.start(name, {})
+    _until(lambda: "do pack" in shop.journal)
+    asked = time.monotonic()
+    shop.engine.cancel(run.id)
+    _until(lambda: "stopped pack" in shop.journal, timeout=5)
+    assert time.monotonic() - asked < 2, "the body saw the cancel promptly"
+    execution = _ended(shop, run.id)
+    assert execution.state is ExecutionState.CANCELLED
+    assert "do ship" not in shop.journal, "no step starts after the cancel is stored"
+    assert shop.journal[-2:] == ["undo pack", "undo reserve"]
+    assert execution.step("pack").status.value == "failed"
+
+
+def test_a_step_waiting_for_its_retry_is_cancelled_without_running_again(shop: Shop) -> None:
+    name = f"retry{uuid.uuid4().hex[:6]}"
+    tries: list[int] = []
+
+    def flaky(ctx: SagaContext) -> None:
+        tries.append(ctx.attempt)
+        raise TimeoutError("the warehouse did not answer")
+
+    shop.engine.register(
+        Saga(name).step(shop.step("reserve")).step("flaky", flaky, retry=3, backoff=30)
+    )
+    run = shop.engine.start(name, {})
+    _until(lambda: tries == [1])
+    _until(lambda: run.get().step("flaky").status.value == "pending")
+    shop.engine.cancel(run.id)
+    execution = _ended(shop, run.id)
+    assert execution.state is ExecutionState.CANCELLED
+    assert tries == [1], "the retry never ran"
+    assert shop.journal == ["do reserve", "undo reserve"]
+
+
+def test_a_run_past_its_pivot_or_ended_is_refused_and_nothing_is_stored(shop: Shop) -> None:
+    name = f"pivot{uuid.uuid4().hex[:6]}"
+    shop.engine.register(Saga(name).step(shop.step("charge")).pivot().wait_for("shipped"))
+    run = shop.engine.start(name, {})
+    _until(lambda: _state(shop, run.id) is ExecutionState.WAITING)
+    before = queries.load_execution(shop.engine.db, run.id)
+    with pytest.raises(
+        InvalidStateError, match=r"passed its pivot \(the pivot after step 'charge'\)"
+    ):
+        shop.engine.cancel(run.id)
+    assert queries.load_execution(shop.engine.db, run.id) == before
+
+    done = f"done{uuid.uuid4().hex[:6]}"
+    shop.engine.register(Saga(done).step(shop.step("only")))
+    finished = shop.engine.start(done, {}).wait(15)
+    with pytest.raises(InvalidStateError, match=r"has already ended \(completed\)"):
+        shop.engine.cancel(finished.id)
+    assert shop.engine.get(finished.id).state is ExecutionState.COMPLETED
+
+
+def test_a_second_cancel_and_a_cancel_during_an_unwind_change_nothing(shop: Shop) -> None:
+    name = f"twice{uuid.uuid4().hex[:6]}"
+    gate = threading.Event()
+
+    def slow_undo(ctx: SagaContext) -> None:
+        gate.wait(10)
+        shop.note("undo slow")
+
+    @compensated_by(slow_undo)
+    def slow(ctx: SagaContext) -> None:
+        shop.note("do slow")
+
+    def boom(ctx: SagaContext) -> None:
+        raise RuntimeError("declined")
+
+    shop.engine.register(Saga(name).step(slow).step("boom", boom))
+    run = shop.engine.start(name, {})
+    _until(lambda: _state(shop, run.id) is ExecutionState.COMPENSATING)
+    assert shop.engine.cancel(run.id) is CancelVerdict.UNWINDING, "compensations are shielded"
+    gate.set()
+    execution = _ended(shop, run.id)
+    assert execution.state is ExecutionState.FAILED, "a failure's unwind stays a failure"
+
+    waiting = f"wait{uuid.uuid4().hex[:6]}"
+    shop.engine.register(Saga(waiting).step(shop.step("a")).wait_for("go"))
+    second = shop.engine.start(waiting, {})
+    _until(lambda: _state(shop, second.id) is ExecutionState.WAITING)
+    assert shop.engine.cancel(second.id) is CancelVerdict.CANCEL
+    assert shop.engine.cancel(second.id) is CancelVerdict.ALREADY_CANCELLED
+    assert _ended(shop, second.id).state is ExecutionState.CANCELLED
+    assert shop.engine.cancel(second.id) is CancelVerdict.ALREADY_CANCELLED
+    assert shop.journal.count("undo a") == 1
+
+
+def test_a_signal_after_the_cancel_is_refused_and_changes_nothing(shop: Shop) -> None:
+    name = f"sig{uuid.uuid4().hex[:6]}"
+    shop.engine.register(Saga(name).step(shop.step("a")).wait_for("go").step(shop.step("b")))
+    run = shop.engine.start(name, {})
+    _until(lambda: _state(shop, run.id) is ExecutionState.WAITING)
+    shop.engine.cancel(run.id)
+    with pytest.raises(InvalidStateError):
+        shop.engine.signal(run.id, "go")
+    assert _ended(shop, run.id).state is ExecutionState.CANCELLED
+    assert "do b" not in shop.journal
+
+
+def test_a_parent_cancels_its_child_first_then_unwinds_itself(shop: Shop) -> None:
+    child = f"child{uuid.uuid4().hex[:6]}"
+    parent = f"parent{uuid.uuid4().hex[:6]}"
+    shop.engine.register(Saga(child).step(shop.step("c1")).wait_for("go"))
+    shop.engine.register(
+        Saga(parent).step(shop.step("p1")).sub_saga(child, name="kid").step(shop.step("p2"))
+    )
+    run = shop.engine.start(parent, {})
+    _until(lambda: "do c1" in shop.journal)
+    kid = run.get().step("kid").child_execution_id
+    assert kid is not None
+    _until(lambda: _state(shop, kid) is ExecutionState.WAITING)
+    shop.engine.cancel(run.id, "order withdrawn")
+    execution = _ended(shop, run.id)
+    assert execution.state is ExecutionState.CANCELLED
+    assert shop.engine.get(kid).state is ExecutionState.CANCELLED
+    assert shop.journal == ["do p1", "do c1", "undo c1", "undo p1"]
+
+
+@pytest.mark.services
+def test_a_prefork_body_is_stopped_within_two_seconds_and_its_step_reversed(
+    tmp_path: Path,
+) -> None:
+    """Real prefork workers: Celery's revoke with the soft time limit's signal stops the
+    30 s body where it is; the step it cut short and the one before are reversed once."""
+    from tests.test_faults import FaultRig
+
+    rig = FaultRig(tmp_path)
+    try:
+        plan = {"b": {"sleep": 30, "mark_begin": True, "tick": True}}
+        run = rig.client.engine.start("failed_eligible", {"order": 5, "plan": plan})
+        entries = rig.client.entries
+        _until(lambda: any(e.direction == "tick" for e in entries(run.id)), timeout=30)
+        assert rig.client.engine.cancel(run.id, "fraud suspected") is CancelVerdict.CANCEL
+        time.sleep(2.0)
+        ticks = sum(e.direction == "tick" for e in entries(run.id))
+        time.sleep(1.0)
+        assert sum(e.direction == "tick" for e in entries(run.id)) == ticks, "still running"
+        execution = rig.wait_terminal(run.id, timeout=60)
+        assert execution.state is ExecutionState.CANCELLED
+        assert execution.failure_reason == "CancelledError: fraud suspected"
+        done = [(e.step, e.direction) for e in entries(run.id) if e.direction != "tick"]
+        assert done == [
+            ("a", "forward"),
+            ("b", "forward_begin"),
+            ("b", "compensate"),
+            ("a", "compensate"),
+        ], "b never finished; both reversed once, in reverse start order"
+    finally:
+        rig.close()
+
+
+def test_a_saga_deadline_cancels_a_waiting_run_across_a_worker_restart(tmp_path: Path) -> None:
+    shop = Shop(tmp_path)
+    name = f"late{uuid.uuid4().hex[:6]}"
+    shop.engine.register(Saga(name, timeout=1.5).step(shop.step("reserve")).wait_for("approved"))
+    with embedded_worker(shop.app, concurrency=2):
+        run = shop.engine.start(name, {})
+        _until(lambda: _state(shop, run.id) is ExecutionState.WAITING)
+        assert shop.engine.fire_timers() == 0, "not due yet"
+    time.sleep(1.6)  # the deadline passes while no worker runs
+    with embedded_worker(shop.app, concurrency=2):
+        assert shop.engine.fire_timers() == 1
+        execution = _ended(shop, run.id)
+        assert shop.engine.fire_timers() == 0, "a deadline fires once"
+    assert execution.state is ExecutionState.CANCELLED
+    assert execution.failure_reason == "CancelledError: deadline"
+    assert shop.journal == ["do reserve", "undo reserve"]
+
+
+def test_a_deadline_that_passes_after_the_run_ended_changes_nothing(shop: Shop) -> None:
+    name = f"quick{uuid.uuid4().hex[:6]}"
+    shop.engine.register(Saga(name).step(shop.step("only")))
+    run = shop.engine.start(name, {}, timeout=0.3)
+    assert run.wait(15).state is ExecutionState.COMPLETED
+    time.sleep(0.4)
+    assert shop.engine.fire_timers() == 0
+    assert shop.engine.get(run.id).state is ExecutionState.COMPLETED
+    assert queries.load_execution(shop.engine.db, run.id).deadline_at is None
+
+
+@pytest.mark.parametrize("timeout", [0, -1, "soon", True])
+def test_a_bad_deadline_is_refused_before_anything_is_stored(shop: Shop, timeout: Any) -> None:
+    from celery_saga import DefinitionError
+
+    with pytest.raises(DefinitionError, match="timeout= takes a positive number"):
+        Saga(f"bad{uuid.uuid4().hex[:6]}", timeout=timeout)
+    name = f"ok{uuid.uuid4().hex[:6]}"
+    shop.engine.register(Saga(name).step(shop.step("only")))
+    with pytest.raises(DefinitionError, match="timeout= takes a positive number"):
+        shop.engine.start(name, {}, timeout=timeout)
+    assert shop.engine.list(saga=name).items == ()
+
+
+def _every_done_step_undone_once(journal: list[str], prefix: str) -> None:
+    done = [e.split(" ", 1)[1] for e in journal if e.startswith(f"do {prefix}")]
+    undone = [e.split(" ", 1)[1] for e in journal if e.startswith(f"undo {prefix}")]
+    assert sorted(done) == sorted(undone), journal
+
+
+def test_cancel_races_the_last_step_completing_and_one_of_them_wins(shop: Shop) -> None:
+    """100 races: the run ends completed (the cancel refused, nothing reversed) or
+    cancelled (unwound, the cancel stored first), never both."""
+    name = f"race{uuid.uuid4().hex[:6]}"
+    shop.engine.register(Saga(name).step(shop.step("first")).step(shop.step("last", sleep=0.01)))
+    outcomes = {"completed": 0, "cancelled": 0}
+    for index in range(100):
+        run = shop.engine.start(name, {}, execution_id=f"{name}-{index}")
+        time.sleep(0.002 * (index % 40))  # from before the first step to after the last
+        try:
+            verdict = shop.engine.cancel(run.id)
+        except InvalidStateError:
+            verdict = None
+        execution = _ended(shop, run.id)
+        outcomes[execution.state.value] += 1
+        journal = list(shop.journal)
+        if execution.state is ExecutionState.COMPLETED:
+            assert verdict is None, "a completed run was never cancelled"
+            assert all(c.compensation_status is None for c in execution.steps)
+        else:
+            assert execution.state is ExecutionState.CANCELLED
+            assert verdict is CancelVerdict.CANCEL
+            assert all(c.compensation_status.value == "compensated" for c in execution.steps)
+        shop.journal.clear()
+        if verdict is not None:
+            _every_done_step_undone_once(journal, "")
+    assert outcomes["completed"] + outcomes["cancelled"] == 100, outcomes
+
+
+def test_cancel_races_a_signal_and_a_waits_timeout_and_one_of_them_wins(shop: Shop) -> None:
+    name = f"gate{uuid.uuid4().hex[:6]}"
+    shop.engine.register(
+        Saga(name).step(shop.step("a")).wait_for("go", timeout=0.2).step(shop.step("b"))
+    )
+    for index in range(60):
+        run = shop.engine.start(name, {}, execution_id=f"{name}-{index}")
+        _until(lambda rid=run.id: _state(shop, rid) is ExecutionState.WAITING)
+        if index % 2:
+            time.sleep(0.2)  # the wait's deadline passes: the timer sweep races the cancel
+            rival = threading.Thread(target=shop.engine.fire_timers)
+        else:
+            rival = threading.Thread(target=_signal_quietly, args=(shop, run.id))
+        rival.start()
+        try:
+            cancelled = shop.engine.cancel(run.id) is CancelVerdict.CANCEL
+        except InvalidStateError:
+            cancelled = False
+        rival.join()
+        execution = _ended(shop, run.id)
+        if cancelled:
+            assert execution.state is ExecutionState.CANCELLED
+        else:
+            assert execution.state in (ExecutionState.COMPLETED, ExecutionState.FAILED)
+        reversals = [c for c in execution.steps if c.compensation_status is not None]
+        assert len({c.name for c in reversals}) == len(reversals), "each reversed once"
+        journal = list(shop.journal)
+        shop.journal.clear()
+        assert journal.count("undo a") <= 1
+
+
+def _signal_quietly(shop: Shop, execution_id: str) -> None:
+    with contextlib.suppress(InvalidStateError):
+        shop.engine.signal(execution_id, "go")
+
+
+def test_the_cancel_command_cancels_says_so_twice_and_refuses_an_ended_run(shop: Shop) -> None:
+    from click.testing import CliRunner
+
+    from celery_saga.cli.commands import saga as saga_cli
+
+    def invoke(*args: str) -> Any:
+        return CliRunner().invoke(saga_cli, list(args), obj=SimpleNamespace(app=shop.app))
+
+    name = f"cli{uuid.uuid4().hex[:6]}"
+    shop.engine.register(Saga(name).step(shop.step("a")).wait_for("go"))
+    run = shop.engine.start(name, {})
+    _until(lambda: _state(shop, run.id) is ExecutionState.WAITING)
+    first = invoke("cancel", run.id, "--reason", "duplicate order")
+    assert first.exit_code == 0, first.output
+    assert first.output.strip() == f"cancelled {run.id}; what it did is unwound by the workers"
+    again = invoke("cancel", run.id)
+    assert again.output.strip() == f"execution {run.id} is already cancelled; nothing changed"
+    assert _ended(shop, run.id).failure_reason == "CancelledError: duplicate order"
+    shown = invoke("show", run.id)
+    assert "state=cancelled" in shown.output, shown.output
+    done = f"fin{uuid.uuid4().hex[:6]}"
+    shop.engine.register(Saga(done).step(shop.step("only")))
+    finished = shop.engine.start(done, {}).wait(15)
+    refused = invoke("cancel", finished.id)
+    assert refused.exit_code == 1
+    assert "has already ended (completed): it cannot be cancelled" in refused.output
