@@ -253,7 +253,8 @@ def test_a_prefork_body_is_stopped_within_two_seconds_and_its_step_reversed(
         ticks = sum(e.direction == "tick" for e in entries(run.id))
         time.sleep(1.0)
         assert sum(e.direction == "tick" for e in entries(run.id)) == ticks, "still running"
-        execution = rig.wait_terminal(run.id, timeout=60)
+        _until(lambda: rig.client.engine.get(run.id).state.is_terminal, timeout=60)
+        execution = rig.client.engine.get(run.id)
         assert execution.state is ExecutionState.CANCELLED
         assert execution.failure_reason == "CancelledError: fraud suspected"
         done = [(e.step, e.direction) for e in entries(run.id) if e.direction != "tick"]

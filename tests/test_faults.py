@@ -35,7 +35,7 @@ from tests.faults import CuttableProxy
 from tests.sagaapp import TestApp
 
 pytestmark = pytest.mark.services
-TERMINAL = (ExecutionState.COMPLETED, ExecutionState.FAILED)
+TERMINAL = (ExecutionState.COMPLETED, ExecutionState.FAILED, ExecutionState.CANCELLED)
 
 
 class FaultRig:

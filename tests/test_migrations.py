@@ -13,13 +13,13 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.migration import MigrationContext
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, insert, text
 
 from celery_saga.records import ExecutionState
 from celery_saga.store import queries
 from celery_saga.store.codec import pack
 from celery_saga.store.database import _MIGRATIONS, VERSION_TABLE, Database
-from celery_saga.store.tables import metadata
+from celery_saga.store.tables import executions, metadata
 from tests.conftest import MARIADB, PG_ADMIN, PORTS, require_services
 
 
@@ -73,18 +73,22 @@ def test_the_migrated_schema_is_the_schema_the_code_uses(empty_store: str) -> No
 def test_upgrading_a_store_that_holds_runs_keeps_them(empty_store: str) -> None:
     db = Database(empty_store)
     _upgrade(db, "0001")
-    queries.create_execution(  # saga_executions is the same at 0001
-        db,
-        execution_id="old-run",
-        saga_name="order",
-        definition_hash="h",
-        input_blob=pack({"order": 1}),
-        node=1,
-        sub=0,
-        state=ExecutionState.RUNNING,
-        committed=False,
-        now=datetime(2030, 1, 1, tzinfo=timezone.utc),
-    )
+    stamp = datetime(2030, 1, 1)
+    with db.engine.begin() as connection:  # the columns saga_executions had at 0001
+        connection.execute(
+            insert(executions).values(
+                id="old-run",
+                saga_name="order",
+                definition_hash="h",
+                state=ExecutionState.RUNNING.value,
+                cursor=1,
+                cursor_sub=0,
+                input=pack({"order": 1}),
+                created_at=stamp,
+                updated_at=stamp,
+                version=1,
+            )
+        )
     db.migrate()
     kept = queries.load_execution(db, "old-run")
     assert kept is not None and kept.input == {"order": 1} and kept.wake_at is None

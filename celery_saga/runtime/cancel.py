@@ -22,6 +22,9 @@ from celery_saga.store import cancel, queries
 
 logger = logging.getLogger("celery_saga")
 
+#: The reason a run cancelled by its saga's deadline records.
+DEADLINE = "deadline"
+
 #: ``begin(definition, execution_id, plan, reason)``: the unwinder's first move.
 BeginUnwind = Callable[..., None]
 #: The definition a run runs on (its own version).
@@ -47,7 +50,9 @@ class Cancellation:
                 return CancelVerdict.ENDED
             again = decide_cancel(current)
             return CancelVerdict.ENDED if again is CancelVerdict.CANCEL else again
-        logger.warning(
+        logger.log(
+            # the engine's own decision (a deadline) warns; a caller's cancel is news
+            logging.WARNING if reason == DEADLINE else logging.INFO,
             "saga %r execution %s cancelled%s; its bodies in flight are stopped, then what "
             "it did is unwound",
             execution.saga_name,
@@ -86,7 +91,7 @@ class Cancellation:
             execution = queries.load_execution(db, execution_id)
             if execution is None:
                 continue
-            verdict = self.cancel(execution, "deadline")
+            verdict = self.cancel(execution, DEADLINE)
             if verdict is CancelVerdict.CANCEL:
                 acted += 1
                 continue

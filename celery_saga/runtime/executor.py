@@ -98,7 +98,7 @@ class Executor(Progress):
 
     def use_holders(self, holders: Holders) -> None:
         """Name claims and ask their holders through ``holders`` (the worker layer's)."""
-        self.holders = self.unwinder.holders = holders
+        self.holders = self.unwinder.holders = self.cancellation.parts.holders = holders
 
     def carry_out(self, move: Move) -> None:
         """Do what a helper decided: the store write that follows it, then the publish."""
