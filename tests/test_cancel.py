@@ -26,6 +26,7 @@ from celery_saga import (
     SagaContext,
     SagaEngine,
     compensated_by,
+    step,
 )
 from celery_saga.store import queries
 from celery_saga.worker.embedded import embedded_worker
@@ -345,15 +346,20 @@ def test_cancel_races_the_last_step_completing_and_one_of_them_wins(shop: Shop) 
     assert outcomes["completed"] + outcomes["cancelled"] == 100, outcomes
 
 
-def test_cancel_races_a_signal_and_a_waits_timeout_and_one_of_them_wins(shop: Shop) -> None:
+@pytest.mark.parametrize("rival_kind", ["signal", "timeout"])
+def test_cancel_races_a_signal_or_a_waits_timeout_and_one_of_them_wins(
+    shop: Shop, rival_kind: str
+) -> None:
+    """100 races each: the run ends cancelled (the cancel stored first) or goes on as the
+    signal or the timeout took it, never both; each step reversed at most once."""
     name = f"gate{uuid.uuid4().hex[:6]}"
     shop.engine.register(
         Saga(name).step(shop.step("a")).wait_for("go", timeout=0.2).step(shop.step("b"))
     )
-    for index in range(60):
+    for index in range(100):
         run = shop.engine.start(name, {}, execution_id=f"{name}-{index}")
         _until(lambda rid=run.id: _state(shop, rid) is ExecutionState.WAITING)
-        if index % 2:
+        if rival_kind == "timeout":
             time.sleep(0.2)  # the wait's deadline passes: the timer sweep races the cancel
             rival = threading.Thread(target=shop.engine.fire_timers)
         else:
@@ -407,3 +413,85 @@ def test_the_cancel_command_cancels_says_so_twice_and_refuses_an_ended_run(shop:
     refused = invoke("cancel", finished.id)
     assert refused.exit_code == 1
     assert "has already ended (completed): it cannot be cancelled" in refused.output
+
+
+def _cancel_at(shop: Shop, name: str, reached: Any, runs: int = 20) -> list[Any]:
+    """Start ``runs`` runs one after the other, cancel each once ``reached(run)``, and
+    return how each ended with its journal."""
+    ended = []
+    for index in range(runs):
+        shop.journal.clear()
+        run = shop.engine.start(name, {}, execution_id=f"{name}-{index}")
+        _until(lambda run=run: reached(run))
+        assert shop.engine.cancel(run.id) is CancelVerdict.CANCEL
+        ended.append((_ended(shop, run.id), list(shop.journal)))
+    return ended
+
+
+def test_a_cancel_while_parallel_members_run_stops_them_and_reverses_all(shop: Shop) -> None:
+    """20 runs: both running members stop, and they and the step before are reversed."""
+    name = f"par{uuid.uuid4().hex[:6]}"
+    members = [step(f"m{i}", shop.step(f"m{i}", sleep=30, cooperative=True)) for i in (1, 2)]
+    shop.engine.register(Saga(name).step(shop.step("first")).parallel("group", *members))
+    running = lambda run: {"do m1", "do m2"} <= set(shop.journal)  # noqa: E731
+    for execution, journal in _cancel_at(shop, name, running):
+        assert execution.state is ExecutionState.CANCELLED
+        assert {"stopped m1", "stopped m2"} <= set(journal)
+        undone = [e for e in journal if e.startswith("undo")]
+        assert sorted(undone[:2]) == ["undo m1", "undo m2"] and undone[2:] == ["undo first"]
+
+
+def test_a_cancel_inside_a_loop_reverses_the_iterations_done_and_the_one_cut_short(
+    shop: Shop,
+) -> None:
+    """20 runs: iteration 1 is running when the cancel comes; iteration 2 never starts."""
+    name = f"loop{uuid.uuid4().hex[:6]}"
+
+    def pack(ctx: SagaContext) -> str:
+        shop.note(f"do pack:{ctx.iteration}")
+        ends = time.monotonic() + (30 if ctx.iteration == 1 else 0)
+        while time.monotonic() < ends and not ctx.cancelled:
+            time.sleep(0.02)
+        return str(ctx.item)
+
+    body = step("pack", pack, compensate=lambda ctx: shop.note(f"undo pack:{ctx.iteration}"))
+    shop.engine.register(Saga(name).for_each(lambda ctx: ["x", "y", "z"], body))
+    inside = lambda run: "do pack:1" in shop.journal  # noqa: E731
+    for execution, journal in _cancel_at(shop, name, inside):
+        assert execution.state is ExecutionState.CANCELLED
+        assert "do pack:2" not in journal, "no iteration starts after the cancel"
+        assert [e for e in journal if e.startswith("undo")] == ["undo pack:1", "undo pack:0"]
+
+
+def test_a_cancel_at_a_gate_or_before_a_retry_twenty_times_over(shop: Shop) -> None:
+    gate = f"gate20{uuid.uuid4().hex[:6]}"
+    shop.engine.register(Saga(gate).step(shop.step("a")).step(shop.step("b")).wait_for("go"))
+    waiting = lambda run: run.get().state is ExecutionState.WAITING  # noqa: E731
+    for execution, journal in _cancel_at(shop, gate, waiting):
+        assert execution.state is ExecutionState.CANCELLED
+        assert journal == ["do a", "do b", "undo b", "undo a"]
+
+    retry = f"retry20{uuid.uuid4().hex[:6]}"
+
+    def flaky(ctx: SagaContext) -> None:
+        shop.note("do flaky")
+        raise TimeoutError("no answer")
+
+    shop.engine.register(Saga(retry).step(shop.step("a")).step("flaky", flaky, retry=3, backoff=30))
+    pending = lambda run: any(  # noqa: E731
+        s.name == "flaky" and s.status.value == "pending" for s in run.get().steps
+    )
+    for execution, journal in _cancel_at(shop, retry, pending):
+        assert execution.state is ExecutionState.CANCELLED
+        assert journal == ["do a", "do flaky", "undo a"]
+
+
+def test_the_cancel_is_an_event_with_its_reason(shop: Shop) -> None:
+    seen: list[dict[str, Any]] = []
+    shop.engine.on("saga-cancelled", lambda event, fields: seen.append(fields))
+    name = f"evt{uuid.uuid4().hex[:6]}"
+    shop.engine.register(Saga(name).step(shop.step("a")).wait_for("go"))
+    run = shop.engine.start(name, {})
+    _until(lambda: _state(shop, run.id) is ExecutionState.WAITING)
+    shop.engine.cancel(run.id, "out of stock")
+    assert seen == [{"execution_id": run.id, "saga": name, "reason": "out of stock"}]
