@@ -265,6 +265,9 @@ def test_a_prefork_body_is_stopped_within_two_seconds_and_its_step_reversed(
             ("b", "compensate"),
             ("a", "compensate"),
         ], "b never finished; both reversed once, in reverse start order"
+        # Celery's own record of the stopped task, as Flower shows it
+        task_id = (execution.step("b").holder or "").rsplit("/", 1)[-1]
+        assert rig.client.app.AsyncResult(task_id).state == "REVOKED"
     finally:
         rig.close()
 
@@ -484,6 +487,38 @@ def test_a_cancel_at_a_gate_or_before_a_retry_twenty_times_over(shop: Shop) -> N
     for execution, journal in _cancel_at(shop, retry, pending):
         assert execution.state is ExecutionState.CANCELLED
         assert journal == ["do a", "do flaky", "undo a"]
+
+
+def test_a_cancel_of_a_running_body_or_of_a_parent_twenty_times_over(shop: Shop) -> None:
+    body = f"body20{uuid.uuid4().hex[:6]}"
+    shop.engine.register(
+        Saga(body)
+        .step(shop.step("a"))
+        .step(shop.step("long", sleep=30, cooperative=True))
+        .step(shop.step("c"))
+    )
+    running = lambda run: "do long" in shop.journal  # noqa: E731
+    for execution, journal in _cancel_at(shop, body, running):
+        assert execution.state is ExecutionState.CANCELLED
+        assert journal == ["do a", "do long", "stopped long", "undo long", "undo a"]
+
+    child, parent = f"kid20{uuid.uuid4().hex[:6]}", f"mum20{uuid.uuid4().hex[:6]}"
+    shop.engine.register(Saga(child).step(shop.step("c1")).wait_for("go"))
+    shop.engine.register(
+        Saga(parent).step(shop.step("p1")).sub_saga(child, name="kid").step(shop.step("p2"))
+    )
+
+    def in_child(run: Any) -> bool:
+        kids = [s.child_execution_id for s in run.get().steps if s.child_execution_id]
+        return "do c1" in shop.journal and any(
+            _state(shop, kid) is ExecutionState.WAITING for kid in kids
+        )
+
+    for execution, journal in _cancel_at(shop, parent, in_child):
+        assert execution.state is ExecutionState.CANCELLED
+        kid = execution.step("kid").child_execution_id
+        assert shop.engine.get(kid).state is ExecutionState.CANCELLED
+        assert journal == ["do p1", "do c1", "undo c1", "undo p1"]
 
 
 def test_the_cancel_is_an_event_with_its_reason(shop: Shop) -> None:
