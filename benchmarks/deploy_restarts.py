@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from celery_saga import ExecutionState  # noqa: E402
+from tests.conftest import _spawn_workers, _wait_ready, stop_workers  # noqa: E402
 from tests.test_crash_recovery import CrashRig, crash_rig, wait_for  # noqa: E402
 
 WAYS = ("sigterm-step", "sigterm-reversal", "sigterm-then-sigkill", "control-shutdown")
@@ -85,22 +86,33 @@ def _again(rig: CrashRig, way: str, run_id: str) -> bool:
     return steps["s3"].attempts >= 2 or steps["s3"].status.value == "completed"
 
 
+def _two_workers(rig: CrashRig) -> list[subprocess.Popen[bytes]]:
+    """Two workers with node names of their own (a takeover asks a holder by its name)."""
+    rig.generation += 1
+    logdir = rig.tmp / f"gen{rig.generation}"
+    logdir.mkdir()
+    workers, _ = _spawn_workers(rig.env, rig.queue, logdir, count=2)
+    rig.workers.extend(workers)
+    _wait_ready(rig.client, 2, workers)
+    return workers
+
+
 def run_round(rig: CrashRig, way: str, order: int) -> dict[str, Any]:
-    workers = [rig.start_worker(), rig.start_worker()]
+    workers = _two_workers(rig)
     runs = [
         rig.client.engine.start("five", {"order": order + i, "plan": _plan(way)}) for i in range(4)
     ]
     ids = [run.id for run in runs]
     wait_for(lambda: _running(rig, way, ids), timeout=60)
     _stop(rig, way, workers)
-    rig.start_worker()
-    rig.start_worker()
+    fresh = _two_workers(rig)
     ready = time.monotonic()
     pickup = []
     for run_id in ids:
         wait_for(lambda run_id=run_id: _again(rig, way, run_id), timeout=90)
         pickup.append(time.monotonic() - ready)
     ended = [rig.drive_to_end(run_id, timeout=120) for run_id in ids]
+    stop_workers(fresh)  # the next round starts from no worker again
     return {"ids": ids, "ended": ended, "pickup": pickup}
 
 

@@ -271,3 +271,37 @@ def test_history_keeps_the_outcome_of_a_body_whose_claim_was_taken_over(
     shown = timeline.render(timeline.describe(stored, lambda _: None, engine.catalog))
     assert any("late-outcome" in line and "taken over" in line for line in shown), shown
     assert any("held by elsewhere/1/x" in line for line in shown), shown
+
+
+def test_a_killed_worker_is_known_gone_without_waiting_for_its_answer(tmp_path: Path) -> None:
+    """The whole worker SIGKILLed (main process too): on RabbitMQ its remote-control queue
+    goes with its connection, so the taker does not wait out the question's 10 s."""
+    rig = FaultRig(tmp_path, lease="3", recover_after="3", sweep="1")
+    try:
+        plan = {"marathon": {"sleep": 6, "mark_begin": True}}
+        run = rig.client.engine.start("long", {"order": 4, "plan": plan})
+        wait_for(lambda: bool(rig.ledger(run.id, "forward_begin")), timeout=30)
+        holder = run.get().step("marathon").holder
+        assert holder is not None
+        node = holder.rsplit("/", 2)[0]
+        worker = next(w for w in rig.workers if node.split("-", 1)[0] in _worker_name(w))
+        killed_at = time.monotonic()
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=10)
+
+        def started_again() -> bool:
+            begins = [e for e in rig.client.entries(run.id) if e.direction == "forward_begin"]
+            return len(begins) >= 2
+
+        wait_for(started_again, timeout=40)
+        # lease 3 s + recover_after 3 s + a sweep (1 s) + delivery; not + 10 s of asking
+        assert time.monotonic() - killed_at < 13
+        assert rig.wait_terminal(run.id, timeout=60).state is ExecutionState.COMPLETED
+    finally:
+        rig.close()
+
+
+def _worker_name(worker: Any) -> str:
+    """The ``-n`` node name a test worker was started with."""
+    args = list(worker.args)
+    return str(args[args.index("-n") + 1])

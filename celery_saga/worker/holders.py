@@ -20,6 +20,7 @@ the redelivered message runs at once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -31,6 +32,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from celery import current_task
+from kombu.exceptions import ChannelError
 
 from celery_saga.decisions.takeover import Answer
 from celery_saga.records import ReversalAttempt, StepAttempt
@@ -57,6 +59,8 @@ ASK_LAPSED_TIMEOUT = 10.0
 #: it cannot reach the store, and waits for a stopped pool process to be gone.
 RENEW_BUDGET = 5.0
 STOP_WAIT = 2.0
+#: The AMQP reply code of a passive declare of a queue that does not exist.
+NOT_FOUND = 404
 #: How a cancelled run's body is stopped: the signal of Celery's soft time limit, which
 #: the body sees as ``SoftTimeLimitExceeded`` (its ``finally`` blocks still run).
 STOP_SIGNAL = "SIGUSR1"
@@ -90,6 +94,8 @@ class CeleryHolders(Holders):
             "lease_live": claim.lease_live,
         }
         timeout = ASK_LIVE_TIMEOUT if claim.lease_live else ASK_LAPSED_TIMEOUT
+        if not claim.lease_live and self._mailbox_gone(node):
+            return Answer.SILENT  # its worker's connection to the broker is gone with it
         try:
             replies = self.engine.app.control.broadcast(
                 COMMAND,
@@ -107,6 +113,27 @@ class CeleryHolders(Holders):
             if answer in Answer._value2member_map_:
                 return Answer(answer)
         return Answer.SILENT
+
+    def _mailbox_gone(self, node: str) -> bool:
+        """On RabbitMQ: whether the remote-control queue of ``node`` is gone. The broker
+        deletes it when the worker's connection closes, so a worker that died needs no
+        answer to be waited out; anywhere else (or if the broker cannot say) False."""
+        mailbox = self.engine.app.control.mailbox
+        try:
+            with self.engine.app.connection_for_write() as connection:
+                if connection.transport.driver_type != "amqp":
+                    return False
+                channel = connection.channel()
+                try:
+                    channel.queue_declare(queue=mailbox.get_queue(node).name, passive=True)
+                except ChannelError as error:
+                    return bool(getattr(error, "code", None) == NOT_FOUND)
+                finally:
+                    with contextlib.suppress(Exception):
+                        channel.close()
+        except Exception as error:
+            logger.debug("could not look for the mailbox of %s: %r", node, error)
+        return False
 
     def stop(self, holder: str) -> None:
         """Revoke the holder's task with the soft time limit's signal: Celery stops the body
