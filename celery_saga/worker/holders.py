@@ -264,13 +264,22 @@ class PoolWatch:
         main = os.getpid()
         while True:
             time.sleep(self.INTERVAL)
-            for request in list(worker_state.active_requests):
-                pid = request.worker_pid
-                if not pid or pid == main or _running(pid):
-                    continue
-                if (request.id, pid) not in self.reported:
-                    self.reported.add((request.id, pid))
-                    on_pool_loss(self.engine, request, resend_always=True)
+            try:
+                self._look(worker_state.active_requests, main)
+            except Exception:  # the event loop changed the set meanwhile: look again soon
+                logger.debug("pool watch: requests changed while looked at", exc_info=True)
+
+    def _look(self, active: Any, main: int) -> None:
+        requests = list(active)
+        # only what Celery still holds: the set stays as small as the pool
+        self.reported &= {(r.id, r.worker_pid) for r in requests}
+        for request in requests:
+            pid = request.worker_pid
+            if not pid or pid == main or _running(pid):
+                continue
+            if (request.id, pid) not in self.reported:
+                self.reported.add((request.id, pid))
+                on_pool_loss(self.engine, request, resend_always=True)
 
 
 def on_pool_loss(engine: SagaEngine, request: Any, resend_always: bool = False) -> None:
