@@ -251,3 +251,23 @@ def test_archiving_an_id_archived_before_replaces_the_older_copy(
         ).all()
     assert [row.saga_name for row in names] == ["second"]
     engine.db.dispose()
+
+
+def test_the_beat_task_works_a_backlog_through_in_bounded_runs_cancelled_runs_included(
+    tmp_path: Any, clock: ControlledClock
+) -> None:
+    """The beat task stops after the batch that passes half its interval; the next run goes
+    on. A cancelled run is terminal: it is retired like a completed one."""
+    from celery_saga.worker.publisher import CLEANUP_TASK
+
+    engine = _engine(f"sqlite:///{tmp_path}/retire.sqlite3")
+    engine.app.conf.update(saga_cleanup_after=60, saga_cleanup_interval=0)
+    old = clock.now() - timedelta(days=1)
+    ids = {_seed(engine, ExecutionState.COMPLETED, old) for _ in range(500)}
+    ids.add(_seed(engine, ExecutionState.CANCELLED, old, RollbackStatus.COMPLETED))
+    task = engine.app.tasks[CLEANUP_TASK]
+    runs = [task.apply().get()]
+    assert runs == [500], "one batch, then its budget (0 s) was spent"
+    while _count(engine, executions, ids) and len(runs) < 10:
+        runs.append(task.apply().get())  # each run goes on where the last one stopped
+    assert sum(runs) == 501 and _count(engine, executions, ids) == 0, runs

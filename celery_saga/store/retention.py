@@ -197,7 +197,8 @@ def retire(
         if batches % LOG_EVERY == 0:
             rate = total / max(elapsed, 1e-9)
             logger.info("retention: %d run(s) %s so far (%.0f/s)", total, _verb(archive), rate)
-        if budget is not None and elapsed >= budget and position is not None:
+        # a batch that found nothing (an empty range) moves on without spending the budget
+        if budget is not None and elapsed >= budget and position is not None and gone:
             logger.info("retention: %d run(s) %s; the rest next time", total, _verb(archive))
             break
     return total

@@ -351,23 +351,26 @@ class SagaEngine:
             ),
         )
 
-    def cleanup(self, older_than: float | timedelta) -> int:
+    def cleanup(self, older_than: float | timedelta, *, budget: float | None = None) -> int:
         """Delete terminal runs not updated for ``older_than`` (inclusive), with their child
-        runs; parked or waiting runs are never touched. Returns how many runs went."""
-        return self._retire(older_than, archive=False)
+        runs; parked or waiting runs are never touched. Returns how many runs went. With
+        ``budget`` (seconds) it stops after the batch that passes it; the next call goes on."""
+        return self._retire(older_than, archive=False, budget=budget)
 
-    def archive(self, older_than: float | timedelta) -> int:
+    def archive(self, older_than: float | timedelta, *, budget: float | None = None) -> int:
         """Move terminal runs not updated for ``older_than`` (inclusive) into the
         ``saga_*_archive`` tables, as ``cleanup`` would delete them."""
-        return self._retire(older_than, archive=True)
+        return self._retire(older_than, archive=True, budget=budget)
 
-    def _retire(self, older_than: float | timedelta, archive: bool) -> int:
+    def _retire(self, older_than: float | timedelta, archive: bool, budget: float | None) -> int:
         age = check_age(older_than, "archive(older_than)" if archive else "cleanup(older_than)")
         self.ensure_schema()
         now = get_clock().now()
         return self._store(
             "archiving" if archive else "cleaning up",
-            lambda: retention.retire(self.db, cutoff=now - age, now=now, archive=archive),
+            lambda: retention.retire(
+                self.db, cutoff=now - age, now=now, archive=archive, budget=budget
+            ),
         )
 
     def versions(self) -> builtins.list[VersionInfo]:

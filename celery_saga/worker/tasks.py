@@ -39,6 +39,8 @@ _TASK_OPTIONS: dict[str, Any] = {
     "shared": False,
     "throws": (StepFailed,),
 }
+#: ``saga_cleanup_interval`` / ``saga_archive_interval`` when unset (see ``beat.py``).
+DEFAULT_RETENTION_INTERVAL = 3600.0
 #: Sweeps: no task events (Flower's list), per-run log lines at DEBUG when idle.
 _SWEEP_OPTIONS: dict[str, Any] = {"ignore_result": True, "shared": False, "send_events": False}
 
@@ -89,13 +91,22 @@ def register_tasks(app: Celery, engine: SagaEngine) -> None:
     def saga_fire_timers() -> int:
         return _skipped_in_an_outage("the timer sweep", engine.fire_timers)
 
+    # Half the interval each: a backlog is worked through over several runs of the task,
+    # none holding a worker for long, and two never overlap.
     @app.task(name=CLEANUP_TASK, **_SWEEP_OPTIONS)  # type: ignore[untyped-decorator]
     def saga_cleanup() -> int:
-        return engine.cleanup(float(app.conf.saga_cleanup_after))
+        budget = _half(app.conf.get("saga_cleanup_interval"))
+        return engine.cleanup(float(app.conf.saga_cleanup_after), budget=budget)
 
     @app.task(name=ARCHIVE_TASK, **_SWEEP_OPTIONS)  # type: ignore[untyped-decorator]
     def saga_archive() -> int:
-        return engine.archive(float(app.conf.saga_archive_after))
+        budget = _half(app.conf.get("saga_archive_interval"))
+        return engine.archive(float(app.conf.saga_archive_after), budget=budget)
+
+
+def _half(interval: Any) -> float:
+    """Half a beat interval in seconds (the default interval is an hour)."""
+    return 0.5 * float(DEFAULT_RETENTION_INTERVAL if interval is None else interval)
 
 
 def _skipped_in_an_outage(what: str, sweep: Callable[[], int]) -> int:
