@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from celery_saga.decisions.cancel import CancelVerdict, bodies_in_flight, decide_cancel
 from celery_saga.definition.builder import SagaDefinition
-from celery_saga.records import ExecutionRecord, ExecutionState
+from celery_saga.records import ExecutionRecord, ExecutionState, StepRecord
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.ports import RuntimeParts
 from celery_saga.store import cancel, queries
@@ -63,24 +63,24 @@ class Cancellation:
             "saga-cancelled",
             {"execution_id": execution.id, "saga": execution.saga_name, "reason": reason},
         )
-        self._stop_bodies(execution.id)
-        self._cancel_children(execution.id, reason)
+        steps = queries.load_snapshot(db, execution.id)[1]
+        self._stop_bodies(execution.id, steps)
+        self._cancel_children(execution.id, steps, reason)
         self.resume_cancel(self.definition_of(execution), execution.id)
         return CancelVerdict.CANCEL
 
     def resume_cancel(self, definition: SagaDefinition, execution_id: str) -> bool:
         """Begin the cancelled run's unwind if nothing of it is still going; False if
         something is (a body, a child), which comes back here when it ends."""
-        plan = cancel.begin_cancelled_unwind(
+        begun = cancel.begin_cancelled_unwind(
             self.parts.db,
             execution_id=execution_id,
             compensations=definition.reversible,
             now=get_clock().now(),
         )
-        if plan is None:
+        if begun is None:
             return False
-        execution = queries.load_execution(self.parts.db, execution_id)
-        reason = execution.failure_reason if execution else None
+        plan, reason = begun
         self.begin(definition, execution_id, plan, reason)
         return True
 
@@ -103,8 +103,7 @@ class Cancellation:
             cancel.clear_deadline(db, execution_id)
         return acted
 
-    def _stop_bodies(self, execution_id: str) -> None:
-        steps = queries.load_snapshot(self.parts.db, execution_id)[1]
+    def _stop_bodies(self, execution_id: str, steps: list[StepRecord]) -> None:
         for step in bodies_in_flight(steps, get_clock().now()):
             if step.holder is not None:
                 logger.info(
@@ -115,8 +114,10 @@ class Cancellation:
                 )
                 self.parts.holders.stop(step.holder)
 
-    def _cancel_children(self, execution_id: str, reason: str | None) -> None:
-        for step in queries.load_snapshot(self.parts.db, execution_id)[1]:
+    def _cancel_children(
+        self, execution_id: str, steps: list[StepRecord], reason: str | None
+    ) -> None:
+        for step in steps:
             if step.child_execution_id is None:
                 continue
             child = queries.load_execution(self.parts.db, step.child_execution_id)

@@ -10,6 +10,7 @@ child of it is still going; the unwind then ends ``cancelled`` (``prepared.endin
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import replace
 from datetime import datetime
 
 from sqlalchemy import Connection, select, update
@@ -30,6 +31,10 @@ _CHILD_GOING = (
     ExecutionState.COMPENSATING.value,
     ExecutionState.CANCELLING.value,
 )
+
+
+#: The error of a step the cancel cut short (a body stopped, an attempt that will not come).
+CUT_SHORT = "CancelledError: the run was cancelled while this step was due"
 
 
 def cancel_reason(reason: str | None) -> str:
@@ -62,9 +67,10 @@ def request_cancel(db: Database, *, execution_id: str, reason: str, now: datetim
 
 def begin_cancelled_unwind(
     db: Database, *, execution_id: str, compensations: Collection[str], now: datetime
-) -> UnwindStep | None:
-    """Begin the unwind of a cancelled run, its interrupted steps recorded failed; None
-    while a body is in flight or a child is still going (whoever ends last comes back)."""
+) -> tuple[UnwindStep, str] | None:
+    """Begin the unwind of a cancelled run, its interrupted steps recorded failed; returns
+    its first move and the run's reason. None while a body is in flight or a child is
+    still going (whoever ends last comes back)."""
     stamp = to_db_time(now)
     try:
         with db.transaction() as connection:
@@ -82,23 +88,36 @@ def begin_cancelled_unwind(
             steps = load_steps(connection, execution_id)
             if bodies_in_flight(steps, now) or _children_going(connection, steps):
                 raise Conflict(execution_id)
-            cut_short = [s.id for s in interrupted_steps(steps)]
+            cut_short = {s.id for s in interrupted_steps(steps)}
             if cut_short:
                 connection.execute(
                     update(step_records)
                     .where(step_records.c.id.in_(cut_short))
                     .values(
                         status=StepStatus.FAILED.value,
-                        error="CancelledError: the run was cancelled while this step was due",
+                        error=CUT_SHORT,
                         lease_expires_at=None,
                         completed_at=stamp,
                     )
                 )
-                steps = load_steps(connection, execution_id)
+                # as written, without reading them again
+                steps = [
+                    replace(
+                        s,
+                        status=StepStatus.FAILED,
+                        error=CUT_SHORT,
+                        lease_expires_at=None,
+                        completed_at=now,
+                    )
+                    if s.id in cut_short
+                    else s
+                    for s in steps
+                ]
             reason = run.failure_reason or cancel_reason(None)
-            return fail_run_locked(
+            plan = fail_run_locked(
                 connection, execution_id, reason, False, compensations, now, steps
             )
+            return plan, reason
     except Conflict:
         return None
 
