@@ -23,10 +23,19 @@ from celery_saga.worker.publisher import (
     RECOVER_TASK,
 )
 
+#: ``saga_cleanup_interval`` / ``saga_archive_interval`` when unset, in seconds.
+RETENTION_INTERVAL = 3600.0
+
 
 def _seconds(app: Celery, setting: str, default: float | None) -> float | None:
     value = app.conf.get(setting)
     return default if value is None else float(value)
+
+
+def retention_interval(app: Celery, setting: str) -> float:
+    """How often beat sends a retention task (``setting``: its interval setting)."""
+    value = app.conf.get(setting)
+    return RETENTION_INTERVAL if value is None else float(value)
 
 
 def install_beat_entries(app: Celery) -> None:
@@ -35,11 +44,11 @@ def install_beat_entries(app: Celery) -> None:
         "celery-saga-recover": (RECOVER_TASK, _seconds(app, "saga_recover_interval", 15.0)),
     }
     if app.conf.get("saga_cleanup_after") is not None:
-        interval = _seconds(app, "saga_cleanup_interval", 3600.0)
-        entries["celery-saga-cleanup"] = (CLEANUP_TASK, interval)
+        cleanup = retention_interval(app, "saga_cleanup_interval")
+        entries["celery-saga-cleanup"] = (CLEANUP_TASK, cleanup)
     if app.conf.get("saga_archive_after") is not None:
-        interval = _seconds(app, "saga_archive_interval", 3600.0)
-        entries["celery-saga-archive"] = (ARCHIVE_TASK, interval)
+        archive = retention_interval(app, "saga_archive_interval")
+        entries["celery-saga-archive"] = (ARCHIVE_TASK, archive)
     schedule = dict(app.conf.beat_schedule or {})
     queue = app.conf.get("saga_queue")
     for name, (task, interval) in entries.items():

@@ -11,6 +11,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from celery_saga.decisions.admission import NodeMessage
 from celery_saga.errors import StoreUnavailableError
+from celery_saga.worker.beat import retention_interval
 from celery_saga.worker.delivery import STORE_RETRY_MAX, SendAgain, handle_message
 from celery_saga.worker.endings import StepFailed, end_task
 from celery_saga.worker.housekeeping import quiet_housekeeping_logs
@@ -39,8 +40,6 @@ _TASK_OPTIONS: dict[str, Any] = {
     "shared": False,
     "throws": (StepFailed,),
 }
-#: ``saga_cleanup_interval`` / ``saga_archive_interval`` when unset (see ``beat.py``).
-DEFAULT_RETENTION_INTERVAL = 3600.0
 #: Sweeps: no task events (Flower's list), per-run log lines at DEBUG when idle.
 _SWEEP_OPTIONS: dict[str, Any] = {"ignore_result": True, "shared": False, "send_events": False}
 
@@ -95,18 +94,13 @@ def register_tasks(app: Celery, engine: SagaEngine) -> None:
     # none holding a worker for long, and two never overlap.
     @app.task(name=CLEANUP_TASK, **_SWEEP_OPTIONS)  # type: ignore[untyped-decorator]
     def saga_cleanup() -> int:
-        budget = _half(app.conf.get("saga_cleanup_interval"))
+        budget = retention_interval(app, "saga_cleanup_interval") / 2
         return engine.cleanup(float(app.conf.saga_cleanup_after), budget=budget)
 
     @app.task(name=ARCHIVE_TASK, **_SWEEP_OPTIONS)  # type: ignore[untyped-decorator]
     def saga_archive() -> int:
-        budget = _half(app.conf.get("saga_archive_interval"))
+        budget = retention_interval(app, "saga_archive_interval") / 2
         return engine.archive(float(app.conf.saga_archive_after), budget=budget)
-
-
-def _half(interval: Any) -> float:
-    """Half a beat interval in seconds (the default interval is an hour)."""
-    return 0.5 * float(DEFAULT_RETENTION_INTERVAL if interval is None else interval)
 
 
 def _skipped_in_an_outage(what: str, sweep: Callable[[], int]) -> int:
