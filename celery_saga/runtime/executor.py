@@ -82,9 +82,10 @@ class Executor(Progress):
         publisher: Publisher,
         emit: EventSink,
         settings: Settings,
+        holders: Holders | None = None,
     ) -> None:
-        super().__init__(db, registry, publisher, emit, settings)
-        self.unwinder = Unwinder(db, registry, publisher, emit, settings)
+        super().__init__(db, registry, publisher, emit, settings, holders)
+        self.unwinder = Unwinder(db, registry, publisher, emit, settings, self.holders)
         parts = self.parts()
         self.waits, self.children = Waits(parts), Children(parts)
         self.cancellation = Cancellation(parts, self.unwinder.begin, self._definition_of)
@@ -95,10 +96,6 @@ class Executor(Progress):
     def continue_cancel(self, execution: ExecutionRecord) -> None:
         """Begin a cancelled run's unwind once nothing of it is going (guarantee 31)."""
         self.cancellation.resume_cancel(self._definition_of(execution), execution.id)
-
-    def use_holders(self, holders: Holders) -> None:
-        """Name claims and ask their holders through ``holders`` (the worker layer's)."""
-        self.holders = self.unwinder.holders = self.cancellation.parts.holders = holders
 
     def carry_out(self, move: Move) -> None:
         """Do what a helper decided: the store write that follows it, then the publish."""

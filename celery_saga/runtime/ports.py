@@ -103,7 +103,9 @@ class Settings:
 
 class RuntimeParts:
     """What the forward executor and the unwinder share: the store, the deployed
-    definitions, the way out to the broker, the event sink and the settings."""
+    definitions, the way out to the broker, the event sink, the settings, and who this
+    process is as a claim's holder and how it asks other holders (``holders``; without a
+    worker's remote control, ``Holders()``)."""
 
     def __init__(
         self,
@@ -112,18 +114,18 @@ class RuntimeParts:
         publisher: Publisher,
         emit: EventSink,
         settings: Settings,
+        holders: Holders | None = None,
     ) -> None:
         self.db, self.registry, self.publisher = db, registry, publisher
         self.emit, self.settings = emit, settings
-        #: Who this process is as a claim's holder, and how it asks other holders.
-        self.holders = Holders()
+        self.holders = Holders() if holders is None else holders
         self.renewals = Renewals(db)
 
     def parts(self) -> RuntimeParts:
         """The same parts on their own, for a helper that must not hold its owner."""
-        parts = RuntimeParts(self.db, self.registry, self.publisher, self.emit, self.settings)
-        parts.holders = self.holders
-        return parts
+        return RuntimeParts(
+            self.db, self.registry, self.publisher, self.emit, self.settings, self.holders
+        )
 
     def until_released(self, lease_expires_at: datetime | None, live: bool) -> float:
         """Seconds a redelivered message left to a claim's holder waits before it is tried

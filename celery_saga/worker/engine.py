@@ -90,8 +90,11 @@ class SagaEngine:
             compensation_timeout=self.settings.compensation_timeout,
             tasks=self.step_tasks,
         )
-        self.executor = Executor(self.db, self.catalog, publisher, self.events, self.settings)
-        self.executor.use_holders(CeleryHolders(self))
+        # The holders ask through this engine's app and store, read when first asked.
+        asker = CeleryHolders(self)
+        self.executor = Executor(
+            self.db, self.catalog, publisher, self.events, self.settings, asker
+        )
         self.hooks.commands[holders.COMMAND] = functools.partial(holders.answer_holder, self)
         self.hooks.on_pool_loss = functools.partial(holders.on_pool_loss, self)
         self.hooks.when_worker_starts(holders.PoolWatch(self).start)
