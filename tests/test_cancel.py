@@ -26,6 +26,7 @@ from celery_saga import (
     SagaContext,
     SagaEngine,
     compensated_by,
+    get_clock,
     step,
 )
 from celery_saga.store import queries
@@ -530,3 +531,24 @@ def test_the_cancel_is_an_event_with_its_reason(shop: Shop) -> None:
     _until(lambda: _state(shop, run.id) is ExecutionState.WAITING)
     shop.engine.cancel(run.id, "out of stock")
     assert seen == [{"execution_id": run.id, "saga": name, "reason": "out of stock"}]
+
+
+def test_a_cancel_retried_after_its_reply_was_lost_finishes_what_it_began(shop: Shop) -> None:
+    """The cancel's write landed but its caller never heard (the store's reply was lost),
+    and it calls again: the run is cancelled already, and the call carries the cancel on
+    instead of leaving the run for the recovery sweep."""
+    from celery_saga.store import cancel as stored
+
+    name = f"lost{uuid.uuid4().hex[:6]}"
+    shop.engine.register(Saga(name).step(shop.step("a")).wait_for("go"))
+    run = shop.engine.start(name, {})
+    _until(lambda: _state(shop, run.id) is ExecutionState.WAITING)
+    reason = stored.cancel_reason("lost reply")
+    assert stored.request_cancel(
+        shop.engine.db, execution_id=run.id, reason=reason, now=get_clock().now()
+    )
+    assert _state(shop, run.id) is ExecutionState.CANCELLING
+    assert shop.engine.cancel(run.id, "lost reply") is CancelVerdict.ALREADY_CANCELLED
+    execution = _ended(shop, run.id)
+    assert execution.state is ExecutionState.CANCELLED
+    assert shop.journal == ["do a", "undo a"]

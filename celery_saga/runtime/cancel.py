@@ -38,6 +38,10 @@ class Cancellation:
     def cancel(self, execution: ExecutionRecord, reason: str | None) -> CancelVerdict:
         """Cancel ``execution`` (as read); returns what was done (see ``CancelVerdict``)."""
         verdict = decide_cancel(execution)
+        if execution.state is ExecutionState.CANCELLING:
+            # stored already, perhaps by this very call retried after a lost reply: what
+            # the cancel does next is done again (each part of it is safe to repeat)
+            self._carry_on(execution)
         if verdict is not CancelVerdict.CANCEL:
             return verdict
         db, now = self.parts.db, get_clock().now()
@@ -63,11 +67,16 @@ class Cancellation:
             "saga-cancelled",
             {"execution_id": execution.id, "saga": execution.saga_name, "reason": reason},
         )
-        steps = queries.load_snapshot(db, execution.id)[1]
-        self._stop_bodies(execution.id, steps)
-        self._cancel_children(execution.id, steps, reason)
-        self.resume_cancel(self.definition_of(execution), execution.id)
+        self._carry_on(execution)
         return CancelVerdict.CANCEL
+
+    def _carry_on(self, execution: ExecutionRecord) -> None:
+        """A stored cancel's next moves: stop the bodies, cancel the children, and begin
+        the unwind if nothing of the run still goes."""
+        steps = queries.load_snapshot(self.parts.db, execution.id)[1]
+        self._stop_bodies(execution.id, steps)
+        self._cancel_children(execution.id, steps)
+        self.resume_cancel(self.definition_of(execution), execution.id)
 
     def resume_cancel(self, definition: SagaDefinition, execution_id: str) -> bool:
         """Begin the cancelled run's unwind if nothing of it is still going; False if
@@ -114,9 +123,7 @@ class Cancellation:
                 )
                 self.parts.holders.stop(step.holder)
 
-    def _cancel_children(
-        self, execution_id: str, steps: list[StepRecord], reason: str | None
-    ) -> None:
+    def _cancel_children(self, execution_id: str, steps: list[StepRecord]) -> None:
         for step in steps:
             if step.child_execution_id is None:
                 continue
