@@ -197,8 +197,30 @@ def test_runs_left_alone_do_not_hide_a_lost_one_behind_them(tmp_path: Any) -> No
         set_clock(previous)
 
 
+def _put_whole_files(monkeypatch: Any) -> None:
+    """kombu's ``filesystem://`` writer creates a message file, then fills it, while its
+    reader takes any file it lists: a worker polling every 10 ms can read a file before its
+    bytes are there, and dies on the empty JSON (celery/kombu#1551). Write each file aside
+    and rename it into place, so the reader only ever sees whole messages."""
+    import json
+    import os
+
+    from kombu.transport import filesystem
+
+    def put_whole(channel: Any, queue: str, payload: Any, **kwargs: Any) -> None:
+        name = f"{int(time.monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"
+        path = os.path.join(channel.data_folder_out, name)
+        with open(f"{path}.partial", "w") as partial:
+            json.dump(payload, partial)
+        os.replace(f"{path}.partial", path)
+
+    monkeypatch.setattr(filesystem.Channel, "_put", put_whole)
+
+
 @pytest.mark.parametrize("transport", ["memory", "filesystem"])
-def test_a_message_the_transport_dropped_is_recovered(transport: str, tmp_path: Any) -> None:
+def test_a_message_the_transport_dropped_is_recovered(
+    transport: str, tmp_path: Any, monkeypatch: Any
+) -> None:
     from celery import Celery
 
     from celery_saga import Saga, SagaEngine
@@ -211,6 +233,7 @@ def test_a_message_the_transport_dropped_is_recovered(transport: str, tmp_path: 
         app.conf.broker_url = "memory://localhost/"
         app.conf.broker_transport_options = {"polling_interval": 0.01}
     else:
+        _put_whole_files(monkeypatch)
         folder = tmp_path / "broker"
         folder.mkdir()
         app.conf.broker_url = "filesystem://"
