@@ -29,7 +29,7 @@ class DeployRig:
     def __init__(self, broker: str, store: str, tmp: Path) -> None:
         self.queue = f"saga-deploy-{uuid.uuid4().hex[:10]}"
         self.broker, self.store, self.tmp = broker, store, tmp
-        self.clients = {v: make_app(broker, store, self.queue, v) for v in ("1", "1,2")}
+        self.clients = {v: make_app(broker, store, self.queue, v) for v in ("1", "1,2", "2")}
         self.client = self.clients["1,2"]
         self.client.ensure_schema()
         self._forget_earlier_runs()

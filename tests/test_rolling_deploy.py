@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from celery_saga import ExecutionState, RollbackStatus, UpgradeRefusedError
+from celery_saga import ExecutionState, RollbackStatus, SagaError, UpgradeRefusedError
 from celery_saga.cli import saga as saga_cli
+from celery_saga.decisions.cancel import CancelVerdict
 from tests.conftest import BROKERS, PORTS, _test_database_url, require_services
 from tests.deploy_rig import DeployRig
 from tests.test_crash_recovery import wait_for
@@ -153,3 +154,33 @@ def test_upgrade_moves_a_parked_run_whose_passed_nodes_are_unchanged_and_refuses
         time.sleep(0.2)
     names = [s.name for s in rig.client.get(movable).steps]
     assert names == ["hold", "done", "notify"], "it finished on version 2"
+
+
+def test_a_process_without_the_version_hands_signals_and_cancels_on_to_a_worker_with_it(
+    rig: DeployRig,
+) -> None:
+    old, newest = rig.clients["1"], rig.clients["2"]
+    rig.start_worker("old", "1")
+    signalled, cancelled = old.start("approve", {}).id, old.start("approve", {}).id
+    for execution_id in (signalled, cancelled):
+        wait_for(lambda i=execution_id: rig.client.get(i).state is ExecutionState.WAITING, 30)
+    rig.stop_worker("old")
+    rig.start_worker("newest", "2")
+
+    before = rig.client.get(signalled).record
+    with pytest.raises(SagaError, match="payload of signal 'ok'"):
+        newest.signal(signalled, "ok", object())  # bad input: an error here, nothing sent
+    assert newest.signal(signalled, "ok", {"by": "web"}) is False, "handed on, not resumed here"
+    assert newest.cancel(cancelled) is CancelVerdict.CANCEL, "the cancel is stored here"
+    assert rig.client.get(cancelled).state is ExecutionState.CANCELLING
+    wait_for(lambda: rig.log("newest").count("celery_saga.command") >= 2, timeout=30)
+    assert rig.client.get(signalled).record.state is before.state, "no v2 worker moved it"
+    assert rig.client.get(signalled).waiting_for_version == before.definition_hash
+
+    rig.start_worker("late", "1")
+    wait_for(lambda: rig.client.get(signalled).state is ExecutionState.COMPLETED, timeout=60)
+    wait_for(lambda: rig.client.get(cancelled).state is ExecutionState.CANCELLED, timeout=60)
+    assert [s.name for s in rig.client.get(signalled).steps] == ["hold", "done"], "on v1"
+    held = rig.client.get(cancelled).steps[0]
+    assert held.name == "hold" and held.compensation_status is not None
+    assert "refused" not in rig.log("late"), rig.log("late")

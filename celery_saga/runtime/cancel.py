@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from celery_saga.decisions.cancel import CancelVerdict, bodies_in_flight, decide_cancel
 from celery_saga.definition.builder import SagaDefinition
+from celery_saga.errors import VersionNotDeployedError
 from celery_saga.records import ExecutionRecord, ExecutionState, StepRecord
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.ports import RuntimeParts
@@ -76,7 +77,12 @@ class Cancellation:
         steps = queries.load_snapshot(self.parts.db, execution.id)[1]
         self._stop_bodies(execution.id, steps)
         self._cancel_children(execution.id, steps)
-        self.resume_cancel(self.definition_of(execution), execution.id)
+        try:
+            definition = self.definition_of(execution)
+        except VersionNotDeployedError as missing:  # its unwind needs its own version
+            self.parts.publisher.hand_on(missing, execution.id, "cancel")
+            return
+        self.resume_cancel(definition, execution.id)
 
     def resume_cancel(self, definition: SagaDefinition, execution_id: str) -> bool:
         """Begin the cancelled run's unwind if nothing of it is still going; False if

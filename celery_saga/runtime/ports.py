@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from celery_saga.decisions.admission import NodeMessage
 from celery_saga.definition.nodes import StepSpec
+from celery_saga.errors import VersionNotDeployedError
 from celery_saga.runtime.catalog import Catalog
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.heartbeat import Renewal, keep_lease
@@ -46,6 +47,12 @@ class Publisher(Protocol):
         version: str | None = None,
     ) -> None:
         """Send the compensate task for one reversal (of the run on ``version``)."""
+
+    def hand_on(
+        self, missing: VersionNotDeployedError, execution_id: str, command: str, **arguments: Any
+    ) -> None:
+        """Send a call on a run whose version this process lacks (``missing``) to a
+        worker that has it, to carry ``command`` out there (guarantee 22)."""
 
 
 class EventSink(Protocol):

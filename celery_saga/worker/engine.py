@@ -47,7 +47,7 @@ from celery_saga.worker.hand_back import on_unknown_task
 from celery_saga.worker.handle import SagaHandle
 from celery_saga.worker.holders import CeleryHolders
 from celery_saga.worker.publisher import CeleryPublisher
-from celery_saga.worker.run_commands import adopt, cancel_run
+from celery_saga.worker.run_commands import adopt, cancel_run, resume_run, signal_run
 from celery_saga.worker.start_checks import refuse_before_start
 from celery_saga.worker.step_run import StepRun
 from celery_saga.worker.step_tasks import StepTasks
@@ -290,12 +290,9 @@ class SagaEngine:
         return self.catalog.for_run(record.saga_name, record.definition_hash, record.id)
 
     def resume_compensation(self, execution_id: str) -> None:
-        """Retry the failed reversal of a ``compensation_stuck`` run and continue the unwind."""
-        definition = self._definition_of(execution_id)
-        self._store(
-            f"resuming the unwind of {execution_id!r}",
-            lambda: self.executor.unwinder.resume(definition, execution_id),
-        )
+        """Retry the failed reversal of a ``compensation_stuck`` run and continue the unwind
+        (in a process without the run's version: on a worker that has it, see ``signal``)."""
+        resume_run(self, execution_id)
 
     def abandon_compensation(self, execution_id: str) -> int:
         """Give up a parked unwind: outstanding steps are marked skipped and the run ends
@@ -321,15 +318,11 @@ class SagaEngine:
         that is not running or waiting ``InvalidStateError``, for an event its saga does not
         wait for ``UnknownEventError``; none of them stores anything. Returns True if this
         signal resumed the run (parked at that gate), False if it waits for the run to get
-        there.
+        there. A process without the run's version (guarantee 22) checks the payload and
+        hands the signal on to a worker that has it, returning False; what that worker
+        refuses is logged there.
         """
-        if not isinstance(event, str) or not event:
-            raise SagaError(f"a signal needs an event name, got {event!r}")
-        definition = self._definition_of(execution_id)
-        return self._store(
-            f"signalling {event!r} to {execution_id!r}",
-            lambda: self.executor.signal(definition, execution_id, event, payload),
-        )
+        return signal_run(self, execution_id, event, payload)
 
     def recover(self, stale_after: float | None = None) -> int:
         """Run one recovery sweep now: republish the next message of every live run idle for

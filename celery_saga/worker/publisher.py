@@ -11,6 +11,7 @@ under a readable ``shadow`` name.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -19,12 +20,13 @@ from kombu.exceptions import OperationalError as BrokerUnreachable
 
 from celery_saga.decisions.admission import NodeMessage
 from celery_saga.definition.nodes import StepSpec
-from celery_saga.errors import StepRetryRequested
+from celery_saga.errors import StepRetryRequested, VersionNotDeployedError
 from celery_saga.runtime.invoke import running_body
 from celery_saga.worker.eager import EagerRunner
 from celery_saga.worker.saga_header import (
     HEADER,
     REVERSES,
+    VERSION,
     describe,
     node_header,
     reversal_header,
@@ -37,7 +39,10 @@ RECOVER_TASK = "celery_saga.recover"
 FIRE_TIMERS_TASK = "celery_saga.fire_timers"
 CLEANUP_TASK = "celery_saga.cleanup"
 ARCHIVE_TASK = "celery_saga.archive"
+COMMAND_TASK = "celery_saga.command"
 
+
+logger = logging.getLogger("celery_saga")
 
 #: What a publish raises when the broker cannot be reached (after kombu's own retries).
 BROKER_ERRORS = (BrokerUnreachable, OSError)
@@ -164,6 +169,31 @@ class CeleryPublisher:
             countdown=countdown,
             **_unwind_root(),
             **self._limits(self._options(target, f"{saga_name}.{step_name}.compensate"), timeout),
+        )
+
+    def hand_on(
+        self, missing: VersionNotDeployedError, execution_id: str, command: str, **arguments: Any
+    ) -> None:
+        """A call on a run (``signal``, ``resume``, ``cancel``) in a process without the
+        run's version: send it as a ``celery_saga.command`` message for a worker that has
+        it (guarantee 22). Under ``task_always_eager`` there is no such worker: it raises."""
+        if self.app.conf.task_always_eager:
+            raise missing
+        header = {"id": execution_id, "saga": missing.saga_name, VERSION: missing.definition_hash}
+        self.app.send_task(  # a broker error reaches the caller, who stored nothing for it
+            COMMAND_TASK,
+            args=[execution_id, command, arguments],
+            headers={HEADER: header},
+            argsrepr=repr([execution_id, command]),  # a signal's payload stays out of logs
+            **self._options(None, f"{missing.saga_name}.{command}"),
+        )
+        logger.info(
+            "execution %s runs version %s of saga %r, which this process lacks: its %s is "
+            "handed on to a worker that has it",
+            execution_id,
+            missing.definition_hash,
+            missing.saga_name,
+            command,
         )
 
     def _send_step(

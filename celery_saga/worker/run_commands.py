@@ -1,21 +1,41 @@
-"""Public calls that act on a stored run by its id: ``engine.cancel`` (guarantee 31), and
-``start`` meeting an id that is taken (guarantee 28)."""
+"""Public calls that act on a stored run by its id: ``engine.cancel`` (guarantee 31),
+``signal`` and ``resume_compensation``, and ``start`` meeting an id that is taken
+(guarantee 28).
+
+A run continues only on the version it started with (guarantee 22). A process without
+that version (a web process deployed with newer code, an operator's shell) does not refuse
+a signal, a resume or a cancel: it checks what it can (the run exists, the input is
+valid), then hands the call on as a ``celery_saga.command`` message that a worker with
+the version carries out (``carry_out``); a worker without it hands the message back like
+any other message of the run.
+"""
 
 from __future__ import annotations
 
+import base64
+import logging
 from typing import TYPE_CHECKING, Any
 
 from celery_saga.decisions.cancel import CancelVerdict
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import PivotNode
-from celery_saga.errors import ExecutionNotFoundError, InvalidStateError, SagaError
+from celery_saga.errors import (
+    ExecutionNotFoundError,
+    InvalidStateError,
+    SagaError,
+    VersionNotDeployedError,
+)
 from celery_saga.limits import check_lookup_id
 from celery_saga.records import ExecutionRecord, ExecutionState
+from celery_saga.runtime.outcomes import NoBody
 from celery_saga.store import queries
 from celery_saga.store.codec import pack, unpack
+from celery_saga.store.unwind import require_stuck
 
 if TYPE_CHECKING:
     from celery_saga.worker.engine import SagaEngine
+
+logger = logging.getLogger("celery_saga")
 
 #: What a cancel that changed nothing says.
 NO_OP = {
@@ -37,8 +57,8 @@ def cancel_run(engine: SagaEngine, execution_id: str, reason: str | None) -> Can
         record = queries.load_execution(engine.db, execution_id)
         if record is None or record.id != execution_id:
             raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
-        definition = engine.catalog.for_run(record.saga_name, record.definition_hash, record.id)
-        verdict = engine.executor.cancellation.cancel(record, reason)
+        definition = engine.catalog.known(record.saga_name, record.definition_hash)
+        verdict = engine.executor.cancellation.cancel(record, reason)  # hands on if missing
         if verdict is CancelVerdict.ENDED:  # it may have ended just now: say how
             record = queries.load_execution(engine.db, execution_id) or record
         _refuse(verdict, record, definition)
@@ -47,12 +67,14 @@ def cancel_run(engine: SagaEngine, execution_id: str, reason: str | None) -> Can
     return engine._store(f"cancelling {execution_id!r}", cancel)
 
 
-def _refuse(verdict: CancelVerdict, record: ExecutionRecord, definition: SagaDefinition) -> None:
+def _refuse(
+    verdict: CancelVerdict, record: ExecutionRecord, definition: SagaDefinition | None
+) -> None:
     what = f"execution {record.id!r} of saga {record.saga_name!r}"
     if verdict is CancelVerdict.PAST_PIVOT:
+        pivot = pivot_name(definition) if definition else "its version is not here to name it"
         raise InvalidStateError(
-            f"{what} has passed its pivot ({pivot_name(definition)}), the point of no "
-            "return: it cannot be cancelled"
+            f"{what} has passed its pivot ({pivot}), the point of no return: it cannot be cancelled"
         )
     if verdict is CancelVerdict.ENDED:
         raise InvalidStateError(
@@ -95,3 +117,73 @@ def adopt(
         )
     if record.state is ExecutionState.RUNNING and not steps:
         engine._launch(definition, execution_id, announce=False)
+
+
+def signal_run(engine: SagaEngine, execution_id: str, event: str, payload: Any) -> bool:
+    """``engine.signal``: record it here, or hand it on (returning False) when this
+    process lacks the run's version."""
+    if not isinstance(event, str) or not event:
+        raise SagaError(f"a signal needs an event name, got {event!r}")
+    try:
+        definition = engine._definition_of(execution_id)
+    except VersionNotDeployedError as missing:
+        blob = pack(
+            payload,
+            what=f"payload of signal {event!r} for execution {execution_id!r}",
+            limit=engine.settings.max_payload_bytes,
+        )
+        encoded = base64.b64encode(blob).decode("ascii")
+        engine.publisher.hand_on(missing, execution_id, "signal", event=event, payload=encoded)
+        return False
+    return engine._store(
+        f"signalling {event!r} to {execution_id!r}",
+        lambda: engine.executor.signal(definition, execution_id, event, payload),
+    )
+
+
+def resume_run(engine: SagaEngine, execution_id: str) -> None:
+    """``engine.resume_compensation``: here, or handed on when this process lacks the
+    run's version (only a run whose unwind is parked is resumed, checked here first)."""
+    try:
+        definition = engine._definition_of(execution_id)
+    except VersionNotDeployedError as missing:
+        engine._store(
+            f"reading the unwind of {execution_id!r}",
+            lambda: require_stuck(engine.db, execution_id, "resume_compensation"),
+        )
+        engine.publisher.hand_on(missing, execution_id, "resume")
+        return
+    engine._store(
+        f"resuming the unwind of {execution_id!r}",
+        lambda: engine.executor.unwinder.resume(definition, execution_id),
+    )
+
+
+def carry_out(
+    engine: SagaEngine, execution_id: str, command: str, arguments: dict[str, Any]
+) -> NoBody:
+    """A worker's side of a handed-on call (the message's version is registered here:
+    ``COMMAND_TASK`` checked it). What the run refuses now is logged: its caller is gone."""
+    try:
+        if command == "signal":
+            payload = unpack(base64.b64decode(arguments["payload"]))
+            signal_run(engine, execution_id, arguments["event"], payload)
+        elif command == "resume":
+            resume_run(engine, execution_id)
+        elif command == "cancel":
+            record = queries.load_execution(engine.db, execution_id)
+            if record is not None:
+                engine.executor.continue_cancel(record)
+        else:
+            raise SagaError(f"unknown command {command!r} (sent by a newer release?)")
+    except VersionNotDeployedError:
+        raise  # moved to another version meanwhile: handed back for a worker with it
+    except SagaError as refused:
+        logger.error(
+            "execution %s: the %s handed on by a process without its version was refused: %s",
+            execution_id,
+            command,
+            refused,
+        )
+        return NoBody(f"{command} refused: {refused}")
+    return NoBody(f"{command} carried out")

@@ -1,4 +1,5 @@
-"""The engine tasks every worker registers: run a node, run a reversal, and the sweeps."""
+"""The engine tasks every worker registers: run a node, run a reversal, carry out a call
+handed on by a process without a run's version, and the sweeps."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from celery_saga.decisions.admission import NodeMessage
 from celery_saga.errors import StoreUnavailableError
+from celery_saga.runtime.outcomes import Outcome
 from celery_saga.worker.beat import retention_interval
 from celery_saga.worker.delivery import STORE_RETRY_MAX, SendAgain, handle_message
 from celery_saga.worker.endings import StepFailed, end_task
@@ -18,11 +20,13 @@ from celery_saga.worker.housekeeping import quiet_housekeeping_logs
 from celery_saga.worker.publisher import (
     ARCHIVE_TASK,
     CLEANUP_TASK,
+    COMMAND_TASK,
     COMPENSATE_TASK,
     FIRE_TIMERS_TASK,
     NODE_TASK,
     RECOVER_TASK,
 )
+from celery_saga.worker.run_commands import carry_out
 from celery_saga.worker.saga_header import read_header, version_of
 
 logger = logging.getLogger("celery_saga")
@@ -80,6 +84,17 @@ def register_tasks(app: Celery, engine: SagaEngine) -> None:
                 execution_id, step_name, attempt, redelivered, *_saga_and_version(task)
             ),
         )
+        end_task(task, outcome, own_body=False, send_events=engine.events.send_to_celery)
+
+    @app.task(name=COMMAND_TASK, **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
+    def saga_command(task: Any, execution_id: str, command: str, arguments: Any) -> None:
+        def here(redelivered: bool) -> Outcome:
+            saga, version = _saga_and_version(task)
+            if saga is not None and version is not None:  # not here: raises, handed back
+                engine.catalog.for_run(saga, version, execution_id)
+            return carry_out(engine, execution_id, command, dict(arguments or {}))
+
+        outcome = handle_message(engine, task, task.request.retries or 0, _send_again(task), here)
         end_task(task, outcome, own_body=False, send_events=engine.events.send_to_celery)
 
     @app.task(name=RECOVER_TASK, **_SWEEP_OPTIONS)  # type: ignore[untyped-decorator]
