@@ -184,3 +184,14 @@ def test_a_process_without_the_version_hands_signals_and_cancels_on_to_a_worker_
     held = rig.client.get(cancelled).steps[0]
     assert held.name == "hold" and held.compensation_status is not None
     assert "refused" not in rig.log("late"), rig.log("late")
+
+
+def test_a_child_settling_on_a_worker_without_its_parents_version_hands_the_parent_on(
+    rig: DeployRig,
+) -> None:
+    rig.start_worker("old", "1")
+    rig.start_worker("newest", "2")  # shares every child's version, not the parents'
+    failing = rig.start("1", 8, fail=True)
+    ended = rig.drive(failing, timeout=150)
+    _check_runs(rig, ended, set(failing))
+    assert "pay.card.compensate" in rig.log("newest"), "a child's reversal ran on the v2 worker"

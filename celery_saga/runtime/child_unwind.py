@@ -91,25 +91,26 @@ class ChildUnwind:
         if notify is Notify.NOTHING or parent is None or record is None:
             return Stay()
         definition = u.registry.known(parent.saga_name, parent.definition_hash)
-        if definition is None and notify is Notify.NODE:
-            # Handed on: the parent's node message, for a worker that has its version.
-            message = NodeMessage(parent.id, record.node, record.sub, 0, 1)
-            label, version = f"{parent.saga_name}.{record.name}", parent.definition_hash
-            u.publisher.publish_node(parent.saga_name, None, message, label=label, version=version)
-            return Stay()
-        if definition is None:
-            logger.warning(
-                "child %s settled but its parent's saga %r version %s is not registered "
-                "here; the recovery sweep of a worker that has it will pick the parent up",
-                child_id,
-                parent.saga_name,
-                parent.definition_hash,
-            )
+        if definition is None:  # handed on, for a worker that has the parent's version
+            self._hand_on(parent, record, notify)
             return Stay()
         if notify is Notify.NODE:
             message = NodeMessage(parent.id, record.node, record.sub, 0, 1)
             return PublishNode(definition, message, f"{definition.name}.{record.name}")
         return PublishReversal(definition, parent.id, record)
+
+    def _hand_on(self, parent: ExecutionRecord, record: StepRecord, notify: Notify) -> None:
+        """The parent's message, named after its version (a worker without it hands it back)."""
+        publisher, version = self.parts.publisher, parent.definition_hash
+        if notify is Notify.NODE:
+            message = NodeMessage(parent.id, record.node, record.sub, 0, 1)
+            label = f"{parent.saga_name}.{record.name}"
+            publisher.publish_node(parent.saga_name, None, message, label=label, version=version)
+            return
+        attempt = record.compensation_attempts + 1
+        publisher.publish_compensation(
+            parent.saga_name, None, parent.id, record.name, attempt, version=version
+        )
 
     def parked_children(
         self, parent_id: str, outcomes: tuple[CompensationOutcome | None, ...]
