@@ -2,14 +2,18 @@
 where they were seen, how many live runs each still has, and moving a run to another one.
 
 Where a version was seen comes from the store: every worker upserts one row per version it
-registered when it starts (``saga_versions``), so the list covers workers that are stopped
-now (with when they were last started) and needs no broker round trip; Celery's remote
-control would only show the workers answering at that moment.
+registered when it starts, and again every ``SEEN_EVERY`` seconds while it runs
+(``saga_versions``), so the list covers workers that are stopped now (with when they were
+last seen running) and needs no broker round trip; Celery's remote control would only show
+the workers answering at that moment.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -65,15 +69,33 @@ def _shapes(definition: SagaDefinition) -> list[tuple[str, Any]]:
     return [(node_name(node), node_shape(node)) for node in definition.nodes]
 
 
+#: How often a running worker says again which versions it has (``last_seen``).
+SEEN_EVERY = 300.0
+
+
 class Versions:
     def __init__(self, engine: SagaEngine) -> None:
         self.engine = engine
+        self._seen_from: int | None = None
 
     def announce(self) -> None:
-        """A worker starts: name this process after it and record its versions."""
+        """A worker starts: name this process after it, record its versions, and keep
+        recording them while it runs (one thread per process)."""
         engine = self.engine
         if engine.hooks.worker_name:
             set_process_name(engine.hooks.worker_name)
+        self._record()
+        if self._seen_from != os.getpid():
+            self._seen_from = os.getpid()
+            threading.Thread(target=self._keep_seen, name="saga-versions", daemon=True).start()
+
+    def _keep_seen(self) -> None:
+        while True:
+            time.sleep(SEEN_EVERY)
+            self._record()
+
+    def _record(self) -> None:
+        engine = self.engine
         catalog = engine.catalog
         registered = [
             (d.name, d.hash, d.label) for n in catalog.names() for d in catalog.versions(n)
