@@ -1,6 +1,8 @@
 """A rolling deploy under load: 200 runs of ``deploy`` (tests/versioned_app.py) across every
-node kind, while an old worker (version 1) and a new one (versions 1 and 2) run side by
-side, then the old one stops. Prints how the runs ended.
+node kind, while 2 old workers (version 1) and 2 new ones (versions 1 and 2) run side by
+side, then the old ones stop. Every signal comes from a process with version 2 only (a web
+process deployed first), so the signals of version 1 runs are handed on. Prints how the
+runs ended.
 
     SAGA_TEST_PG_DATABASE=... python -m benchmarks.rolling_deploy [runs]
 
@@ -19,6 +21,8 @@ from tests.conftest import BROKERS, _test_database_url
 from tests.deploy_rig import DeployRig
 from tests.versioned_app import DEPLOY_STEPS
 
+OLD, NEW = ("old-1", "old-2"), ("new-1", "new-2")
+
 
 def main(runs: int = 200) -> None:
     with tempfile.TemporaryDirectory() as folder:
@@ -32,10 +36,12 @@ def main(runs: int = 200) -> None:
 def report(rig: DeployRig, runs: int) -> None:
     began = time.monotonic()
     old_share, failing_share = runs // 2, runs // 10
-    rig.start_worker("old", "1")
+    for name in OLD:
+        rig.start_worker(name, "1")
     ids = rig.start("1", old_share - failing_share // 2)
     failing = rig.start("1", failing_share // 2, fail=True, pace=0.2)
-    rig.start_worker("new", "1,2")
+    for name in NEW:
+        rig.start_worker(name, "1,2")
     ids += rig.start("1,2", runs - old_share - (failing_share - failing_share // 2))
     failing += rig.start("1,2", failing_share - failing_share // 2, fail=True, pace=0.2)
     every = ids + failing
@@ -43,10 +49,11 @@ def report(rig: DeployRig, runs: int) -> None:
 
     def stop_old_midway() -> None:
         if not stopped and sum(1 for i in every if rig.client.get(i).steps) >= runs // 2:
-            rig.stop_worker("old")
+            for name in OLD:
+                rig.stop_worker(name)
             stopped.append(time.monotonic() - began)
 
-    ended = rig.drive(every, timeout=1800, during=stop_old_midway)
+    ended = rig.drive(every, timeout=1800, during=stop_old_midway, signal_by="2")
     v1 = rig.clients["1"].definition("deploy").hash
     tags = {v1: "1", rig.client.definition("deploy").hash: "2"}
     counts: Counter[str] = Counter()
@@ -61,9 +68,9 @@ def report(rig: DeployRig, runs: int) -> None:
         if execution.state.value == "failed" and not (execution_id in failing and own_reason):
             counts["failed or unwound because of the deploy"] += 1
     doubled = sum(1 for n in rig.ledger_keys().values() if n > 1)
-    hand_backs = rig.log("old").count("handed back") + rig.log("new").count("handed back")
+    hand_backs = sum(rig.log(name).count("handed back") for name in OLD + NEW)
     print(f"runs: {runs} ({len(failing)} fail on their own step and unwind)")
-    print(f"old worker stopped after {stopped[0] if stopped else float('nan'):.1f} s")
+    print(f"old workers stopped after {stopped[0] if stopped else float('nan'):.1f} s")
     for key, value in sorted(counts.items()):
         print(f"{key}: {value}")
     deploy_failures = counts["failed or unwound because of the deploy"]

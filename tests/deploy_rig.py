@@ -78,24 +78,29 @@ class DeployRig:
         engine = self.clients[versions]
         return [engine.start("deploy", dict(data, n=i)).id for i in range(count)]
 
-    def signal_parked(self, ids: Iterable[str], signalled: set[str]) -> None:
+    def signal_parked(self, ids: Iterable[str], signalled: set[str], by: str = "1,2") -> None:
+        """Signal the runs parked at their gate from a process with the versions ``by``."""
         for execution_id in ids:
             if execution_id in signalled:
                 continue
             execution = self.client.get(execution_id)
             if execution.state is ExecutionState.WAITING:
-                self.client.signal(execution_id, "approved")
+                self.clients[by].signal(execution_id, "approved")
                 signalled.add(execution_id)
 
     def drive(
-        self, ids: list[str], timeout: float, during: Callable[[], None] = lambda: None
+        self,
+        ids: list[str],
+        timeout: float,
+        during: Callable[[], None] = lambda: None,
+        signal_by: str = "1,2",
     ) -> dict[str, Any]:
         """Signal each run as it parks at its gate until every run has ended."""
         signalled: set[str] = set()
         deadline = time.monotonic() + timeout
         while True:
             during()
-            self.signal_parked(ids, signalled)
+            self.signal_parked(ids, signalled, signal_by)
             ended = {i: self.client.get(i) for i in ids}
             if all(e.state in DONE for e in ended.values()):
                 return ended
