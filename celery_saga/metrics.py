@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from celery_saga.definition.nodes import split_iteration
+from celery_saga.gauges import StoreGauges
 from celery_saga.worker.engine import SagaEngine
 
 #: Seconds; steps are usually calls to other services, reversals likewise.
@@ -140,14 +141,21 @@ def enable_metrics(
     port: int | None = None,
     address: str = "0.0.0.0",
     registry: CollectorRegistry | None = None,
+    store_gauges: bool = True,
 ) -> SagaMetrics:
-    """Count ``engine``'s events; with ``port``, export them from each worker of its app."""
+    """Count ``engine``'s events; with ``port``, export them from each worker of its app,
+    with the store's gauges (``celery_saga.gauges``) unless ``store_gauges`` is False."""
     metrics = SagaMetrics(registry)
     engine.on("*", metrics)
     if port is not None:
 
         def serve() -> None:
-            start_http_server(port, addr=address, registry=exporter_registry() or _default())
+            served = exporter_registry() or _default()
+            if store_gauges:
+                gauges = StoreGauges(engine.db)
+                served.register(gauges)
+                gauges.start()
+            start_http_server(port, addr=address, registry=served)
 
         engine.hooks.when_worker_starts(serve)
     return metrics

@@ -154,6 +154,7 @@ def test_a_prefork_worker_exports_its_childrens_counters(tmp_path: Path) -> None
     found = samples(text)
     assert value(found, "saga_runs_completed_total", saga="five") == 3, (text, log)
     assert value(found, "saga_runs_failed_total", saga="five", rollback_status="completed") == 1
+    assert value(found, "saga_store_up") == 1, "the store's gauges are served beside them"
     count = "saga_step_duration_seconds_count"
     assert value(found, count, saga="five", step="s1", outcome="completed") == 4
     assert value(found, count, saga="five", step="s4", outcome="failed") == 1

@@ -157,6 +157,18 @@ class Stats:
 UNFINISHED = tuple(s.value for s in ExecutionState if not s.is_terminal)
 
 
+def oldest_unfinished_by_saga(db: Database) -> dict[str, datetime]:
+    """Each saga's oldest unfinished run's creation time, read from the unfinished runs
+    only (the index on state): the cost follows what is live, not the history."""
+    rows = db.read(
+        select(executions.c.saga_name, func.min(executions.c.created_at).label("oldest"))
+        .where(executions.c.state.in_(UNFINISHED))
+        .group_by(executions.c.saga_name)
+    )
+    found = {r["saga_name"]: from_db_time(r["oldest"]) for r in rows}
+    return {saga: oldest for saga, oldest in found.items() if oldest is not None}
+
+
 def _oldest(db: Database, state: ExecutionState) -> ExecutionRecord | None:
     """The run in ``state`` started first: one seek in the index on (state, created_at, id),
     where the longest unchanged would sort every run in that state (updated_at is in no

@@ -1,0 +1,95 @@
+"""Prometheus gauges read from the saga store, for alerts on what is stuck or piling up:
+unfinished runs by saga and state (``waiting`` and ``compensation_stuck`` above all) and the
+age of the oldest unfinished run of each saga (needs the ``prometheus`` extra).
+
+The counters of ``metrics`` say what happened in one process; these say what the store
+holds now, so every exporter reports the same values (aggregate them with ``max``, not
+``sum``). A thread reads the store every ``every`` seconds, from the indexes on state
+(unfinished runs only: the cost does not grow with history); a scrape never waits on the
+store: it serves the last reading, and ``saga_store_up`` says whether that reading is fresh.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from celery_saga.runtime.clock import get_clock
+from celery_saga.store import inspection
+from celery_saga.store.database import Database
+
+logger = logging.getLogger("celery_saga")
+
+
+@dataclass(frozen=True)
+class Reading:
+    #: (saga, state) -> unfinished runs
+    runs: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: saga -> creation time of its oldest unfinished run
+    oldest: dict[str, datetime] = field(default_factory=dict)
+    at: datetime | None = None
+
+
+class StoreGauges(Collector):
+    """A collector serving the last ``Reading`` of the store; ``start()`` keeps it fresh."""
+
+    def __init__(self, db: Database, every: float = 15.0, prefix: str = "saga") -> None:
+        self.db, self.every, self.prefix = db, every, prefix
+        self.reading = Reading()
+        self.up = False
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._keep, name="saga-gauges", daemon=True)
+            self._thread.start()
+
+    def _keep(self) -> None:
+        while True:
+            self.refresh()
+            time.sleep(self.every)
+
+    def refresh(self) -> None:
+        """Read the store once; a failure keeps the last reading and marks the store down."""
+        try:
+            stats = inspection.stats(self.db)
+            oldest = inspection.oldest_unfinished_by_saga(self.db)
+        except Exception as error:  # an outage must not end the thread
+            if self.up:
+                logger.warning("saga gauges: the store could not be read (%s)", error)
+            self.up = False
+            return
+        self.reading = Reading(stats.counts, oldest, get_clock().now())
+        self.up = True
+
+    def collect(self) -> Iterator[Metric]:
+        reading, prefix = self.reading, self.prefix
+        runs = GaugeMetricFamily(
+            f"{prefix}_runs",
+            "Unfinished runs in the store, by saga and state",
+            labels=["saga", "state"],
+        )
+        for (saga, state), count in sorted(reading.runs.items()):
+            runs.add_metric([saga, state], count)
+        yield runs
+        age = GaugeMetricFamily(
+            f"{prefix}_oldest_unfinished_run_age_seconds",
+            "Age of the oldest unfinished run of each saga",
+            labels=["saga"],
+        )
+        if reading.at is not None:
+            for saga, created in sorted(reading.oldest.items()):
+                age.add_metric([saga], max(0.0, (reading.at - created).total_seconds()))
+        yield age
+        yield GaugeMetricFamily(
+            f"{prefix}_store_up",
+            "1 if the last reading of the store for these gauges succeeded",
+            value=1.0 if self.up else 0.0,
+        )
