@@ -138,19 +138,22 @@ def counted(bench: Any, args: argparse.Namespace) -> dict[str, dict[str, float]]
 
 
 def rss(bench: Any, args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    """Worker RSS (MB) after 1,000 and after 10,000 sagas (``--rss-at``) on a fresh worker."""
-    worker = Worker(bench, f"{bench.QUEUE[-10:]}-rss")
-    side = SagaSide(bench, args.poll)
+    """Worker RSS (MB) after 1,000 and after 10,000 runs (``--rss-at``) of each workload of
+    ``--rss-sides``, each on a fresh worker; keys ``<side>:<runs>``."""
+    sides = {"saga": SagaSide, "unwind": UnwindSide}
     result: dict[str, dict[str, float]] = {}
-    done = 0
-    with running(worker, args.keep):
-        result["0"] = worker_rss_mb(worker.pid or 0)
-        for checkpoint in sorted(int(n) for n in args.rss_at.split(",")):
-            while done < checkpoint:
-                worker.alive()
-                size = min(args.batch, checkpoint - done)
-                throughput_round(side, size, args.batch_poll, args.batch_timeout)
-                done += size
-            result[str(checkpoint)] = worker_rss_mb(worker.pid or 0)
-            print(f"  rss after {done} sagas: {result[str(checkpoint)]}", flush=True)
+    for name in args.rss_sides.split(","):
+        side = sides[name](bench, args.poll)
+        worker = Worker(bench, f"{bench.QUEUE[-10:]}-rss-{name}")
+        done = 0
+        with running(worker, args.keep):
+            result[f"{name}:0"] = worker_rss_mb(worker.pid or 0)
+            for checkpoint in sorted(int(n) for n in args.rss_at.split(",")):
+                while done < checkpoint:
+                    worker.alive()
+                    size = min(args.batch, checkpoint - done)
+                    throughput_round(side, size, args.batch_poll, args.batch_timeout)
+                    done += size
+                result[f"{name}:{checkpoint}"] = worker_rss_mb(worker.pid or 0)
+                print(f"  rss after {done} {name} runs: {result[f'{name}:{checkpoint}']}")
     return result

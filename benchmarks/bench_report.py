@@ -51,11 +51,23 @@ def summary(result: dict[str, Any]) -> dict[str, float]:
     out["first_ratio"] = out["first_reversal_hop"] / out["forward_hop"]
     out["later_ratio"] = out["later_reversal_hop"] / out["forward_hop"]
     out["hop_ratio"] = out["forward_hop"] / out["chain_hop"]
-    rss = result.get("rss") or {}
-    counts = sorted(int(n) for n in rss if n != "0")
-    out["rss_first"] = rss[str(counts[0])]["total"] if counts else float("nan")
-    out["rss_last"] = rss[str(counts[-1])]["total"] if counts else float("nan")
+    for side, (first, last) in rss_growth(result.get("rss") or {}).items():
+        out[f"rss_first_{side}"], out[f"rss_last_{side}"] = first, last
     return out
+
+
+def rss_growth(rss: dict[str, dict[str, float]]) -> dict[str, tuple[float, float]]:
+    """Per workload: total RSS at the first and at the last checkpoint after 0 runs."""
+    growth = {}
+    for side in dict.fromkeys(key.split(":")[0] for key in rss):
+        counts = sorted(int(k.split(":")[1]) for k in rss if k.startswith(f"{side}:"))
+        counts = [n for n in counts if n]
+        if counts:
+            growth[side] = (
+                rss[f"{side}:{counts[0]}"]["total"],
+                rss[f"{side}:{counts[-1]}"]["total"],
+            )
+    return growth
 
 
 def _round_ratios(rounds: dict[str, list[dict[str, float]]]) -> list[float]:
@@ -140,18 +152,14 @@ def print_rss(rss: dict[str, dict[str, float]] | None) -> None:
     if not rss:
         return
     print("\n== worker RSS (MB): main process, largest pool process, total")
-    for done, m in rss.items():
+    for key, m in rss.items():
+        side, done = key.split(":")
         print(
-            f"  after {int(done):>6} sagas: main {m['main']:6.1f}  pool max "
+            f"  {side:6} after {int(done):>6} runs: main {m['main']:6.1f}  pool max "
             f"{m['pool_max']:6.1f}  total {m['total']:6.1f}"
         )
-    counts = sorted(int(n) for n in rss if n != "0")
-    if len(counts) >= 2:
-        first, last = rss[str(counts[0])]["total"], rss[str(counts[-1])]["total"]
-        print(
-            f"  growth {counts[0]} -> {counts[-1]} sagas: {(last / first - 1) * 100:+.1f}%"
-            " (target: within 5%)"
-        )
+    for side, (first, last) in rss_growth(rss).items():
+        print(f"  {side} growth: {(last / first - 1) * 100:+.1f}% (target: within 5%)")
 
 
 def print_ratios(s: dict[str, float]) -> None:
@@ -208,7 +216,8 @@ def print_both(results: dict[str, dict[str, Any]]) -> None:
         ("  lowest / highest round", "throughput_ratio_low", "throughput_ratio_high"),
         ("reversal hop / forward hop", "later_ratio", None),
         ("  first hop / all hops vs forward", "first_ratio", "reversal_ratio"),
-        ("RSS total, first / last count (MB)", "rss_first", "rss_last"),
+        ("RSS saga, first / last count (MB)", "rss_first_saga", "rss_last_saga"),
+        ("RSS unwind, first / last count (MB)", "rss_first_unwind", "rss_last_unwind"),
     )
     print("\n== summary, both brokers")
     print(f"  {'':<34}" + "".join(f"{b:>20}" for b in brokers))
@@ -216,6 +225,7 @@ def print_both(results: dict[str, dict[str, Any]]) -> None:
         cells = []
         for broker in brokers:
             s = summaries[broker]
-            cell = f"{s[first]:.2f}" + (f" / {s[second]:.2f}" if second else "")
+            nan = float("nan")
+            cell = f"{s.get(first, nan):.2f}" + (f" / {s.get(second, nan):.2f}" if second else "")
             cells.append(f"{cell:>20}")
         print(f"  {label:<34}" + "".join(cells))
