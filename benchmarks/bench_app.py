@@ -11,6 +11,8 @@ It defines the two workloads compared by ``chain_vs_saga.py``:
 (C) ``bench_unwind``: the same five steps, but the fifth raises, so the run unwinds through
     four reversals (``bench_unwind.s4.compensate`` ... ``s1.compensate``, all no-ops) and
     ends ``failed``. The fifth step has no compensation: exactly 4 reversals.
+(D) ``bench.fail``: a plain Celery task that does the INSERT of (A), then raises: the
+    baseline of a failure's cost in Celery itself (the RSS phase).
 
 Everything a run must isolate comes from the environment, which the driver sets before
 importing this module and passes on to the worker:
@@ -134,6 +136,13 @@ def insert_row(run_id: str, batch: str, seq: int) -> None:
 def bench_write(run_id: str, batch: str, seq: int) -> None:
     """One INSERT; the row with ``seq = STEPS_PER_RUN - 1`` marks the chain as finished."""
     insert_row(run_id, batch, seq)
+
+
+@app.task(name="bench.fail", **_CHAIN_TASK_OPTIONS)
+def bench_fail(run_id: str, batch: str) -> None:
+    """One INSERT, then an exception: the plain Celery analog of a failing step."""
+    insert_row(run_id, batch, STEPS_PER_RUN - 1)
+    raise RuntimeError("bench: the plain task fails on purpose")
 
 
 def chain_signature(run_id: str, batch: str) -> Any:

@@ -18,6 +18,7 @@ from typing import Any
 from bench_infra import Deadline, Worker, running, vacuum, worker_rss_mb
 from bench_sides import (
     ChainSide,
+    FailingTaskSide,
     SagaSide,
     UnwindSide,
     chain_hops,
@@ -140,7 +141,7 @@ def counted(bench: Any, args: argparse.Namespace) -> dict[str, dict[str, float]]
 def rss(bench: Any, args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """Worker RSS (MB) after 1,000 and after 10,000 runs (``--rss-at``) of each workload of
     ``--rss-sides``, each on a fresh worker; keys ``<side>:<runs>``."""
-    sides = {"saga": SagaSide, "unwind": UnwindSide}
+    sides = {"saga": SagaSide, "unwind": UnwindSide, "fail": FailingTaskSide}
     result: dict[str, dict[str, float]] = {}
     for name in args.rss_sides.split(","):
         side = sides[name](bench, args.poll)

@@ -73,6 +73,20 @@ class ChainSide:
             raise BenchError(f"chain batch {batch}: {written} writes, expected {count * 5}")
 
 
+class FailingTaskSide(ChainSide):
+    """Plain Celery tasks that write their marker row, then raise (``bench.fail``)."""
+
+    label = "failing task"
+
+    def submit(self, batch: str, count: int) -> None:
+        for index in range(count):
+            self.bench.bench_fail.delay(f"{batch}-{index}", batch)
+
+    def verify(self, batch: str, count: int) -> None:
+        if self.finished(batch) != count:
+            raise BenchError(f"failing task batch {batch}: {self.finished(batch)}/{count} ran")
+
+
 class SagaSide:
     label = "saga"
     expected_state = "completed"

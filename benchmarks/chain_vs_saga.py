@@ -13,7 +13,8 @@ For each broker (``--broker rabbitmq|redis|both``) one run of this script:
      flight, ``--rounds`` rounds in the same order, each after a ``VACUUM ANALYZE`` of the
      schema's tables (what autovacuum does on a default server; ``--no-vacuum`` skips it),
 3. on a fresh, profiled worker, counts statements and commits per node of each kind,
-4. with ``--rss``, on a fresh worker per workload (``--rss-sides``: the saga, the unwind):
+4. with ``--rss``, on a fresh worker per workload (``--rss-sides``: the saga, the unwind,
+   and the baseline of a plain Celery task that fails):
    its RSS after 1,000 and after 10,000 of them (``--rss-only``: this phase alone),
 5. prints the figures and the saga/chain ratios, stops every worker it started, purges and
    deletes its queue and exchange and drops its schema -- also on errors and Ctrl-C.
@@ -60,7 +61,11 @@ def _parse_args() -> argparse.Namespace:
     add("--count-runs", type=int, default=20, help="runs per side in the counting phase")
     add("--rss", action="store_true", help="also run 10,000 sagas and report worker RSS")
     add("--rss-at", default="1000,10000", help="saga counts at which --rss reads the RSS")
-    add("--rss-sides", default="saga,unwind", help="workloads --rss runs, each on a fresh worker")
+    add(
+        "--rss-sides",
+        default="saga,unwind,fail",
+        help="workloads --rss runs, each on a fresh worker (fail: a plain failing task)",
+    )
     add("--rss-only", action="store_true", help="skip the timed and counting phases")
     add("--poll", type=float, default=0.005, help="poll interval, one latency sample (s)")
     add("--batch-poll", type=float, default=0.02, help="poll interval, one batch (s)")
