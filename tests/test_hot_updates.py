@@ -89,5 +89,8 @@ def test_most_run_row_updates_of_a_happy_path_are_hot(observer: Engine) -> None:
     updates, hot = updates_after - updates_before, hot_after - hot_before
     print(f"saga_executions: {updates} updates, {hot} HOT ({hot / max(updates, 1):.0%})")
     assert updates >= RUNS * STEPS
-    # Only the update that ends a run changes an indexed column (its state).
-    assert hot >= updates - RUNS
+    # Only the update that ends a run changes an indexed column (its state), so every other
+    # one may be HOT. Whether it is also needs room on the row's page, which depends on when
+    # PostgreSQL prunes it: 772 to 800 of the 800 were seen, an indexed column changed by
+    # every step would make it none.
+    assert hot >= 0.9 * (updates - RUNS)
