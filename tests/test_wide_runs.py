@@ -1,0 +1,116 @@
+"""Guarantee 32, the wide half: an item of a ``for_each`` costs the same statements and
+reads the same number of rows whatever its index, on PostgreSQL, counted statement by
+statement (``benchmarks/wide_runs.py`` times it)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from sqlalchemy import event, select
+
+from celery_saga import Saga, SagaEngine, step
+from celery_saga.decisions.admission import NodeMessage
+from celery_saga.store.tables import executions
+from tests.conftest import in_process_pg_engine
+
+WIDTH = 210
+
+
+@dataclass
+class Handled:
+    """What one node message's handler ran: statements, and rows each one returned."""
+
+    message: NodeMessage
+    statements: list[str] = field(default_factory=list)
+    rows: int = 0
+
+    def shape(self) -> tuple[int, int]:
+        return len(self.statements), self.rows
+
+
+def _noop() -> None:
+    return None
+
+
+@contextmanager
+def _recording(engine: SagaEngine) -> Iterator[list[Handled]]:
+    """Attribute every statement, and the rows it returned, to the node message whose
+    handler runs on its thread."""
+    handled: list[Handled] = []
+    current = threading.local()
+
+    def after_execute(_conn: Any, cursor: Any, statement: str, *_rest: Any) -> None:
+        target = getattr(current, "handled", None)
+        if target is None or statement.lstrip().upper().startswith("BEGIN"):
+            return
+        target.statements.append(statement)
+        if cursor.description is not None:  # it returned rows (a read, or RETURNING)
+            target.rows += max(cursor.rowcount, 0)
+
+    run_node = engine.executor.run_node
+
+    def wrapped(message: NodeMessage, *args: Any, **kwargs: Any) -> Any:
+        current.handled = Handled(message)
+        handled.append(current.handled)
+        try:
+            return run_node(message, *args, **kwargs)
+        finally:
+            current.handled = None
+
+    engine.executor.run_node = wrapped  # type: ignore[method-assign]
+    event.listen(engine.db.engine, "after_cursor_execute", after_execute)
+    try:
+        yield handled
+    finally:
+        event.remove(engine.db.engine, "after_cursor_execute", after_execute)
+        engine.executor.run_node = run_node  # type: ignore[method-assign]
+
+
+def _run(engine: SagaEngine, saga: Saga) -> list[Handled]:
+    engine.register(saga)
+    with _recording(engine) as handled:
+        run = engine.start(saga.name, {})
+        deadline = time.monotonic() + 120
+        while True:
+            with engine.db.engine.connect() as connection:
+                state = connection.execute(
+                    select(executions.c.state).where(executions.c.id == run.id)
+                ).scalar_one()
+            if state == "completed":
+                break
+            assert time.monotonic() < deadline, f"run is {state}"
+            time.sleep(0.05)
+        time.sleep(0.2)  # the last handler returns after the write the loop saw
+    return handled
+
+
+@pytest.fixture
+def pg_engine() -> Iterator[SagaEngine]:
+    with in_process_pg_engine("wide") as engine:
+        yield engine
+
+
+def _at(
+    handled: list[Handled], node: int, which: Callable[[NodeMessage], int]
+) -> dict[int, Handled]:
+    return {which(h.message): h for h in handled if h.message.node == node}
+
+
+def test_a_for_each_item_costs_the_same_statements_and_rows_at_any_index(
+    pg_engine: SagaEngine,
+) -> None:
+    saga = Saga(f"each{uuid.uuid4().hex[:6]}").for_each(
+        lambda _ctx: list(range(WIDTH)), step("item", _noop), max_iterations=WIDTH
+    )
+    items = _at(_run(pg_engine, saga), 0, lambda m: m.sub)
+    assert len(items) == WIDTH  # the last item moves the run past the loop
+    early, late = items[5], items[200]
+    assert early.shape() == late.shape(), (early, late)
+    assert len(late.statements) <= 4, late.statements  # run + record, items, claim, outcome
