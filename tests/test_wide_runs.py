@@ -1,6 +1,6 @@
-"""Guarantee 32, the wide half: an item of a ``for_each`` costs the same statements and
-reads the same number of rows whatever its index, on PostgreSQL, counted statement by
-statement (``benchmarks/wide_runs.py`` times it)."""
+"""Guarantee 32, the wide half: an item of a ``for_each`` and a member of a parallel group
+cost the same statements and read the same number of rows whatever their index, on
+PostgreSQL, counted statement by statement (``benchmarks/wide_runs.py`` times it)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from sqlalchemy import event, select
+from sqlalchemy import event, select, update
 
-from celery_saga import Saga, SagaEngine, step
+from celery_saga import ExecutionState, Saga, SagaEngine, StepStatus, step
 from celery_saga.decisions.admission import NodeMessage
 from celery_saga.store.tables import executions
 from tests.conftest import in_process_pg_engine
@@ -114,3 +114,43 @@ def test_a_for_each_item_costs_the_same_statements_and_rows_at_any_index(
     early, late = items[5], items[200]
     assert early.shape() == late.shape(), (early, late)
     assert len(late.statements) <= 4, late.statements  # run + record, items, claim, outcome
+
+
+def test_a_parallel_member_costs_the_same_statements_and_rows_at_any_index(
+    pg_engine: SagaEngine,
+) -> None:
+    members = [step(f"m{index}", _noop) for index in range(WIDTH)]
+    saga = Saga(f"group{uuid.uuid4().hex[:6]}").parallel("group", *members).step("after", _noop)
+    handled = _run(pg_engine, saga)
+    # The members settle in the order the worker took their messages.
+    settled = [h for h in handled if h.message.node == 0]
+    assert len(settled) == WIDTH
+    early, late = settled[5], settled[WIDTH - 10]
+    assert early.shape() == late.shape(), (early, late)
+    assert len(late.statements) <= 3, late.statements  # claim, count on the run, settle
+
+
+def test_a_group_joins_once_whether_or_not_its_run_kept_counts(direct: SagaEngine) -> None:
+    # A run stored before the counts existed has NULL there, perhaps with members settled
+    # already: its next member counts the group's records, and the next group counts afresh.
+    name = f"legacy{uuid.uuid4().hex[:6]}"
+    first = [step(f"a{index}", _noop) for index in range(3)]
+    second = [step(f"b{index}", _noop) for index in range(2)]
+    direct.register(Saga(name).parallel("first", *first).parallel("second", *second))
+    run = direct.start(name)
+    direct.executor.run_node(NodeMessage(run.id, 0, 0, 0, 1), name)
+    with direct.db.transaction() as connection:
+        connection.execute(
+            update(executions)
+            .where(executions.c.id == run.id)
+            .values(members_settled=None, members_failed=None)
+        )
+    for member in (1, 2):
+        assert direct.get(run.id).record.cursor == 0
+        direct.executor.run_node(NodeMessage(run.id, 0, 0, member, 1), name)
+    assert direct.get(run.id).record.cursor == 1
+    for member in (1, 1, 0):  # a duplicate delivery counts nothing twice
+        direct.executor.run_node(NodeMessage(run.id, 1, 0, member, 1), name)
+    execution = direct.get(run.id)
+    assert execution.state is ExecutionState.COMPLETED
+    assert [execution.step(f"b{index}").status for index in (0, 1)] == [StepStatus.COMPLETED] * 2

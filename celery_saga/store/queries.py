@@ -54,6 +54,8 @@ def create_execution(
         "updated_at": stamp,
         "version": 1,
         "deadline_at": None if deadline_at is None else to_db_time(deadline_at),
+        "members_settled": 0,
+        "members_failed": 0,
     }
     with db.single_statement() as connection:
         db.rowcount(connection, prepared.new_run(), values)
