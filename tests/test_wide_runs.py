@@ -112,6 +112,7 @@ def test_a_for_each_item_costs_the_same_statements_and_rows_at_any_index(
     items = _at(_run(pg_engine, saga), 0, lambda m: m.sub)
     assert len(items) == WIDTH  # the last item moves the run past the loop
     early, late = items[5], items[200]
+    print(f"for_each item 5: {early.shape()}, item 200: {late.shape()} (statements, rows)")
     assert early.shape() == late.shape(), (early, late)
     assert len(late.statements) <= 4, late.statements  # run + record, items, claim, outcome
 
@@ -126,8 +127,9 @@ def test_a_parallel_member_costs_the_same_statements_and_rows_at_any_index(
     settled = [h for h in handled if h.message.node == 0]
     assert len(settled) == WIDTH
     early, late = settled[5], settled[WIDTH - 10]
+    print(f"member 5: {early.shape()}, member {WIDTH - 10}: {late.shape()} (statements, rows)")
     assert early.shape() == late.shape(), (early, late)
-    assert len(late.statements) <= 3, late.statements  # claim, count on the run, settle
+    assert len(late.statements) <= 2, late.statements  # claim, settle and count
 
 
 def test_a_group_joins_once_whether_or_not_its_run_kept_counts(direct: SagaEngine) -> None:

@@ -1,9 +1,10 @@
 """A parallel group's join, on counts kept on the run row (guarantee 32).
 
-Each member settles in one transaction that takes the run row's lock with an UPDATE that
-also counts it (``members_settled``, and ``members_failed`` for a failure), then settles
-its own record: two statements on two rows, whatever the group's size, and the lock is held
-only until that commit. The member whose count reaches the group's size joins it: it moves
+Each member settles its own record and counts itself on the run row (``members_settled``,
+and ``members_failed`` for a failure) under the row's lock, on two rows whatever the
+group's size: on PostgreSQL a success does it in one statement, elsewhere (and for a
+failure) a transaction takes the lock first with the counting UPDATE. The member whose
+count reaches the group's size joins it, in the same statement or transaction: it moves
 the run on (resetting the counts for the next group), or fails it, reading the group's
 records only then. A run stored before the counts existed has NULL there: its next member
 counts the group's records once and stores the counts.
@@ -47,6 +48,10 @@ def record_step_settled(
     else:
         changes.update(status=StepStatus.COMPLETED.value, result=result_blob)
     alone = len(members) == 1
+    if error is None and not alone and db.dialect == "postgresql":
+        joined = _settled_in_one(db, step, len(members), advance, now, result_blob)
+        if joined is not None:
+            return GroupResult(settled=joined)
     try:
         with db.transaction() as connection:
             if alone:
@@ -70,6 +75,38 @@ def record_step_settled(
 
 
 _RESET = {"members_settled": 0, "members_failed": 0}
+
+
+def _settled_in_one(
+    db: Database,
+    step: StepAttempt,
+    size: int,
+    advance: Advance,
+    now: datetime,
+    result_blob: bytes | None,
+) -> bool | None:
+    """PostgreSQL: a member's success in one statement (``prepared.member_in_one``); True
+    if it joined the group. None: nothing changed, and the transaction decides."""
+    stamp = to_db_time(now)
+    params = {
+        "run_id": step.execution_id,
+        "run_node": step.node,
+        "run_sub": step.sub,
+        "run_updated_at": stamp,
+        "run_next_node": advance.node,
+        "run_next_sub": advance.sub,
+        "run_committed_at": stamp,
+        "step_run": step.execution_id,
+        "step_name": step.name,
+        "step_attempt": step.attempt,
+        "step_result": result_blob,
+        "step_completed_at": stamp,
+        "group_size": size,
+    }
+    statement = prepared.member_in_one(advance.finished, advance.passes_pivot)
+    with db.single_statement() as connection:
+        rows = db.rows(connection, statement, params)
+    return None if not rows else rows[0]["members_settled"] == 0
 
 
 def _count_member(
