@@ -156,3 +156,29 @@ def test_a_group_joins_once_whether_or_not_its_run_kept_counts(direct: SagaEngin
     execution = direct.get(run.id)
     assert execution.state is ExecutionState.COMPLETED
     assert [execution.step(f"b{index}").status for index in (0, 1)] == [StepStatus.COMPLETED] * 2
+
+
+def test_a_group_whose_counts_missed_a_member_joins_when_a_settled_member_comes_again(
+    direct: SagaEngine,
+) -> None:
+    # A worker of an earlier release settles a member without counting it: the last member
+    # then finds the group short. The recovery sweep sends the members' messages again to a
+    # run that stopped moving; a settled member's message counts the records and joins.
+    name = f"missed{uuid.uuid4().hex[:6]}"
+    members = [step(f"m{index}", _noop) for index in range(3)]
+    direct.register(Saga(name).parallel("group", *members).step("after", _noop))
+    run = direct.start(name)
+    for member in (0, 1):
+        direct.executor.run_node(NodeMessage(run.id, 0, 0, member, 1), name)
+    with direct.db.transaction() as connection:
+        connection.execute(
+            update(executions)
+            .where(executions.c.id == run.id)
+            .values(members_settled=executions.c.members_settled - 1)
+        )
+    direct.executor.run_node(NodeMessage(run.id, 0, 0, 2, 1), name)
+    assert direct.get(run.id).record.cursor == 0, "the last member found the group short"
+    direct.executor.run_node(NodeMessage(run.id, 0, 0, 0, 1), name)
+    assert direct.get(run.id).record.cursor == 1
+    direct.executor.run_node(NodeMessage(run.id, 1, 0, 0, 1), name)
+    assert direct.get(run.id).state is ExecutionState.COMPLETED

@@ -244,7 +244,7 @@ class Executor(Progress):
             self.fail_outside_step(definition, execution.id, describe_error(error))
             return NoBody("a choice that could not be made")
         if position.spec is None:
-            return self._pass(definition, message)
+            return self.pass_position(definition, message)
         if full is None and position.record_name != scope:
             full = self._full(message)  # another version's graph named another record
             execution, steps = full
@@ -296,6 +296,10 @@ class Executor(Progress):
                 return NoBody("held back while the attempt in flight holds its claim")
             fenced, asked = takeover is Takeover.TAKE_OVER_FENCED, (claim, answer)
         elif verdict is not Admission.RUN:
+            if verdict is Admission.REJECT_ALREADY_DONE and isinstance(
+                definition.nodes[message.node], ParallelNode
+            ):
+                self.rejoin(definition, message)  # a join its counts missed is owed
             return self.refused(message, verdict)
         take = lambda: self._claim(definition, position, message, record)  # noqa: E731
         if not fenced and self._exhausted(definition, position, message, record, take):
@@ -402,18 +406,3 @@ class Executor(Progress):
                 taken = f"step {name!r} of execution {execution_id} attempt {attempt}"
                 return TakenOver(taken, result)
         return self.interrupted(definition, spec, message, held, stopped)
-
-    def _pass(self, definition: SagaDefinition, message: NodeMessage) -> Outcome:
-        """Nothing runs at this position (a loop ended): move past the node."""
-        onward = advance(definition.nodes, message.node, 0)
-        if forward.pass_position(
-            self.db,
-            execution_id=message.execution_id,
-            node=message.node,
-            sub=message.sub,
-            advance=onward,
-            now=get_clock().now(),
-        ):
-            self.advanced(definition, message.execution_id, onward)
-            return NoBody("nothing runs at this position")
-        return self.refused(message, Admission.REJECT_STALE_CURSOR)

@@ -64,14 +64,45 @@ def record_step_settled(
             if settled < len(members):
                 return GroupResult(settled=False)
             if not failures:
-                values = {**forward.advance_values(advance, now), **_RESET}
-                statement = prepared.update_run(tuple(sorted(values)))
-                params = {"run_id": step.execution_id, **forward.prefixed("set_", values)}
-                connection.execute(statement, params)
+                _move_on(connection, step, advance, now)
                 return GroupResult(settled=True)
             return _fail_group(connection, step, members, compensations, now, error)
     except Conflict:
         return None
+
+
+def join_if_settled(
+    db: Database,
+    step: StepAttempt,
+    *,
+    members: Sequence[str],
+    compensations: Collection[str],
+    now: datetime,
+    advance: Advance,
+) -> GroupResult | None:
+    """Join a group whose members have all settled while the run still stands at it: its
+    counts missed a member (settled by a worker of a release that kept none). Asked when a
+    settled member's message comes again (the recovery sweep sends them to a run that
+    stopped moving); counts the group's records under the run row's lock and stores the
+    counts. None: the run is not at the group (nothing changed)."""
+    try:
+        with db.transaction() as connection:
+            forward.lock_execution(connection, step.execution_id, step.node, step.sub, now)
+            settled, failures = _count_records(connection, step, members)
+            if settled < len(members):
+                return GroupResult(settled=False)  # the counts, now right, do the join
+            if not failures:
+                _move_on(connection, step, advance, now)
+                return GroupResult(settled=True)
+            return _fail_group(connection, step, members, compensations, now, None)
+    except Conflict:
+        return None
+
+
+def _move_on(connection: Connection, step: StepAttempt, advance: Advance, now: datetime) -> None:
+    values = {**forward.advance_values(advance, now), **_RESET}
+    statement = prepared.update_run(tuple(sorted(values)))
+    connection.execute(statement, {"run_id": step.execution_id, **forward.prefixed("set_", values)})
 
 
 _RESET = {"members_settled": 0, "members_failed": 0}
