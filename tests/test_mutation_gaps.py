@@ -39,7 +39,7 @@ from celery_saga.records import ReversalAttempt, StepAttempt
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.keys import idempotency_key
 from celery_saga.runtime.ports import Settings
-from celery_saga.store import forward, queries, reversal, unwind
+from celery_saga.store import forward, joins, queries, reversal, unwind
 from celery_saga.store.codec import pack
 from celery_saga.store.database import to_db_time
 from celery_saga.store.tables import decisions, step_records
@@ -414,7 +414,7 @@ def test_a_worker_whose_claim_was_taken_over_cannot_record_an_outcome(
         advance=advance(nodes, 2, 0),
         now=now,
     )
-    settled = forward.record_step_settled(
+    settled = joins.record_step_settled(
         engine.db,
         late,
         members=["s3"],

@@ -14,7 +14,7 @@ from sqlalchemy.exc import OperationalError
 
 from celery_saga import ExecutionState, RollbackStatus
 from celery_saga.runtime.store_retry import write_outcome
-from celery_saga.store import forward, reversal, unwind
+from celery_saga.store import forward, joins, reversal, unwind
 from tests.conftest import Harness
 
 
@@ -69,7 +69,7 @@ def test_store_error_while_recording_a_failure_keeps_the_step_error(
     sqlite_harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(
-        forward, "record_step_settled", _failing_first(forward.record_step_settled, failures=2)
+        joins, "record_step_settled", _failing_first(joins.record_step_settled, failures=2)
     )
     execution = sqlite_harness.start("five", {"order": 9, "plan": {"s4": {"fail": True}}}).wait(30)
     assert execution.failure_reason == "ValueError: s4 refused order 9"

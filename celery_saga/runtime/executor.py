@@ -44,7 +44,7 @@ from celery_saga.runtime.moves import (
     Stay,
     unreachable,
 )
-from celery_saga.runtime.navigation import Position, node_at, resolve, route
+from celery_saga.runtime.navigation import Position, node_at, record_at, resolve, route
 from celery_saga.runtime.outcomes import (
     Failed,
     NoBody,
@@ -199,14 +199,18 @@ class Executor(Progress):
                 attempt = self._claim(definition, position, message, None)
                 if attempt is not None:
                     return self._run_claimed(definition, position, message, attempt, None)
-        return self._run_checked(message, redelivered)
+        scope = record_at(definition, message) if definition is not None else None
+        return self._run_checked(message, redelivered, scope)
 
-    def _run_checked(self, message: NodeMessage, redelivered: bool) -> Outcome:
-        """Admission decided on a fresh snapshot. A duplicate of a node held by a live lease
-        is dropped; a *redelivered* one waits for the lease to expire, since its holder may
-        be the worker that died."""
+    def _run_checked(self, message: NodeMessage, redelivered: bool, scope: str | None) -> Outcome:
+        """Admission decided on a fresh read of the run. A duplicate of a node held by a live
+        lease is dropped; a *redelivered* one waits for the lease to expire, since its holder
+        may be the worker that died. ``scope``: the record the position runs under, when the
+        message's version names it; then only that record is read with the run, not every
+        step (guarantee 32), and what needs them all reads them when it needs them."""
         now = get_clock().now()
-        snapshot = queries.load_snapshot(self.db, message.execution_id)
+        snapshot = queries.load_run_with_step(self.db, message.execution_id, scope)
+        full = snapshot if scope is None else None
         execution, steps = snapshot
         definition = None
         if execution is not None and execution.state is ExecutionState.RUNNING:
@@ -225,7 +229,7 @@ class Executor(Progress):
             self.carry_out(self.waits.arrive(definition, message, target))
             return NoBody(f"the gate of {target.event!r}")
         if isinstance(target, SubSagaNode):
-            move = self.children.enter(definition, snapshot, message, target)
+            move = self.children.enter(definition, full or self._full(message), message, target)
             self.carry_out(move)
             if isinstance(move, FailStep):
                 step = move.step
@@ -235,25 +239,36 @@ class Executor(Progress):
                 return Failed(failed)
             return NoBody(f"the sub-saga node {target.name!r}")
         try:
-            position = resolve(self.db, definition, snapshot, message)
+            position = resolve(self.db, definition, full, message)
         except CHOICE_ERRORS as error:
             self.fail_outside_step(definition, execution.id, describe_error(error))
             return NoBody("a choice that could not be made")
         if position.spec is None:
-            return self._pass(definition, message)
-        return self._admit_step(definition, position, message, steps, snapshot, redelivered)
+            return self.pass_position(definition, message)
+        if full is None and position.record_name != scope:
+            full = self._full(message)  # another version's graph named another record
+            execution, steps = full
+            assert execution is not None
+        return self._admit_step(
+            definition, position, message, (execution, steps), full, redelivered
+        )
+
+    def _full(self, message: NodeMessage) -> Snapshot:
+        return queries.load_snapshot(self.db, message.execution_id)
 
     def _admit_step(
         self,
         definition: SagaDefinition,
         position: Position,
         message: NodeMessage,
-        steps: list[StepRecord],
-        snapshot: Snapshot,
+        read: tuple[ExecutionRecord, list[StepRecord]],
+        snapshot: Snapshot | None,
         redelivered: bool,
     ) -> Outcome:
+        """``read``: the run and at least the record at this position; ``snapshot``: the
+        run with all its steps, if read (the step's context is read from it)."""
         now = get_clock().now()
-        execution = snapshot[0]
+        execution, steps = read
         record = next((s for s in steps if s.name == position.record_name), None)
         verdict = decide_admission(execution, record, message, definition.hash, now)
         fenced, asked = False, None
@@ -281,6 +296,10 @@ class Executor(Progress):
                 return NoBody("held back while the attempt in flight holds its claim")
             fenced, asked = takeover is Takeover.TAKE_OVER_FENCED, (claim, answer)
         elif verdict is not Admission.RUN:
+            if verdict is Admission.REJECT_ALREADY_DONE and isinstance(
+                definition.nodes[message.node], ParallelNode
+            ):
+                self.rejoin(definition, message)  # a join its counts missed is owed
             return self.refused(message, verdict)
         take = lambda: self._claim(definition, position, message, record)  # noqa: E731
         if not fenced and self._exhausted(definition, position, message, record, take):
@@ -387,18 +406,3 @@ class Executor(Progress):
                 taken = f"step {name!r} of execution {execution_id} attempt {attempt}"
                 return TakenOver(taken, result)
         return self.interrupted(definition, spec, message, held, stopped)
-
-    def _pass(self, definition: SagaDefinition, message: NodeMessage) -> Outcome:
-        """Nothing runs at this position (a loop ended): move past the node."""
-        onward = advance(definition.nodes, message.node, 0)
-        if forward.pass_position(
-            self.db,
-            execution_id=message.execution_id,
-            node=message.node,
-            sub=message.sub,
-            advance=onward,
-            now=get_clock().now(),
-        ):
-            self.advanced(definition, message.execution_id, onward)
-            return NoBody("nothing runs at this position")
-        return self.refused(message, Admission.REJECT_STALE_CURSOR)

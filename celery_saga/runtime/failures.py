@@ -47,7 +47,7 @@ from celery_saga.runtime.ports import RuntimeParts
 from celery_saga.runtime.stopping import RESEND_AFTER, give_up
 from celery_saga.runtime.store_retry import write_outcome
 from celery_saga.runtime.unwinder import Unwinder, compensations_of
-from celery_saga.store import forward, queries, recovery, step_failure
+from celery_saga.store import forward, joins, queries, recovery, step_failure
 from celery_saga.store.forward import GroupResult
 
 logger = logging.getLogger("celery_saga")
@@ -96,7 +96,7 @@ class StepFailures(RuntimeParts):
             }
             if error is not None:
                 return step_failure.record_step_failed(self.db, step, error=error, **fields)
-            return forward.record_step_settled(self.db, step, result_blob=result_blob, **fields)
+            return joins.record_step_settled(self.db, step, result_blob=result_blob, **fields)
 
         unknown: GroupResult | None = GroupResult(settled=False)
         result = write_outcome(

@@ -118,6 +118,15 @@ def needs_context(spec: StepSpec) -> bool:
     return bool(_parameters(spec.action))
 
 
+def needs_results(spec: StepSpec) -> bool:
+    """Whether calling ``spec`` may read earlier results or signals, which are read with
+    every step record of the run: a mapper, a transform, or an action that takes the
+    context. Otherwise it is given input keys (and a loop's ``item`` and ``iteration``)."""
+    if spec.args is not None or spec.is_transform:
+        return True
+    return _asks_for_context(_parameters(spec.action)) is not None
+
+
 def reversal_needs_run(spec: StepSpec) -> bool:
     """Whether calling ``spec``'s compensation needs the saga input or results (a stored
     read): a mapper, or a compensation that takes anything but its step's ``result``."""

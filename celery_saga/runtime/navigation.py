@@ -81,20 +81,37 @@ def route(target: Node, sub: int, member: int) -> StepSpec | None:
     return None
 
 
+def record_at(definition: SagaDefinition, message: NodeMessage) -> str | None:
+    """The record a message's position runs under, where no journaled choice decides it
+    (not for a branch); None for the engine's own control nodes. ``resolve`` names the
+    same record."""
+    target = node_at(definition, message)
+    if isinstance(target, (StepNode, ParallelNode)):
+        spec = route(target, 0, message.member)
+        return None if spec is None else spec.name
+    if isinstance(target, ForEachNode):
+        return iteration_name(target.step.name, message.sub)
+    if isinstance(target, LoopNode):
+        iteration, index = loop_position(message.sub, len(target.steps))
+        return iteration_name(target.steps[index].name, iteration)
+    return None
+
+
 def resolve(
     db: Database, definition: SagaDefinition, snapshot: Snapshot | None, message: NodeMessage
 ) -> Position:
-    """The position a message names; journals (or reads) the choices that decide it."""
+    """The position a message names; journals (or reads) the choices that decide it.
+    ``snapshot``: the run with all its steps, if read already; a choice that has to be
+    made reads it (a journaled one does not)."""
     target = definition.nodes[message.node]
     execution_id, node, sub = message.execution_id, message.node, message.sub
     if isinstance(target, BranchNode):
         path = target.paths[choose_path(db, definition, target, execution_id, node, snapshot)]
         return Position(path[sub], path[sub].name, len(path))
     if isinstance(target, LoopNode):
-        return _loop_position(db, definition, target, _loaded(db, execution_id, snapshot), message)
+        return _loop_position(db, definition, target, snapshot, message)
     if isinstance(target, ForEachNode):
-        loaded = _loaded(db, execution_id, snapshot)
-        items = for_each_items(db, definition, target, node, loaded)
+        items = for_each_items(db, definition, target, node, execution_id, snapshot)
         if for_each_verdict(sub, len(items)) is LoopVerdict.DONE:
             return Position(None)
         name = iteration_name(target.step.name, sub)
@@ -116,14 +133,16 @@ def _loop_position(
     db: Database,
     definition: SagaDefinition,
     loop: LoopNode,
-    snapshot: tuple[ExecutionRecord, list[StepRecord]],
+    snapshot: Snapshot | None,
     message: NodeMessage,
 ) -> Position:
     iteration, index = loop_position(message.sub, len(loop.steps))
     if index == 0:
         condition = None
         if needs_condition(loop.kind, iteration):
-            condition = loop_condition(db, definition, loop, message.node, iteration, snapshot)
+            condition = loop_condition(
+                db, definition, loop, (message.execution_id, message.node), iteration, snapshot
+            )
         verdict = loop_verdict(loop.kind, iteration, condition, loop.max_iterations)
         if verdict is LoopVerdict.EXCEEDED:
             raise LoopError(
@@ -178,19 +197,21 @@ def loop_condition(
     db: Database,
     definition: SagaDefinition,
     loop: LoopNode,
-    node: int,
+    at: tuple[str, int],
     iteration: int,
-    snapshot: tuple[ExecutionRecord, list[StepRecord]],
+    snapshot: Snapshot | None,
 ) -> bool:
-    """Journaled ``loop:<node>:<iteration>``: the condition checked before that iteration
-    (for do_until, after the one before it)."""
+    """Journaled ``loop:<node>:<iteration>`` of the run and node ``at``: the condition
+    checked before that iteration (for do_until, after the one before it)."""
     what = f"saga {definition.name!r}: the condition of {loop.kind.value} {loop.name!r}"
+
+    execution_id, node = at
 
     def compute() -> bool:
         value = ask(
             db,
             definition,
-            snapshot,
+            _loaded(db, execution_id, snapshot),
             loop.condition,
             name=loop.name,
             what=what,
@@ -203,7 +224,6 @@ def loop_condition(
         return bool(value)
 
     key = f"loop:{node}:{iteration}"
-    execution_id = snapshot[0].id
     return bool(journaled(db, execution_id, key, compute, f"{what} (iteration {iteration})"))
 
 
@@ -212,21 +232,21 @@ def for_each_items(
     definition: SagaDefinition,
     loop: ForEachNode,
     node: int,
-    snapshot: tuple[ExecutionRecord, list[StepRecord]],
+    execution_id: str,
+    snapshot: Snapshot | None,
 ) -> list[Any]:
     """Journaled ``items:<node>``: the list a for_each walks, fixed before its first item."""
     what = f"saga {definition.name!r}: the items of for_each {loop.name!r}"
 
     def compute() -> list[Any]:
-        value = ask(
-            db, definition, snapshot, loop.items, name=loop.name, what=what, error=LoopError
-        )
+        loaded = _loaded(db, execution_id, snapshot)
+        value = ask(db, definition, loaded, loop.items, name=loop.name, what=what, error=LoopError)
         problem = items_problem(value, loop.max_iterations)
         if problem is not None:
             raise LoopError(f"{what} {problem}")
         return list(value)
 
-    return list(journaled(db, snapshot[0].id, f"items:{node}", compute, what))
+    return list(journaled(db, execution_id, f"items:{node}", compute, what))
 
 
 def choose_path(

@@ -8,7 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 from celery_saga.decisions.admission import Admission, NodeMessage
-from celery_saga.decisions.cursor import Advance, first_position
+from celery_saga.decisions.cursor import Advance, advance, first_position
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import BranchNode, ParallelNode, SubSagaNode, WaitNode
 from celery_saga.errors import BranchPathError
@@ -19,7 +19,8 @@ from celery_saga.runtime.failures import StepFailures
 from celery_saga.runtime.navigation import choose_path, route
 from celery_saga.runtime.outcomes import NoBody
 from celery_saga.runtime.store_retry import write_outcome
-from celery_saga.store import forward, queries
+from celery_saga.runtime.unwinder import compensations_of
+from celery_saga.store import forward, joins, queries
 from celery_saga.store.codec import pack
 
 logger = logging.getLogger("celery_saga")
@@ -157,6 +158,31 @@ class Progress(StepFailures):
             self.advanced(definition, step.execution_id, step_advance)
         return True
 
+    def rejoin(self, definition: SagaDefinition, message: NodeMessage) -> None:
+        """A settled member's message came again while its run stands at the group: join the
+        group if every member has settled (``joins.join_if_settled``), as its last member
+        would have."""
+        target = definition.nodes[message.node]
+        assert isinstance(target, ParallelNode)
+        name = target.steps[message.member].name
+        step = StepAttempt(message.execution_id, name, message.node, message.sub, 0)
+        onward = advance(definition.nodes, message.node, message.sub, 1)
+        group = joins.join_if_settled(
+            self.db,
+            step,
+            members=[s.name for s in target.steps],
+            compensations=compensations_of(definition),
+            now=get_clock().now(),
+            advance=onward,
+        )
+        if group is None or not group.settled:
+            return
+        logger.warning("execution %s: group %r joined late", message.execution_id, target.name)
+        if group.unwind is not None:
+            self.unwinder.begin(definition, step.execution_id, group.unwind, group.failure_reason)
+        else:
+            self.advanced(definition, step.execution_id, onward)
+
     def advanced(
         self, definition: SagaDefinition, execution_id: str, step_advance: Advance
     ) -> None:
@@ -166,6 +192,21 @@ class Progress(StepFailures):
             self.unwinder.settled(definition, execution_id)
         else:
             self.publish_position(definition, execution_id, step_advance.node, step_advance.sub)
+
+    def pass_position(self, definition: SagaDefinition, message: NodeMessage) -> NoBody:
+        """Nothing runs at this position (a loop ended): move past the node."""
+        onward = advance(definition.nodes, message.node, 0)
+        if forward.pass_position(
+            self.db,
+            execution_id=message.execution_id,
+            node=message.node,
+            sub=message.sub,
+            advance=onward,
+            now=get_clock().now(),
+        ):
+            self.advanced(definition, message.execution_id, onward)
+            return NoBody("nothing runs at this position")
+        return self.refused(message, Admission.REJECT_STALE_CURSOR)
 
     def refused(self, message: NodeMessage, verdict: Admission) -> NoBody:
         logger.info("node message %s refused: %s", message, verdict.value)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import Connection, select, update
 from sqlalchemy.exc import IntegrityError
 
-from celery_saga.decisions.cursor import Advance, group_outcome
+from celery_saga.decisions.cursor import Advance
 from celery_saga.decisions.unwind import UnwindKind, UnwindStep, next_unwind_step
 from celery_saga.records import ExecutionState, StepAttempt, StepRecord, StepStatus
 from celery_saga.store import prepared
@@ -107,7 +107,7 @@ def _inserted_one(db: Database, connection: Connection, params: dict[str, Any]) 
     return db.rowcount(connection, statement, params) == 1
 
 
-def _lock_execution(
+def lock_execution(
     connection: Connection, execution_id: str, node: int, sub: int, now: datetime, **changes: Any
 ) -> None:
     """Bump the version of the run at this position (taking its row lock) or conflict."""
@@ -123,7 +123,8 @@ def _lock_execution(
         raise Conflict(execution_id)
 
 
-def _settle_step(connection: Connection, step: StepAttempt, **changes: Any) -> None:
+def settle_step(connection: Connection, step: StepAttempt, **changes: Any) -> None:
+    """Settle the step this attempt holds (its lease cleared) or conflict."""
     params = {
         "step_run": step.execution_id,
         "step_name": step.name,
@@ -196,8 +197,8 @@ def record_step_completed(
         if combined is None:
             with db.transaction() as connection:
                 run = advance_values(advance, now)
-                _lock_execution(connection, step.execution_id, step.node, step.sub, now, **run)
-                _settle_step(
+                lock_execution(connection, step.execution_id, step.node, step.sub, now, **run)
+                settle_step(
                     connection,
                     step,
                     status=StepStatus.COMPLETED.value,
@@ -230,7 +231,7 @@ def record_step_retry(db: Database, step: StepAttempt, *, error: str) -> bool:
     """Release the claim; the next attempt's message will claim it again."""
     try:
         with db.single_statement() as connection:
-            _settle_step(connection, step, status=StepStatus.PENDING.value, error=error)
+            settle_step(connection, step, status=StepStatus.PENDING.value, error=error)
         return True
     except Conflict:
         return False
@@ -252,9 +253,7 @@ def pass_position(
     empty for_each): only while the run is live exactly there."""
     try:
         with db.single_statement() as connection:
-            _lock_execution(
-                connection, execution_id, node, sub, now, **advance_values(advance, now)
-            )
+            lock_execution(connection, execution_id, node, sub, now, **advance_values(advance, now))
     except Conflict:
         return False
     return True
@@ -296,55 +295,6 @@ def failed_run_values(plan: UnwindStep, reason: str) -> dict[str, Any]:
 def prefixed(prefix: str, values: dict[str, Any]) -> dict[str, Any]:
     """``values`` as bind parameters named ``<prefix><column>``."""
     return {f"{prefix}{key}": value for key, value in values.items()}
-
-
-def record_step_settled(
-    db: Database,
-    step: StepAttempt,
-    *,
-    members: Sequence[str],
-    compensations: Collection[str],
-    now: datetime,
-    advance: Advance,
-    result_blob: bytes | None = None,
-    error: str | None = None,
-) -> GroupResult | None:
-    """Settle a step of a parallel group, or a failed step; the last settler decides.
-
-    The execution row is locked first, so concurrent members settle one at a time and
-    exactly one of them sees the group complete. None means the claim was lost.
-    """
-    failed = error is not None
-    changes: dict[str, Any] = {"completed_at": to_db_time(now)}
-    if failed:
-        changes.update(status=StepStatus.FAILED.value, error=error)
-    else:
-        changes.update(status=StepStatus.COMPLETED.value, result=result_blob)
-    try:
-        execution_id = step.execution_id
-        with db.transaction() as connection:
-            _lock_execution(connection, execution_id, step.node, step.sub, now)
-            _settle_step(connection, step, **changes)
-            steps = load_steps(connection, execution_id)
-            outcome = group_outcome(members, steps)
-            if not outcome.settled:
-                return GroupResult(settled=False)
-            if not outcome.failures:
-                connection.execute(
-                    update(executions)
-                    .where(executions.c.id == execution_id)
-                    .values(**advance_values(advance, now))
-                )
-                return GroupResult(settled=True)
-            reason = outcome.reason if len(members) > 1 else (error or "")
-            run = load_execution_row(connection, execution_id)
-            committed = run is not None and run.committed_at is not None
-            plan = fail_run_locked(
-                connection, execution_id, reason, committed, compensations, now, steps
-            )
-            return GroupResult(settled=True, failure_reason=reason, unwind=plan)
-    except Conflict:
-        return None
 
 
 def fail_execution(

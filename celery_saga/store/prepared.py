@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sqlalchemy import and_, bindparam, case, insert, literal_column, select, update
+from sqlalchemy import and_, bindparam, case, insert, literal_column, null, select, update
 
 from celery_saga.records import ExecutionState, StepStatus
 from celery_saga.store.tables import executions, step_records
@@ -35,7 +35,7 @@ FIRST_CLAIM_COLUMNS = (
 NEW_RUN_COLUMNS = (
     *("id", "saga_name", "definition_hash", "state", "cursor", "cursor_sub", "input"),
     *("committed_at", "parent_execution_id", "created_at", "updated_at", "version"),
-    "deadline_at",
+    *("deadline_at", "members_settled", "members_failed"),
 )
 
 
@@ -163,6 +163,30 @@ def fail_in_one(changes: tuple[str, ...]) -> Any:
         "lease_expires_at": None,
     }
     return run_and_step_in_one(run_at_cursor(), step_held(), bumped_run(changes), step)
+
+
+@functools.cache
+def member_in_one(finished: bool, pivot: bool) -> Any:
+    """PostgreSQL: settle a parallel member's success and count it on the run row in ONE
+    statement, RETURNING the run's new count: 0 when this member completed the group,
+    and the same statement moved the run on. Params: as ``complete_in_one``, and
+    ``group_size``. Matches nothing (the caller then takes a transaction) for a run not
+    counted yet, or for the member that would complete a group in which one failed."""
+    moved, step = _completion_values(finished, pivot)
+    joins = executions.c.members_settled + 1 == _param("group_size", executions.c.members_settled)
+    run = {
+        "version": moved.pop("version"),
+        "updated_at": moved.pop("updated_at"),
+        "members_settled": case((joins, 0), else_=executions.c.members_settled + 1),
+        **{
+            key: case((joins, null() if value is None else value), else_=executions.c[key])
+            for key, value in moved.items()
+        },
+    }
+    counted = executions.c.members_settled.is_not(None)
+    guard = run_at_cursor() & counted & ~(joins & (executions.c.members_failed > 0))
+    statement = run_and_step_in_one(guard, step_held(), run, step)
+    return statement.returning(executions.c.members_settled)
 
 
 @functools.cache

@@ -54,6 +54,8 @@ def create_execution(
         "updated_at": stamp,
         "version": 1,
         "deadline_at": None if deadline_at is None else to_db_time(deadline_at),
+        "members_settled": 0,
+        "members_failed": 0,
     }
     with db.single_statement() as connection:
         db.rowcount(connection, prepared.new_run(), values)
@@ -91,6 +93,32 @@ def load_snapshot(
 @functools.cache
 def _snapshot_by_id() -> Any:
     return snapshot_query(bindparam("run_id", type_=executions.c.id.type))
+
+
+def load_run_with_step(
+    db: Database, execution_id: str, name: str | None
+) -> tuple[ExecutionRecord | None, list[StepRecord]]:
+    """The execution row and its step record ``name`` (if any), in one statement: what
+    admission needs at a position whose record is known, whatever the run's other steps
+    (guarantee 32: an item of a ``for_each`` reads the same rows at its 1,000th as at its
+    first). ``name`` None: the run with all its steps (``load_snapshot``)."""
+    if name is None:
+        return load_snapshot(db, execution_id)
+    return snapshot_from_rows(db.read(_run_with_step(), {"run_id": execution_id, "name": name}))
+
+
+@functools.cache
+def _run_with_step() -> Any:
+    step_columns = [c.label(_STEP_PREFIX + c.name) for c in step_records.c]
+    on = and_(
+        step_records.c.execution_id == executions.c.id,
+        step_records.c.name == bindparam("name", type_=step_records.c.name.type),
+    )
+    return (
+        select(executions, *step_columns)
+        .select_from(executions.outerjoin(step_records, on))
+        .where(executions.c.id == bindparam("run_id", type_=executions.c.id.type))
+    )
 
 
 def load_steps(connection: Connection, execution_id: str) -> list[StepRecord]:

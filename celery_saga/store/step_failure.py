@@ -23,7 +23,7 @@ from datetime import datetime
 from celery_saga.decisions.cursor import Advance
 from celery_saga.decisions.unwind import next_unwind_step
 from celery_saga.records import ExecutionState, StepAttempt, StepStatus
-from celery_saga.store import forward, prepared, queries
+from celery_saga.store import forward, joins, prepared, queries
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.forward import GroupResult
 
@@ -40,10 +40,10 @@ def record_step_failed(
 ) -> GroupResult | None:
     """Record a step's final failure: in one statement where the store has it and the step
     settles its position alone, else as a member of its group
-    (``forward.record_step_settled``)."""
+    (``joins.record_step_settled``)."""
     if len(members) == 1 and db.dialect == "postgresql":
         return fail_held_step(db, step, compensations=compensations, now=now, error=error)
-    return forward.record_step_settled(
+    return joins.record_step_settled(
         db,
         step,
         members=members,

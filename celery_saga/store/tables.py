@@ -58,6 +58,10 @@ executions = Table(
     Column("cancelled_at", Timestamp),
     # When a live run is cancelled by the timer sweep; cleared when it ends.
     Column("deadline_at", Timestamp),
+    # The members of the parallel group at the cursor that settled, and failed (a member
+    # that brings the first to the group's size joins it); NULL: not counted yet.
+    Column("members_settled", Integer),
+    Column("members_failed", Integer),
     Index("ix_saga_executions_listing", "created_at", "id"),
     # No index may hold a column that every step changes (updated_at, version, cursor):
     # PostgreSQL then rewrites the run row in place (HOT). See migration 0003.

@@ -1,0 +1,228 @@
+"""A parallel group's join, on counts kept on the run row (guarantee 32).
+
+Each member settles its own record and counts itself on the run row (``members_settled``,
+and ``members_failed`` for a failure) under the row's lock, on two rows whatever the
+group's size: on PostgreSQL a success does it in one statement, elsewhere (and for a
+failure) a transaction takes the lock first with the counting UPDATE. The member whose
+count reaches the group's size joins it, in the same statement or transaction: it moves
+the run on (resetting the counts for the next group), or fails it, reading the group's
+records only then. A run stored before the counts existed has NULL there: its next member
+counts the group's records once and stores the counts.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Collection, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, select, update
+
+from celery_saga.decisions.cursor import Advance, group_outcome
+from celery_saga.records import StepAttempt, StepStatus
+from celery_saga.store import forward, prepared
+from celery_saga.store.database import Database, to_db_time
+from celery_saga.store.forward import Conflict, GroupResult
+from celery_saga.store.queries import load_execution_row, load_steps
+from celery_saga.store.tables import executions
+
+
+def record_step_settled(
+    db: Database,
+    step: StepAttempt,
+    *,
+    members: Sequence[str],
+    compensations: Collection[str],
+    now: datetime,
+    advance: Advance,
+    result_blob: bytes | None = None,
+    error: str | None = None,
+) -> GroupResult | None:
+    """Settle a member of a parallel group, or a step's final failure (a group of one);
+    the member that settles last decides for the group. None means the claim was lost (or
+    the run left this position): nothing changed."""
+    changes: dict[str, Any] = {"completed_at": to_db_time(now)}
+    if error is not None:
+        changes.update(status=StepStatus.FAILED.value, error=error)
+    else:
+        changes.update(status=StepStatus.COMPLETED.value, result=result_blob)
+    alone = len(members) == 1
+    if error is None and not alone and db.dialect == "postgresql":
+        joined = _settled_in_one(db, step, len(members), advance, now, result_blob)
+        if joined is not None:
+            return GroupResult(settled=joined)
+    try:
+        with db.transaction() as connection:
+            if alone:
+                forward.lock_execution(connection, step.execution_id, step.node, step.sub, now)
+                counts: tuple[int, int] | None = (1, int(error is not None))
+            else:
+                counts = _count_member(connection, step, now, failed=error is not None)
+            forward.settle_step(connection, step, **changes)
+            settled, failures = counts or _count_records(connection, step, members)
+            if settled < len(members):
+                return GroupResult(settled=False)
+            if not failures:
+                _move_on(connection, step, advance, now)
+                return GroupResult(settled=True)
+            return _fail_group(connection, step, members, compensations, now, error)
+    except Conflict:
+        return None
+
+
+def join_if_settled(
+    db: Database,
+    step: StepAttempt,
+    *,
+    members: Sequence[str],
+    compensations: Collection[str],
+    now: datetime,
+    advance: Advance,
+) -> GroupResult | None:
+    """Join a group whose members have all settled while the run still stands at it: its
+    counts missed a member (settled by a worker of a release that kept none). Asked when a
+    settled member's message comes again (the recovery sweep sends them to a run that
+    stopped moving); counts the group's records under the run row's lock and stores the
+    counts. None: the run is not at the group (nothing changed)."""
+    try:
+        with db.transaction() as connection:
+            forward.lock_execution(connection, step.execution_id, step.node, step.sub, now)
+            settled, failures = _count_records(connection, step, members)
+            if settled < len(members):
+                return GroupResult(settled=False)  # the counts, now right, do the join
+            if not failures:
+                _move_on(connection, step, advance, now)
+                return GroupResult(settled=True)
+            return _fail_group(connection, step, members, compensations, now, None)
+    except Conflict:
+        return None
+
+
+def _move_on(connection: Connection, step: StepAttempt, advance: Advance, now: datetime) -> None:
+    values = {**forward.advance_values(advance, now), **_RESET}
+    statement = prepared.update_run(tuple(sorted(values)))
+    connection.execute(statement, {"run_id": step.execution_id, **forward.prefixed("set_", values)})
+
+
+_RESET = {"members_settled": 0, "members_failed": 0}
+
+
+def _settled_in_one(
+    db: Database,
+    step: StepAttempt,
+    size: int,
+    advance: Advance,
+    now: datetime,
+    result_blob: bytes | None,
+) -> bool | None:
+    """PostgreSQL: a member's success in one statement (``prepared.member_in_one``); True
+    if it joined the group. None: nothing changed, and the transaction decides."""
+    stamp = to_db_time(now)
+    params = {
+        "run_id": step.execution_id,
+        "run_node": step.node,
+        "run_sub": step.sub,
+        "run_updated_at": stamp,
+        "run_next_node": advance.node,
+        "run_next_sub": advance.sub,
+        "run_committed_at": stamp,
+        "step_run": step.execution_id,
+        "step_name": step.name,
+        "step_attempt": step.attempt,
+        "step_result": result_blob,
+        "step_completed_at": stamp,
+        "group_size": size,
+    }
+    statement = prepared.member_in_one(advance.finished, advance.passes_pivot)
+    with db.single_statement() as connection:
+        rows = db.rows(connection, statement, params)
+    return None if not rows else rows[0]["members_settled"] == 0
+
+
+def _count_member(
+    connection: Connection, step: StepAttempt, now: datetime, *, failed: bool
+) -> tuple[int, int] | None:
+    """Count this member on the run row while the run is live at its position (taking the
+    row's lock) or conflict; the counts after it, None for a run not counted yet."""
+    params = {
+        "run_id": step.execution_id,
+        "run_node": step.node,
+        "run_sub": step.sub,
+        "run_updated_at": to_db_time(now),
+        "failed": int(failed),
+    }
+    returning = bool(connection.dialect.update_returning)
+    result = connection.execute(_count_statement(returning), params)
+    if returning:
+        row = result.first()
+        if row is None:
+            raise Conflict(step.execution_id)
+    else:
+        if result.rowcount != 1:
+            raise Conflict(step.execution_id)
+        row = connection.execute(_counts_of_run(), params).first()
+        assert row is not None
+    settled, failures = row
+    return None if settled is None or failures is None else (int(settled), int(failures))
+
+
+@functools.cache
+def _count_statement(returning: bool) -> Any:
+    failed = bindparam("failed", type_=executions.c.members_failed.type)
+    statement = (
+        update(executions)
+        .where(prepared.run_at_cursor())
+        .values(
+            **prepared.bumped_run(()),
+            members_settled=executions.c.members_settled + 1,
+            members_failed=executions.c.members_failed + failed,
+        )
+    )
+    if returning:
+        return statement.returning(executions.c.members_settled, executions.c.members_failed)
+    return statement
+
+
+@functools.cache
+def _counts_of_run() -> Any:
+    run_id = bindparam("run_id", type_=executions.c.id.type)
+    return select(executions.c.members_settled, executions.c.members_failed).where(
+        executions.c.id == run_id
+    )
+
+
+def _count_records(
+    connection: Connection, step: StepAttempt, members: Sequence[str]
+) -> tuple[int, int]:
+    """The counts of a run stored before they were kept: read from the group's records
+    (this member's included), and stored for the members that settle after it."""
+    names = set(members)
+    records = [s for s in load_steps(connection, step.execution_id) if s.name in names]
+    done = (StepStatus.COMPLETED, StepStatus.FAILED)
+    settled = sum(1 for s in records if s.status in done)
+    failures = sum(1 for s in records if s.status is StepStatus.FAILED)
+    values = {"members_settled": settled, "members_failed": failures}
+    statement = prepared.update_run(tuple(sorted(values)))
+    connection.execute(statement, {"run_id": step.execution_id, **forward.prefixed("set_", values)})
+    return settled, failures
+
+
+def _fail_group(
+    connection: Connection,
+    step: StepAttempt,
+    members: Sequence[str],
+    compensations: Collection[str],
+    now: datetime,
+    error: str | None,
+) -> GroupResult:
+    """The group settled with failures: fail the run, naming every failure (guarantee 19);
+    a step alone is named by its own error."""
+    steps = load_steps(connection, step.execution_id)
+    reason = group_outcome(members, steps).reason if len(members) > 1 else (error or "")
+    run = load_execution_row(connection, step.execution_id)
+    committed = run is not None and run.committed_at is not None
+    plan = forward.fail_run_locked(
+        connection, step.execution_id, reason, committed, compensations, now, steps
+    )
+    return GroupResult(settled=True, failure_reason=reason, unwind=plan)
