@@ -192,3 +192,29 @@ def test_a_group_whose_counts_missed_a_member_joins_when_a_settled_member_comes_
     assert direct.get(run.id).record.cursor == 1
     direct.executor.run_node(NodeMessage(run.id, 1, 0, 0, 1), name)
     assert direct.get(run.id).state is ExecutionState.COMPLETED
+
+
+def test_counts_an_earlier_release_left_behind_never_join_the_next_group_early(
+    direct: SagaEngine,
+) -> None:
+    # A worker of an earlier release joins a group without resetting the counts, which it
+    # does not know: the next group starts with counts of another. Its members must still
+    # wait for each other: the member whose count reaches the size checks the records.
+    name = f"stale{uuid.uuid4().hex[:6]}"
+    members = [step(f"m{index}", _noop) for index in range(3)]
+    direct.register(Saga(name).parallel("group", *members).step("after", _noop))
+    run = direct.start(name)
+    with direct.db.transaction() as connection:
+        connection.execute(
+            update(executions)
+            .where(executions.c.id == run.id)
+            .values(members_settled=2, members_failed=0)
+        )
+    direct.executor.run_node(NodeMessage(run.id, 0, 0, 0, 1), name)
+    assert direct.get(run.id).record.cursor == 0, "one member of three settled: no join"
+    direct.executor.run_node(NodeMessage(run.id, 0, 0, 1, 1), name)
+    assert direct.get(run.id).record.cursor == 0, "two of three: no join"
+    direct.executor.run_node(NodeMessage(run.id, 0, 0, 2, 1), name)
+    assert direct.get(run.id).record.cursor == 1, "all three: the group joins, once"
+    direct.executor.run_node(NodeMessage(run.id, 1, 0, 0, 1), name)
+    assert direct.get(run.id).state is ExecutionState.COMPLETED

@@ -4,10 +4,12 @@ Each member settles its own record and counts itself on the run row (``members_s
 and ``members_failed`` for a failure) under the row's lock, on two rows whatever the
 group's size: on PostgreSQL a success does it in one statement, elsewhere (and for a
 failure) a transaction takes the lock first with the counting UPDATE. The member whose
-count reaches the group's size joins it, in the same statement or transaction: it moves
-the run on (resetting the counts for the next group), or fails it, reading the group's
-records only then. A run stored before the counts existed has NULL there: its next member
-counts the group's records once and stores the counts.
+count reaches the group's size takes a transaction and checks the group's records, once
+a group: all settled, it joins (moves the run on, resetting the counts for the next
+group, or fails it); otherwise the counts were not this group's (a worker of an earlier
+release joined the group before without resetting them) and are set right from the
+records. A run stored before the counts existed has NULL there: its next member counts
+the group's records once and stores the counts.
 """
 
 from __future__ import annotations
@@ -48,10 +50,9 @@ def record_step_settled(
     else:
         changes.update(status=StepStatus.COMPLETED.value, result=result_blob)
     alone = len(members) == 1
-    if error is None and not alone and db.dialect == "postgresql":
-        joined = _settled_in_one(db, step, len(members), advance, now, result_blob)
-        if joined is not None:
-            return GroupResult(settled=joined)
+    in_one = error is None and not alone and db.dialect == "postgresql"
+    if in_one and _counted_in_one(db, step, len(members), now, result_blob):
+        return GroupResult(settled=False)
     try:
         with db.transaction() as connection:
             if alone:
@@ -61,6 +62,10 @@ def record_step_settled(
                 counts = _count_member(connection, step, now, failed=error is not None)
             forward.settle_step(connection, step, **changes)
             settled, failures = counts or _count_records(connection, step, members)
+            if settled >= len(members) and counts is not None and not alone:
+                # the join is decided on the records: counts left by a release that did not
+                # reset them when it joined the group before must not join this one early
+                settled, failures = _count_records(connection, step, members)
             if settled < len(members):
                 return GroupResult(settled=False)
             if not failures:
@@ -108,25 +113,18 @@ def _move_on(connection: Connection, step: StepAttempt, advance: Advance, now: d
 _RESET = {"members_settled": 0, "members_failed": 0}
 
 
-def _settled_in_one(
-    db: Database,
-    step: StepAttempt,
-    size: int,
-    advance: Advance,
-    now: datetime,
-    result_blob: bytes | None,
-) -> bool | None:
-    """PostgreSQL: a member's success in one statement (``prepared.member_in_one``); True
-    if it joined the group. None: nothing changed, and the transaction decides."""
+def _counted_in_one(
+    db: Database, step: StepAttempt, size: int, now: datetime, result_blob: bytes | None
+) -> bool:
+    """PostgreSQL: a member's success settled and counted in one statement
+    (``prepared.member_in_one``). False: nothing changed (the run is not counted yet, or
+    this member is the group's last), and a transaction decides."""
     stamp = to_db_time(now)
     params = {
         "run_id": step.execution_id,
         "run_node": step.node,
         "run_sub": step.sub,
         "run_updated_at": stamp,
-        "run_next_node": advance.node,
-        "run_next_sub": advance.sub,
-        "run_committed_at": stamp,
         "step_run": step.execution_id,
         "step_name": step.name,
         "step_attempt": step.attempt,
@@ -134,10 +132,8 @@ def _settled_in_one(
         "step_completed_at": stamp,
         "group_size": size,
     }
-    statement = prepared.member_in_one(advance.finished, advance.passes_pivot)
     with db.single_statement() as connection:
-        rows = db.rows(connection, statement, params)
-    return None if not rows else rows[0]["members_settled"] == 0
+        return bool(db.rows(connection, prepared.member_in_one(), params))
 
 
 def _count_member(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sqlalchemy import and_, bindparam, case, insert, literal_column, null, select, update
+from sqlalchemy import and_, bindparam, case, insert, literal_column, select, update
 
 from celery_saga.records import ExecutionState, StepStatus
 from celery_saga.store.tables import executions, step_records
@@ -166,25 +166,22 @@ def fail_in_one(changes: tuple[str, ...]) -> Any:
 
 
 @functools.cache
-def member_in_one(finished: bool, pivot: bool) -> Any:
+def member_in_one() -> Any:
     """PostgreSQL: settle a parallel member's success and count it on the run row in ONE
-    statement, RETURNING the run's new count: 0 when this member completed the group,
-    and the same statement moved the run on. Params: as ``complete_in_one``, and
+    statement, RETURNING the run's new count. Params: as ``complete_in_one``, and
     ``group_size``. Matches nothing (the caller then takes a transaction) for a run not
-    counted yet, or for the member that would complete a group in which one failed."""
-    moved, step = _completion_values(finished, pivot)
-    joins = executions.c.members_settled + 1 == _param("group_size", executions.c.members_settled)
+    counted yet, and for the member whose count would reach the group's size: the join
+    is decided on the group's records, once a group, since the counts may be those a
+    worker of an earlier release left when it joined the group before without resetting
+    them."""
+    _, step = _completion_values(False, False)
+    size = _param("group_size", executions.c.members_settled)
     run = {
-        "version": moved.pop("version"),
-        "updated_at": moved.pop("updated_at"),
-        "members_settled": case((joins, 0), else_=executions.c.members_settled + 1),
-        **{
-            key: case((joins, null() if value is None else value), else_=executions.c[key])
-            for key, value in moved.items()
-        },
+        "version": executions.c.version + 1,
+        "updated_at": _param("run_updated_at", executions.c.updated_at),
+        "members_settled": executions.c.members_settled + 1,
     }
-    counted = executions.c.members_settled.is_not(None)
-    guard = run_at_cursor() & counted & ~(joins & (executions.c.members_failed > 0))
+    guard = run_at_cursor() & (executions.c.members_settled + 1 < size)
     statement = run_and_step_in_one(guard, step_held(), run, step)
     return statement.returning(executions.c.members_settled)
 
