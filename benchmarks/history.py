@@ -13,12 +13,17 @@ fresh statistics:
   then as many deleted, batch by batch: runs/s and the median batch time of the first tenth
   of the batches against the last tenth.
 
+``--live-rate R`` (runs/s) starts five-step runs on a real worker at that steady rate during
+the catch-up of the last N, and for ``--live-seconds`` before and after it, and prints their
+latency p50/p95 during the catch-up beside the same stream without it (``history_live.py``).
+
 ``--check`` re-plans every statement with sequential scans off (a small store would be
 scanned whole, a big one would not) and exits 1 when one of them reads more rows of
 ``saga_executions`` than the unfinished runs and a batch: it reads history.
 
     python benchmarks/history.py --runs 0 100000 1000000
     python benchmarks/history.py --runs 10000 --waiting 100 --live 20 --check --retire-runs 0
+    python benchmarks/history.py --runs 1000000 --retire-runs 500000 --live-rate 10
 """
 
 from __future__ import annotations
@@ -125,6 +130,25 @@ def _retire(engine: SagaEngine, cutoff: datetime, runs: int, archive: bool) -> s
     )
 
 
+def _catch_up(
+    engine: SagaEngine, url: str, args: argparse.Namespace, runs: int, cutoff: datetime
+) -> list[str]:
+    """Archive, then delete, ``--retire-runs`` runs; beside a live stream for the last N."""
+
+    def both() -> list[str]:
+        return [
+            _retire(engine, cutoff, args.retire_runs, archive=True),
+            _retire(engine, cutoff, args.retire_runs, archive=False),
+        ]
+
+    print()
+    if not args.live_rate or runs != args.runs[-1]:
+        return both()
+    import history_live
+
+    return history_live.beside(url, args.live_rate, args.live_seconds, both)
+
+
 def _report_plans(plans: dict[str, list[Plan]], limit: int | None) -> list[str]:
     """Print each plan; return what reads history (only when ``limit`` is set)."""
     problems = []
@@ -194,9 +218,8 @@ def _measure(url: str, args: argparse.Namespace, runs: int) -> int:
     limit = 2 * (unfinished + BATCH) + 100 if args.check else None
     problems = _report_plans(_plans(engine, {**periodic, **reads}, args.check), limit)
     if args.retire_runs and batched:
-        cutoff = now - timedelta(minutes=30)
-        print("\n  " + _retire(engine, cutoff, args.retire_runs, archive=True))
-        print("  " + _retire(engine, cutoff, args.retire_runs, archive=False))
+        for line in _catch_up(engine, url, args, runs, now - timedelta(minutes=30)):
+            print("  " + line)
     engine.db.dispose()
     bulk.dispose()
     for problem in problems:
@@ -213,6 +236,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--retire-runs", type=int, default=100_000)
     parser.add_argument("--check", action="store_true")
+    parser.add_argument("--live-rate", type=float, default=0.0)
+    parser.add_argument("--live-seconds", type=float, default=30.0)
     parser.add_argument("--without-index", action="append", default=[])
     args = parser.parse_args()
     admin_url = os.environ.get("BENCH_ADMIN_URL", DEFAULT_ADMIN_URL)
