@@ -17,6 +17,9 @@ fresh statistics:
 the catch-up of the last N, and for ``--live-seconds`` before and after it, and prints their
 latency p50/p95 during the catch-up beside the same stream without it (``history_live.py``).
 
+``--mysql`` measures the same on MariaDB, in the database of ``--mysql-url``, with the plans
+of ``ANALYZE FORMAT=JSON`` (``history_mysql.py``).
+
 ``--check`` re-plans every statement with sequential scans off (a small store would be
 scanned whole, a big one would not) and exits 1 when one of them reads more rows of
 ``saga_executions`` than the unfinished runs and a batch: it reads history.
@@ -37,6 +40,7 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
+import history_mysql
 from celery import Celery
 from history_fill import fill, vacuum
 from history_plans import Plan, Statement, explain, statements_of
@@ -142,7 +146,7 @@ def _catch_up(
         ]
 
     print()
-    if not args.live_rate or runs != args.runs[-1]:
+    if not args.live_rate or args.mysql or runs != args.runs[-1]:
         return both()
     import history_live
 
@@ -205,6 +209,41 @@ def _measure(url: str, args: argparse.Namespace, runs: int) -> int:
                 "WHERE state = 'running'"
             )
         )
+
+    def plans(calls: dict[str, Callable[[], object]], limit: int | None) -> list[str]:
+        return _report_plans(_plans(engine, calls, args.check), limit)
+
+    return _sweeps(engine, bulk, url, args, runs, now, plans)
+
+
+def _measure_mysql(url: str, args: argparse.Namespace, runs: int) -> int:
+    engine, bulk = _store(url, args)
+    now = datetime.now(UTC)
+    seconds = history_mysql.fill(bulk, runs, args.waiting, args.live, args.parked, now)
+    history_mysql.analyze_tables(bulk)
+    print(f"\n=== MySQL: {runs:,} finished runs (filled in {seconds:.1f} s)")
+    with bulk.begin() as connection:
+        connection.execute(
+            text("UPDATE saga_executions SET updated_at = UTC_TIMESTAMP(6) WHERE state = 'running'")
+        )
+
+    def plans(calls: dict[str, Callable[[], object]], limit: int | None) -> list[str]:
+        return history_mysql.report(engine.db.engine, calls, limit)
+
+    return _sweeps(engine, bulk, url, args, runs, now, plans)
+
+
+def _sweeps(
+    engine: SagaEngine,
+    bulk: Engine,
+    url: str,
+    args: argparse.Namespace,
+    runs: int,
+    now: datetime,
+    plans: Callable[[dict[str, Callable[[], object]], int | None], list[str]],
+) -> int:
+    """Time the calls, print their plans, catch up; 1 when ``--check`` finds a plan that
+    reads history."""
     calls = _operations(engine, now)
     for label, call in calls.items():
         print(f"  {label:34} {_median_ms(call, args.repeats):8.2f} ms")
@@ -216,7 +255,7 @@ def _measure(url: str, args: argparse.Namespace, runs: int) -> int:
     reads = {k: v for k, v in calls.items() if k.startswith(("list", "get"))}
     unfinished = args.waiting + args.live + args.parked
     limit = 2 * (unfinished + BATCH) + 100 if args.check else None
-    problems = _report_plans(_plans(engine, {**periodic, **reads}, args.check), limit)
+    problems = plans({**periodic, **reads}, limit)
     if args.retire_runs and batched:
         for line in _catch_up(engine, url, args, runs, now - timedelta(minutes=30)):
             print("  " + line)
@@ -239,7 +278,14 @@ def main() -> int:
     parser.add_argument("--live-rate", type=float, default=0.0)
     parser.add_argument("--live-seconds", type=float, default=30.0)
     parser.add_argument("--without-index", action="append", default=[])
+    parser.add_argument("--mysql", action="store_true")
+    parser.add_argument("--mysql-url", default=history_mysql.DEFAULT_URL)
     args = parser.parse_args()
+    if args.mysql:
+        return max(
+            history_mysql.measure(args, lambda url, n=runs: _measure_mysql(url, args, n))
+            for runs in args.runs
+        )
     admin_url = os.environ.get("BENCH_ADMIN_URL", DEFAULT_ADMIN_URL)
     return max(measure(admin_url, args, runs) for runs in args.runs)
 
