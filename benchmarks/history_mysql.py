@@ -6,7 +6,7 @@ history of ``history_fill.py`` (the same runs and steps, written server side fro
 operator read is timed and its statements are run under ``ANALYZE FORMAT=JSON``: for every
 table a plan reads, the access path, the index, and the rows it really read (``r_rows``
 times ``r_loops``). ``--check`` fails when a statement reads more rows of saga_executions
-than the unfinished runs and a batch, or scans the table whole.
+than the unfinished runs and a batch: on a big store, that is a plan that reads history.
 """
 
 from __future__ import annotations
@@ -162,8 +162,9 @@ def report(engine: Engine, calls: dict[str, Callable[[], object]], limit: int | 
             print(f"   rows read from saga_executions: {read:.0f}")
             for access in accesses:
                 print(f"     {access.line()}")
-            scans = any(a.table == RUNS_TABLE and a.access_type == "ALL" for a in accesses)
-            if limit is not None and (read > limit or scans):
+            # MariaDB has no switch to plan a small table as a big one (PostgreSQL's
+            # enable_seqscan): a scan of a small store is right, of a big one it reads history.
+            if limit is not None and read > limit:
                 problems.append(f"{name} reads {read:.0f} runs (at most {limit} expected)")
     return problems
 
