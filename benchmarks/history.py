@@ -90,14 +90,17 @@ def _median_ms(call: Callable[[], object], repeats: int) -> float:
 
 
 def _claims(engine: SagaEngine, cutoff: datetime) -> Callable[[], object]:
-    """The retention claim of the first batch of each range, rolled back."""
+    """The retention claim of the first batch of each range and the look for the claimed
+    runs' children, rolled back."""
 
     def claim() -> None:
         with engine.db.engine.connect() as connection:
             transaction = connection.begin()
             for index in range(len(retention._RANGES)):
                 position = retention.Position(index)
-                retention._claim_candidates(connection, cutoff, BATCH, position)
+                roots = retention._claim_candidates(connection, cutoff, BATCH, position)
+                if roots:
+                    retention._families(connection, [root for _, root in roots])
             transaction.rollback()
 
     return claim
