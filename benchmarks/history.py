@@ -11,7 +11,8 @@ fresh statistics:
   ``saga_executions`` (``history_plans.py``);
 - a retention catch-up over the whole history as backlog: ``--retire-runs`` runs archived,
   then as many deleted, batch by batch: runs/s and the median batch time of the first tenth
-  of the batches against the last tenth.
+  of the batches against the last tenth. Between batches it rests ``--rest`` times the
+  batch's duration, as ``retention.retire`` does (``retention.REST``; 0: flat out).
 
 ``--live-rate R`` (runs/s) starts five-step runs on a real worker at that steady rate during
 the catch-up of the last N, and for ``--live-seconds`` before and after it, and prints their
@@ -116,7 +117,9 @@ def _plans(
     return found
 
 
-def _retire(engine: SagaEngine, cutoff: datetime, runs: int, archive: bool) -> str:
+def _retire(
+    engine: SagaEngine, cutoff: datetime, runs: int, archive: bool, rest: float = 0.0
+) -> str:
     position: retention.Position | None = retention.Position()
     times, gone, began = [], 0, time.perf_counter()
     while position is not None and gone < runs:
@@ -124,8 +127,11 @@ def _retire(engine: SagaEngine, cutoff: datetime, runs: int, archive: bool) -> s
         count, position = retention.retire_batch(
             engine.db, cutoff=cutoff, now=cutoff, archive=archive, batch=BATCH, position=position
         )
-        times.append((time.perf_counter() - started) * 1000)
+        took = time.perf_counter() - started
+        times.append(took * 1000)
         gone += count
+        if count and rest > 0:  # as retention.retire rests between batches
+            time.sleep(took * rest)
     elapsed = time.perf_counter() - began
     tenth = max(len(times) // 10, 1)
     first, last = statistics.median(times[:tenth]), statistics.median(times[-tenth:])
@@ -133,7 +139,7 @@ def _retire(engine: SagaEngine, cutoff: datetime, runs: int, archive: bool) -> s
     return (
         f"{verb} {gone} runs in {elapsed:.1f} s: {gone / max(elapsed, 1e-9):,.0f} runs/s; "
         f"batch of {BATCH}: first tenth {first:.1f} ms, last tenth {last:.1f} ms "
-        f"({last / max(first, 1e-9):.2f}x), {len(times)} batches"
+        f"({last / max(first, 1e-9):.2f}x), {len(times)} batches, resting {rest:g}x"
     )
 
 
@@ -144,8 +150,8 @@ def _catch_up(
 
     def both() -> list[str]:
         return [
-            _retire(engine, cutoff, args.retire_runs, archive=True),
-            _retire(engine, cutoff, args.retire_runs, archive=False),
+            _retire(engine, cutoff, args.retire_runs, archive=True, rest=args.rest),
+            _retire(engine, cutoff, args.retire_runs, archive=False, rest=args.rest),
         ]
 
     print()
@@ -280,6 +286,7 @@ def main() -> int:
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--live-rate", type=float, default=0.0)
     parser.add_argument("--live-seconds", type=float, default=30.0)
+    parser.add_argument("--rest", type=float, default=retention.REST)
     parser.add_argument("--without-index", action="append", default=[])
     parser.add_argument("--mysql", action="store_true")
     parser.add_argument("--mysql-url", default=history_mysql.DEFAULT_URL)
