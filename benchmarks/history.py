@@ -12,7 +12,8 @@ fresh statistics:
 - a retention catch-up over the whole history as backlog: ``--retire-runs`` runs archived,
   then as many deleted, batch by batch: runs/s and the median batch time of the first tenth
   of the batches against the last tenth. Between batches it rests ``--rest`` times the
-  batch's duration, as ``retention.retire`` does (``retention.REST``; 0: flat out).
+  batch's duration, as ``retention.retire`` does (``retention.REST``; 0: flat out); with
+  several ``--rest`` values, one catch-up after the other, each of ``--retire-runs``.
 
 ``--live-rate R`` (runs/s) starts five-step runs on a real worker at that steady rate during
 the catch-up of the last N, and for ``--live-seconds`` before and after it, and prints their
@@ -146,20 +147,25 @@ def _retire(
 def _catch_up(
     engine: SagaEngine, url: str, args: argparse.Namespace, runs: int, cutoff: datetime
 ) -> list[str]:
-    """Archive, then delete, ``--retire-runs`` runs; beside a live stream for the last N."""
+    """Archive, then delete, ``--retire-runs`` runs, once per ``--rest``; beside a live
+    stream for the last N."""
 
-    def both() -> list[str]:
+    def both(rest: float) -> list[str]:
         return [
-            _retire(engine, cutoff, args.retire_runs, archive=True, rest=args.rest),
-            _retire(engine, cutoff, args.retire_runs, archive=False, rest=args.rest),
+            _retire(engine, cutoff, args.retire_runs, archive=True, rest=rest),
+            _retire(engine, cutoff, args.retire_runs, archive=False, rest=rest),
         ]
 
     print()
     if not args.live_rate or args.mysql or runs != args.runs[-1]:
-        return both()
+        return [line for rest in args.rest for line in both(rest)]
     import history_live
 
-    return history_live.beside(url, args.live_rate, args.live_seconds, both)
+    phases = {
+        f"{index + 1}, resting {rest:g}x": (lambda rest=rest: both(rest))
+        for index, rest in enumerate(args.rest)
+    }
+    return history_live.beside(url, args.live_rate, args.live_seconds, phases)
 
 
 def _report_plans(plans: dict[str, list[Plan]], limit: int | None) -> list[str]:
@@ -286,7 +292,7 @@ def main() -> int:
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--live-rate", type=float, default=0.0)
     parser.add_argument("--live-seconds", type=float, default=30.0)
-    parser.add_argument("--rest", type=float, default=retention.REST)
+    parser.add_argument("--rest", type=float, nargs="+", default=[retention.REST])
     parser.add_argument("--without-index", action="append", default=[])
     parser.add_argument("--mysql", action="store_true")
     parser.add_argument("--mysql-url", default=history_mysql.DEFAULT_URL)

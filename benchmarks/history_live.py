@@ -114,18 +114,24 @@ def _summary(label: str, values: list[float], base_p95: float | None) -> str:
     return f"{label:22} {len(values):5} runs  p50 {p50:6.1f} ms  p95 {p95:6.1f} ms{ratio}"
 
 
-def beside(url: str, rate: float, seconds: float, catch_up: Callable[[], list[str]]) -> list[str]:
-    """Run ``catch_up`` between two quiet stretches of the live stream; its lines, then the
-    stream's latency before, during and after it."""
+def beside(
+    url: str, rate: float, seconds: float, catch_ups: dict[str, Callable[[], list[str]]]
+) -> list[str]:
+    """Run each of ``catch_ups`` in turn between two quiet stretches of the live stream;
+    their lines, then the stream's latency before, during each and after them."""
     bench = _configure(url)
     from bench_infra import Worker, purge_queue, running
 
     lines: list[str] = []
     tag = uuid.uuid4().hex[:4]
+    during: dict[str, list[float]] = {}
     with running(Worker(bench, f"history-{tag}")):
         warm = _phase(bench, f"{tag}-before", rate, lambda: time.sleep(seconds + WARM_UP))
         before = warm[int(WARM_UP * rate) :]
-        during = _phase(bench, f"{tag}-during", rate, lambda: lines.extend(catch_up()))
+        for index, (label, catch_up) in enumerate(catch_ups.items()):
+            lines.append(f"catch-up {label}:")
+            work = lambda run=catch_up: lines.extend("  " + line for line in run())  # noqa: E731
+            during[label] = _phase(bench, f"{tag}-during{index}", rate, work)
         after = _phase(bench, f"{tag}-after", rate, lambda: time.sleep(seconds))
     purge_queue(bench)
     quiet = before + after
@@ -136,5 +142,5 @@ def beside(url: str, rate: float, seconds: float, catch_up: Callable[[], list[st
         "  " + _summary("before the catch-up", before, None),
         "  " + _summary("after the catch-up", after, None),
         "  " + _summary("without (both)", quiet, None),
-        "  " + _summary("during the catch-up", during, base),
+        *("  " + _summary(f"during {label}", found, base) for label, found in during.items()),
     ]
