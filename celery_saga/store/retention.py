@@ -32,10 +32,11 @@ logger = logging.getLogger("celery_saga.retention")
 #: A progress line every this many batches of a long catch-up.
 LOG_EVERY = 50
 
-#: After a batch that retired runs, a catch-up rests this many times the batch's duration:
-#: it then takes at most half of a core and of the WAL's flushes. Flat out on 2 cores, at
-#: 8,000 runs/s, it raised the p95 of live five-step runs 1.32x (see docs/scaling.md).
-REST = 1.0
+#: After a batch that retired runs, a catch-up rests this many times the batch's duration,
+#: so it holds a core a third of the time at most. Flat out on 2 cores (6,000-8,000 runs/s)
+#: it raised the p95 of live five-step runs 1.3-1.9x; resting 3x, 1.0x at about 2,000 runs/s.
+#: See docs/scaling.md.
+REST = 2.0
 
 
 def _terminal(table: Any) -> Any:
