@@ -11,7 +11,16 @@ fresh statistics:
   ``saga_executions`` (``history_plans.py``);
 - a retention catch-up over the whole history as backlog: ``--retire-runs`` runs archived,
   then as many deleted, batch by batch: runs/s and the median batch time of the first tenth
-  of the batches against the last tenth.
+  of the batches against the last tenth. Between batches it rests ``--rest`` times the
+  batch's duration, as ``retention.retire`` does (``retention.REST``; 0: flat out); with
+  several ``--rest`` values, one catch-up after the other, each of ``--retire-runs``.
+
+``--live-rate R`` (runs/s) starts five-step runs on a real worker at that steady rate during
+the catch-up of the last N, and for ``--live-seconds`` before and after it, and prints their
+latency p50/p95 during the catch-up beside the same stream without it (``history_live.py``).
+
+``--mysql`` measures the same on MariaDB, in the database of ``--mysql-url``, with the plans
+of ``ANALYZE FORMAT=JSON`` (``history_mysql.py``).
 
 ``--check`` re-plans every statement with sequential scans off (a small store would be
 scanned whole, a big one would not) and exits 1 when one of them reads more rows of
@@ -19,6 +28,7 @@ scanned whole, a big one would not) and exits 1 when one of them reads more rows
 
     python benchmarks/history.py --runs 0 100000 1000000
     python benchmarks/history.py --runs 10000 --waiting 100 --live 20 --check --retire-runs 0
+    python benchmarks/history.py --runs 1000000 --retire-runs 500000 --live-rate 10
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
+import history_mysql
 from celery import Celery
 from history_fill import fill, vacuum
 from history_plans import Plan, Statement, explain, statements_of
@@ -81,14 +92,17 @@ def _median_ms(call: Callable[[], object], repeats: int) -> float:
 
 
 def _claims(engine: SagaEngine, cutoff: datetime) -> Callable[[], object]:
-    """The retention claim of the first batch of each range, rolled back."""
+    """The retention claim of the first batch of each range and the look for the claimed
+    runs' children, rolled back."""
 
     def claim() -> None:
         with engine.db.engine.connect() as connection:
             transaction = connection.begin()
             for index in range(len(retention._RANGES)):
                 position = retention.Position(index)
-                retention._claim_candidates(connection, cutoff, BATCH, position)
+                roots = retention._claim_candidates(connection, cutoff, BATCH, position)
+                if roots:
+                    retention._families(connection, [root for _, root in roots])
             transaction.rollback()
 
     return claim
@@ -104,7 +118,9 @@ def _plans(
     return found
 
 
-def _retire(engine: SagaEngine, cutoff: datetime, runs: int, archive: bool) -> str:
+def _retire(
+    engine: SagaEngine, cutoff: datetime, runs: int, archive: bool, rest: float = 0.0
+) -> str:
     position: retention.Position | None = retention.Position()
     times, gone, began = [], 0, time.perf_counter()
     while position is not None and gone < runs:
@@ -112,8 +128,11 @@ def _retire(engine: SagaEngine, cutoff: datetime, runs: int, archive: bool) -> s
         count, position = retention.retire_batch(
             engine.db, cutoff=cutoff, now=cutoff, archive=archive, batch=BATCH, position=position
         )
-        times.append((time.perf_counter() - started) * 1000)
+        took = time.perf_counter() - started
+        times.append(took * 1000)
         gone += count
+        if count and rest > 0:  # as retention.retire rests between batches
+            time.sleep(took * rest)
     elapsed = time.perf_counter() - began
     tenth = max(len(times) // 10, 1)
     first, last = statistics.median(times[:tenth]), statistics.median(times[-tenth:])
@@ -121,8 +140,32 @@ def _retire(engine: SagaEngine, cutoff: datetime, runs: int, archive: bool) -> s
     return (
         f"{verb} {gone} runs in {elapsed:.1f} s: {gone / max(elapsed, 1e-9):,.0f} runs/s; "
         f"batch of {BATCH}: first tenth {first:.1f} ms, last tenth {last:.1f} ms "
-        f"({last / max(first, 1e-9):.2f}x), {len(times)} batches"
+        f"({last / max(first, 1e-9):.2f}x), {len(times)} batches, resting {rest:g}x"
     )
+
+
+def _catch_up(
+    engine: SagaEngine, url: str, args: argparse.Namespace, runs: int, cutoff: datetime
+) -> list[str]:
+    """Archive, then delete, ``--retire-runs`` runs, once per ``--rest``; beside a live
+    stream for the last N."""
+
+    def both(rest: float) -> list[str]:
+        return [
+            _retire(engine, cutoff, args.retire_runs, archive=True, rest=rest),
+            _retire(engine, cutoff, args.retire_runs, archive=False, rest=rest),
+        ]
+
+    print()
+    if not args.live_rate or args.mysql or runs != args.runs[-1]:
+        return [line for rest in args.rest for line in both(rest)]
+    import history_live
+
+    phases = {
+        f"{index + 1}, resting {rest:g}x": (lambda rest=rest: both(rest))
+        for index, rest in enumerate(args.rest)
+    }
+    return history_live.beside(url, args.live_rate, args.live_seconds, phases)
 
 
 def _report_plans(plans: dict[str, list[Plan]], limit: int | None) -> list[str]:
@@ -181,6 +224,41 @@ def _measure(url: str, args: argparse.Namespace, runs: int) -> int:
                 "WHERE state = 'running'"
             )
         )
+
+    def plans(calls: dict[str, Callable[[], object]], limit: int | None) -> list[str]:
+        return _report_plans(_plans(engine, calls, args.check), limit)
+
+    return _sweeps(engine, bulk, url, args, runs, now, plans)
+
+
+def _measure_mysql(url: str, args: argparse.Namespace, runs: int) -> int:
+    engine, bulk = _store(url, args)
+    now = datetime.now(UTC)
+    seconds = history_mysql.fill(bulk, runs, args.waiting, args.live, args.parked, now)
+    history_mysql.analyze_tables(bulk)
+    print(f"\n=== MySQL: {runs:,} finished runs (filled in {seconds:.1f} s)")
+    with bulk.begin() as connection:
+        connection.execute(
+            text("UPDATE saga_executions SET updated_at = UTC_TIMESTAMP(6) WHERE state = 'running'")
+        )
+
+    def plans(calls: dict[str, Callable[[], object]], limit: int | None) -> list[str]:
+        return history_mysql.report(engine.db.engine, calls, limit)
+
+    return _sweeps(engine, bulk, url, args, runs, now, plans)
+
+
+def _sweeps(
+    engine: SagaEngine,
+    bulk: Engine,
+    url: str,
+    args: argparse.Namespace,
+    runs: int,
+    now: datetime,
+    plans: Callable[[dict[str, Callable[[], object]], int | None], list[str]],
+) -> int:
+    """Time the calls, print their plans, catch up; 1 when ``--check`` finds a plan that
+    reads history."""
     calls = _operations(engine, now)
     for label, call in calls.items():
         print(f"  {label:34} {_median_ms(call, args.repeats):8.2f} ms")
@@ -192,11 +270,10 @@ def _measure(url: str, args: argparse.Namespace, runs: int) -> int:
     reads = {k: v for k, v in calls.items() if k.startswith(("list", "get"))}
     unfinished = args.waiting + args.live + args.parked
     limit = 2 * (unfinished + BATCH) + 100 if args.check else None
-    problems = _report_plans(_plans(engine, {**periodic, **reads}, args.check), limit)
+    problems = plans({**periodic, **reads}, limit)
     if args.retire_runs and batched:
-        cutoff = now - timedelta(minutes=30)
-        print("\n  " + _retire(engine, cutoff, args.retire_runs, archive=True))
-        print("  " + _retire(engine, cutoff, args.retire_runs, archive=False))
+        for line in _catch_up(engine, url, args, runs, now - timedelta(minutes=30)):
+            print("  " + line)
     engine.db.dispose()
     bulk.dispose()
     for problem in problems:
@@ -213,8 +290,18 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--retire-runs", type=int, default=100_000)
     parser.add_argument("--check", action="store_true")
+    parser.add_argument("--live-rate", type=float, default=0.0)
+    parser.add_argument("--live-seconds", type=float, default=30.0)
+    parser.add_argument("--rest", type=float, nargs="+", default=[retention.REST])
     parser.add_argument("--without-index", action="append", default=[])
+    parser.add_argument("--mysql", action="store_true")
+    parser.add_argument("--mysql-url", default=history_mysql.DEFAULT_URL)
     args = parser.parse_args()
+    if args.mysql:
+        return max(
+            history_mysql.measure(args, lambda url, n=runs: _measure_mysql(url, args, n))
+            for runs in args.runs
+        )
     admin_url = os.environ.get("BENCH_ADMIN_URL", DEFAULT_ADMIN_URL)
     return max(measure(admin_url, args, runs) for runs in args.runs)
 

@@ -23,6 +23,8 @@ RUNS_TABLE = "saga_executions"
 class Statement:
     sql: str
     parameters: Any
+    #: The ``SET LOCAL`` the caller sent before it in its transaction, replayed by ``explain``.
+    settings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -45,10 +47,15 @@ class Plan:
 @contextmanager
 def capture(engine: Engine) -> Iterator[list[Statement]]:
     seen: list[Statement] = []
+    settings: list[str] = []
 
     def record(_conn: Any, _cursor: Any, sql: str, parameters: Any, *_: Any) -> None:
-        if sql.lstrip().upper().startswith("SELECT"):
-            seen.append(Statement(sql, parameters))
+        start = sql.lstrip().upper()
+        if start.startswith("SET LOCAL"):
+            settings.append(sql)
+        elif start.startswith("SELECT"):
+            seen.append(Statement(sql, parameters, tuple(settings)))
+            settings.clear()
 
     event.listen(engine, "before_cursor_execute", record)
     try:
@@ -71,6 +78,8 @@ def explain(engine: Engine, statement: Statement, *, no_seq_scan: bool = False) 
         if no_seq_scan:
             connection.execute(text("SET LOCAL enable_seqscan = off"))
             connection.execute(text("SET LOCAL random_page_cost = 1.1"))
+        for setting in statement.settings:
+            connection.exec_driver_sql(setting)
         cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
         cursor.execute(
             "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + statement.sql, statement.parameters

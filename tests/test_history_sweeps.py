@@ -8,8 +8,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
+from datetime import UTC, datetime
+from typing import Any
 
-from tests.conftest import PG_ADMIN, PORTS, ROOT, require_services
+from sqlalchemy import delete, event, insert
+
+from celery_saga.store import recovery, retention
+from celery_saga.store.database import Database, to_db_time
+from celery_saga.store.tables import executions
+from tests.conftest import PG_ADMIN, PORTS, ROOT, mariadb_url, require_services
 
 #: 10,000 finished runs (2,000 failed) against 125 unfinished ones and a batch of 500: a
 #: plan that reads the failed or completed runs reads more than the check allows.
@@ -42,3 +50,81 @@ def test_the_check_fails_when_the_recovery_sweep_loses_its_index() -> None:
     done = _history("--retire-runs", "0", "--without-index", "ix_saga_executions_unwind_owed")
     assert done.returncode == 1, done.stdout[-4000:] + done.stderr
     assert "READS HISTORY: recover() reads" in done.stdout
+
+
+#: Parallel plans made free: the planner splits any read it can over workers.
+_PARALLEL_FOR_FREE = (
+    "SET LOCAL parallel_setup_cost = 0",
+    "SET LOCAL parallel_tuple_cost = 0",
+    "SET LOCAL min_parallel_table_scan_size = 0",
+    "SET LOCAL min_parallel_index_scan_size = 0",
+)
+
+
+def _plan(pg_db: Any, sql: str, parameters: Any, settings: list[str]) -> str:
+    with pg_db.engine.connect() as connection:
+        transaction = connection.begin()
+        for setting in [*_PARALLEL_FOR_FREE, *settings]:
+            connection.exec_driver_sql(setting)
+        cursor = connection.connection.driver_connection.cursor()
+        cursor.execute("EXPLAIN " + sql, parameters)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        transaction.rollback()
+    return plan
+
+
+def test_the_recovery_sweep_is_planned_without_parallel_workers(pg_db: Any) -> None:
+    """At 3M finished runs the planner split the sweep's read of a few live runs over two
+    workers: 11 ms to start them, for a read of 0.5 ms."""
+    sent: list[tuple[str, Any]] = []
+
+    def record(_conn: Any, _cursor: Any, sql: str, parameters: Any, *_: Any) -> None:
+        sent.append((sql, parameters))
+
+    event.listen(pg_db.engine, "before_cursor_execute", record)
+    try:
+        recovery.list_stale(pg_db, cutoff=datetime.now(UTC), limit=10)
+    finally:
+        event.remove(pg_db.engine, "before_cursor_execute", record)
+    settings = [sql for sql, _ in sent if sql.startswith("SET LOCAL")]
+    sql, parameters = next((s, p) for s, p in sent if s.lstrip().startswith("SELECT"))
+    assert "Gather" in _plan(pg_db, sql, parameters, [])  # what the settings prevent
+    assert "Gather" not in _plan(pg_db, sql, parameters, settings)
+
+
+def test_retention_finds_children_on_mariadb_by_seeking_the_parent_index() -> None:
+    """With 200 parents or more in one IN list, MariaDB planned the children lookup from
+    index statistics, where a NULL parent (nearly every run) looks like half the table: it
+    read the whole index at every batch, 1.9 s a batch at 1M runs."""
+    store = Database(mariadb_url())
+    store.migrate()
+    roots = [uuid.uuid4().hex for _ in range(20_000)]
+    stamp = to_db_time(datetime.now(UTC))
+    row = {"saga_name": "s", "definition_hash": "h", "state": "completed", "cursor": 0}
+    row |= {"cursor_sub": 0, "input": b"", "created_at": stamp, "updated_at": stamp}
+    sent: list[tuple[str, Any]] = []
+
+    def record(_conn: Any, _cursor: Any, sql: str, parameters: Any, *_: Any) -> None:
+        sent.append((sql, parameters))
+
+    try:
+        with store.transaction() as connection:
+            connection.execute(insert(executions), [{**row, "id": i, "version": 1} for i in roots])
+        with store.engine.connect() as connection:
+            connection.exec_driver_sql("ANALYZE TABLE saga_executions").all()
+        event.listen(store.engine, "before_cursor_execute", record)
+        with store.transaction() as connection:
+            assert sorted(retention._families(connection, roots[:500])) == sorted(roots[:500])
+        event.remove(store.engine, "before_cursor_execute", record)
+        lookups = [(s, p) for s, p in sent if "parent_execution_id IN" in s]
+        assert lookups
+        with store.engine.connect() as connection:
+            cursor = connection.connection.driver_connection.cursor()
+            for sql, parameters in lookups:
+                cursor.execute("EXPLAIN " + sql, parameters)
+                access = {row[3] for row in cursor.fetchall()}
+                assert access <= {"range", "ref"}, access
+    finally:
+        with store.transaction() as connection:
+            connection.execute(delete(executions).where(executions.c.id.in_(roots)))
+        store.dispose()

@@ -51,7 +51,7 @@ def list_stale(
     )
     if after is not None:
         query = query.where(keyset_after(executions.c.updated_at, after))
-    return [(row["updated_at"], row["id"]) for row in db.read(query)]
+    return [(row["updated_at"], row["id"]) for row in db.read_serial(query)]
 
 
 def claim_stale(db: Database, *, execution_id: str, seen_version: int, now: datetime) -> bool:
