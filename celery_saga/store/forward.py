@@ -207,18 +207,11 @@ def record_step_completed(
                 )
             return True
         params = {
-            "run_id": step.execution_id,
-            "run_node": step.node,
-            "run_sub": step.sub,
-            "run_updated_at": stamp,
+            **held_step_params(step, stamp),
             "run_next_node": advance.node,
             "run_next_sub": advance.sub,
             "run_committed_at": stamp,
-            "step_run": step.execution_id,
-            "step_name": step.name,
-            "step_attempt": step.attempt,
             "step_result": result_blob,
-            "step_completed_at": stamp,
         }
         statement, expected = combined
         with db.single_statement() as connection:
@@ -290,6 +283,22 @@ def failed_run_values(plan: UnwindStep, reason: str) -> dict[str, Any]:
     else:
         values.update(state=ExecutionState.COMPENSATING.value)
     return values
+
+
+def held_step_params(step: StepAttempt, stamp: datetime) -> dict[str, Any]:
+    """The parameters of a one-statement outcome (``prepared.run_and_step_in_one``): the
+    run at the step's position (``run_at_cursor``), the step this attempt holds
+    (``step_held``), both stamped ``stamp`` (a store time)."""
+    return {
+        "run_id": step.execution_id,
+        "run_node": step.node,
+        "run_sub": step.sub,
+        "run_updated_at": stamp,
+        "step_run": step.execution_id,
+        "step_name": step.name,
+        "step_attempt": step.attempt,
+        "step_completed_at": stamp,
+    }
 
 
 def prefixed(prefix: str, values: dict[str, Any]) -> dict[str, Any]:

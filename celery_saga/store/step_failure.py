@@ -81,15 +81,8 @@ def fail_held_step(
     changes = forward.failed_run_values(plan, error)
     stamp = to_db_time(now)
     params = {
-        "run_id": step.execution_id,
-        "run_node": step.node,
-        "run_sub": step.sub,
-        "run_updated_at": stamp,
-        "step_run": step.execution_id,
-        "step_name": step.name,
-        "step_attempt": step.attempt,
+        **forward.held_step_params(step, stamp),
         "step_error": error,
-        "step_completed_at": stamp,
         **forward.prefixed("set_", changes),
     }
     statement = prepared.fail_in_one(tuple(sorted(changes)))
