@@ -61,17 +61,12 @@ def record_step_settled(
             else:
                 counts = _count_member(connection, step, now, failed=error is not None)
             forward.settle_step(connection, step, **changes)
-            settled, failures = counts or _count_records(connection, step, members)
-            if settled >= len(members) and counts is not None and not alone:
-                # the join is decided on the records: counts left by a release that did not
-                # reset them when it joined the group before must not join this one early
-                settled, failures = _count_records(connection, step, members)
-            if settled < len(members):
-                return GroupResult(settled=False)
-            if not failures:
-                _move_on(connection, step, advance, now)
-                return GroupResult(settled=True)
-            return _fail_group(connection, step, members, compensations, now, error)
+            if counts is None or (not alone and counts[0] >= len(members)):
+                # no counts yet (a run stored before them), or they say the group is
+                # complete: the records decide, so counts left by a release that did not
+                # reset them when it joined the group before never join this one early
+                counts = _count_records(connection, step, members)
+            return _join(connection, step, members, counts, compensations, now, advance, error)
     except Conflict:
         return None
 
@@ -93,15 +88,32 @@ def join_if_settled(
     try:
         with db.transaction() as connection:
             forward.lock_execution(connection, step.execution_id, step.node, step.sub, now)
-            settled, failures = _count_records(connection, step, members)
-            if settled < len(members):
-                return GroupResult(settled=False)  # the counts, now right, do the join
-            if not failures:
-                _move_on(connection, step, advance, now)
-                return GroupResult(settled=True)
-            return _fail_group(connection, step, members, compensations, now, None)
+            # still short, the counts stored now are right, and they do the join
+            counts = _count_records(connection, step, members)
+            return _join(connection, step, members, counts, compensations, now, advance, None)
     except Conflict:
         return None
+
+
+def _join(
+    connection: Connection,
+    step: StepAttempt,
+    members: Sequence[str],
+    counts: tuple[int, int],
+    compensations: Collection[str],
+    now: datetime,
+    advance: Advance,
+    error: str | None,
+) -> GroupResult:
+    """What the group's (settled, failed) ``counts`` decide: wait for more members, move
+    the run on, or fail it."""
+    settled, failures = counts
+    if settled < len(members):
+        return GroupResult(settled=False)
+    if not failures:
+        _move_on(connection, step, advance, now)
+        return GroupResult(settled=True)
+    return _fail_group(connection, step, members, compensations, now, error)
 
 
 def _move_on(connection: Connection, step: StepAttempt, advance: Advance, now: datetime) -> None:
@@ -119,17 +131,9 @@ def _counted_in_one(
     """PostgreSQL: a member's success settled and counted in one statement
     (``prepared.member_in_one``). False: nothing changed (the run is not counted yet, or
     this member is the group's last), and a transaction decides."""
-    stamp = to_db_time(now)
     params = {
-        "run_id": step.execution_id,
-        "run_node": step.node,
-        "run_sub": step.sub,
-        "run_updated_at": stamp,
-        "step_run": step.execution_id,
-        "step_name": step.name,
-        "step_attempt": step.attempt,
+        **forward.held_step_params(step, to_db_time(now)),
         "step_result": result_blob,
-        "step_completed_at": stamp,
         "group_size": size,
     }
     with db.single_statement() as connection:
