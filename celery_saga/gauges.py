@@ -59,14 +59,14 @@ class StoreGauges(Collector):
     def refresh(self) -> None:
         """Read the store once; a failure keeps the last reading and marks the store down."""
         try:
-            stats = inspection.stats(self.db)
+            runs = inspection.run_counts(self.db)
             oldest = inspection.oldest_unfinished_by_saga(self.db)
         except Exception as error:  # an outage must not end the thread
             if self.up:
                 logger.warning("saga gauges: the store could not be read (%s)", error)
             self.up = False
             return
-        self.reading = Reading(stats.counts, oldest, get_clock().now())
+        self.reading = Reading(runs, oldest, get_clock().now())
         self.up = True
 
     def collect(self) -> Iterator[Metric]:

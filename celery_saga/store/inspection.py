@@ -157,6 +157,15 @@ class Stats:
 UNFINISHED = tuple(s.value for s in ExecutionState if not s.is_terminal)
 
 
+def run_counts(db: Database, *, complete: bool = False) -> dict[tuple[str, str], int]:
+    """(saga, state) -> runs, unfinished ones only unless ``complete`` (see ``stats``)."""
+    query = select(executions.c.saga_name, executions.c.state, func.count().label("runs"))
+    if not complete:
+        query = query.where(executions.c.state.in_(UNFINISHED))
+    grouped = db.read(query.group_by(executions.c.saga_name, executions.c.state))
+    return {(r["saga_name"], r["state"]): int(r["runs"]) for r in grouped}
+
+
 def oldest_unfinished_by_saga(db: Database) -> dict[str, datetime]:
     """Each saga's oldest unfinished run's creation time, read from the unfinished runs
     only (the index on state): the cost follows what is live, not the history."""
@@ -185,16 +194,12 @@ def _oldest(db: Database, state: ExecutionState) -> ExecutionRecord | None:
 def stats(db: Database, *, complete: bool = False) -> Stats:
     """Counts of unfinished runs by saga and state, from the index on state (guarantee 32);
     ``complete`` counts finished and archived runs too, which reads the whole history."""
-    query = select(executions.c.saga_name, executions.c.state, func.count().label("runs"))
-    if not complete:
-        query = query.where(executions.c.state.in_(UNFINISHED))
-    grouped = db.read(query.group_by(executions.c.saga_name, executions.c.state))
     archived = None
     if complete:
         counted = db.read(select(func.count().label("runs")).select_from(executions_archive))
         archived = int(counted[0]["runs"])
     return Stats(
-        counts={(r["saga_name"], r["state"]): int(r["runs"]) for r in grouped},
+        counts=run_counts(db, complete=complete),
         archived=archived,
         oldest_waiting=_oldest(db, ExecutionState.WAITING),
         oldest_parked=_oldest(db, ExecutionState.COMPENSATION_STUCK),
