@@ -27,6 +27,16 @@ class PayloadError(SagaError):
     """A value cannot be stored: unsupported type, or larger than the configured limit."""
 
 
+class PayloadKeyError(SagaError):
+    """A stored payload is sealed with a key this process does not hold (or that does not
+    open it). Not the step's failure: a worker sends the message again later, an operator
+    read says which key to configure. ``key_id`` names the key."""
+
+    def __init__(self, key_id: str, message: str) -> None:
+        super().__init__(message)
+        self.key_id = key_id
+
+
 class SchemaValidationError(SagaError):
     """A step's input or output was rejected by its schema."""
 

@@ -1,6 +1,7 @@
 """The ``celery saga`` command group (entry point ``celery.commands``: ``saga``)."""
 
 from celery_saga.cli import db as _db  # noqa: F401  (registers the ``db`` subgroup)
+from celery_saga.cli import keys as _keys  # noqa: F401  (``db new-key``, ``db reencrypt``)
 from celery_saga.cli import versions as _versions  # noqa: F401  (``versions``, ``upgrade``)
 from celery_saga.cli.commands import saga
 

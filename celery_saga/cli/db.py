@@ -9,7 +9,9 @@ import click
 from sqlalchemy.exc import SQLAlchemyError
 
 from celery_saga.cli.commands import app_of, operator_command, saga
+from celery_saga.encryption import codec_from_conf
 from celery_saga.store import schema
+from celery_saga.store.codec import use_codec
 from celery_saga.store.database import Database
 from celery_saga.store.url_errors import configuration_error
 from celery_saga.worker.engine import DEFAULT_STORE_URL, SagaEngine
@@ -22,6 +24,7 @@ def _database(ctx: click.Context) -> Database:
     engine = getattr(app, "saga_engine", None)
     if isinstance(engine, SagaEngine):
         return engine.db
+    use_codec(codec_from_conf(app.conf))
     return Database(app.conf.get("saga_store_url") or DEFAULT_STORE_URL)
 
 
@@ -40,7 +43,7 @@ def _refusal_explained(database: Database) -> Iterator[None]:
 
 @saga.group()
 def db() -> None:
-    """The store's schema migrations."""
+    """The store's schema migrations and its payload keys."""
 
 
 @db.command()

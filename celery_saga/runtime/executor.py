@@ -18,7 +18,7 @@ from celery_saga.definition.nodes import (
     SubSagaNode,
     WaitNode,
 )
-from celery_saga.errors import BranchPathError, LoopError, PayloadError
+from celery_saga.errors import BranchPathError, LoopError, PayloadError, PayloadKeyError
 from celery_saga.records import ExecutionRecord, ExecutionState, StepAttempt, StepRecord, StepStatus
 from celery_saga.runtime.cancel import Cancellation
 from celery_saga.runtime.children import Children
@@ -367,8 +367,8 @@ class Executor(Progress):
                 ctx = step_context(
                     self.db, definition, spec, name, execution_id, key, attempt, snapshot, loop
                 )
-            except SQLAlchemyError:
-                raise  # the store failed, not the step: the claim waits for its lease or a retry
+            except (SQLAlchemyError, PayloadKeyError):
+                raise  # the store (or a key) failed, not the step: the claim waits its lease
             except Exception as error:
                 failed = self._step_failed(definition, position, message, held, error)
                 return no_body_if_taken_over(failed)

@@ -12,6 +12,7 @@ from celery_saga.decisions.retry import backoff_delay
 from celery_saga.decisions.unwind import UnwindStep
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import StepSpec
+from celery_saga.errors import PayloadKeyError
 from celery_saga.records import CompensationOutcome, ReversalAttempt, StepRecord
 from celery_saga.runtime.async_bodies import run_body
 from celery_saga.runtime.clock import get_clock
@@ -81,7 +82,7 @@ class ReversalRuns(ReversalOutcomes):
         ):
             try:
                 ctx = reversal_context(self.db, definition, unwinding, record, key, attempt)
-            except SQLAlchemyError:
+            except (SQLAlchemyError, PayloadKeyError):
                 raise  # reading the context failed, not the reversal: its claim expires
             except Exception as error:  # e.g. the soft time limit, spent before the handler
                 failed = self._reversal_failed(definition, held, unwinding, spec, error, fields)

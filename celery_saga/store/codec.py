@@ -1,8 +1,13 @@
-"""msgpack codec for payload columns.
+"""msgpack codec for payload columns, sealed by the payload codec when one is configured.
 
 Round-trips exactly: None, bool, int, float, str, bytes, list, dict (str or int keys), and via
 extension types datetime, date, time, timedelta, Decimal and UUID. Tuples are stored as lists.
 Anything else is refused with a ``PayloadError`` before anything is written.
+
+With a payload codec in use (``use_codec``), every packed value leaves as a sealed envelope:
+``0xC1`` (a byte msgpack never starts with), a format byte, the key id's length and the key id,
+then what the codec made of the msgpack bytes. A value without the marker is plain msgpack,
+written before the codec was turned on, and still reads.
 """
 
 from __future__ import annotations
@@ -10,11 +15,84 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from decimal import Decimal
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 
-from celery_saga.errors import PayloadError
+from celery_saga.errors import PayloadError, PayloadKeyError
+
+
+class PayloadCodec(Protocol):
+    """Seals packed payloads before they are stored and opens them when read.
+
+    ``seal`` returns the id of the key it used and the sealed bytes; ``open`` is given them
+    back and raises ``PayloadKeyError`` for a key id it does not hold. ``key_ids`` lists the
+    ids it can open."""
+
+    @property
+    def key_ids(self) -> tuple[str, ...]: ...
+
+    def seal(self, data: bytes) -> tuple[str, bytes]: ...
+
+    def open(self, key_id: str, sealed: bytes) -> bytes: ...
+
+
+SEALED = 0xC1
+_FORMAT = 1
+_codec: PayloadCodec | None = None
+
+
+def use_codec(codec: PayloadCodec | None) -> None:
+    """Seal every payload this process packs with ``codec`` from now on (None: store plain
+    msgpack). One codec per process: the engine sets it from its app's settings."""
+    global _codec
+    _codec = codec
+
+
+def current_codec() -> PayloadCodec | None:
+    return _codec
+
+
+def sealed_key(data: bytes | None) -> str | None:
+    """The key id a stored payload was sealed with (None: plain msgpack, or no payload)."""
+    if not data or data[0] != SEALED:
+        return None
+    return _envelope(data)[0]
+
+
+def seal(packed: bytes, codec: PayloadCodec | None = None) -> bytes:
+    """``packed`` as it is stored: sealed by ``codec`` (default: the process's codec)."""
+    codec = codec or _codec
+    if codec is None:
+        return packed
+    key_id, sealed = codec.seal(packed)
+    name = key_id.encode()
+    return bytes((SEALED, _FORMAT, len(name))) + name + sealed
+
+
+def open_sealed(data: bytes, codec: PayloadCodec | None = None) -> bytes:
+    """The msgpack bytes of a stored payload, opened by ``codec`` (default: the process's)."""
+    if not data or data[0] != SEALED:
+        return data
+    key_id, sealed = _envelope(data)
+    codec = codec or _codec
+    if codec is None:
+        raise PayloadKeyError(
+            key_id,
+            f"a payload sealed with key {key_id!r} cannot be read: this process has no payload "
+            "codec (set saga_payload_keys, or saga_payload_codec)",
+        )
+    return codec.open(key_id, sealed)
+
+
+def _envelope(data: bytes) -> tuple[str, bytes]:
+    if len(data) < 3 or data[1] != _FORMAT or len(data) < 3 + data[2]:
+        raise PayloadKeyError(
+            "?", "a stored payload carries the sealed marker but no valid envelope"
+        )
+    end = 3 + data[2]
+    return data[3:end].decode(errors="replace"), data[end:]
+
 
 _DATETIME, _DATE, _TIME, _TIMEDELTA, _DECIMAL, _UUID = range(1, 7)
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
@@ -118,10 +196,13 @@ def pack(value: Any, *, what: str = "value", limit: int = DEFAULT_MAX_PAYLOAD_BY
         raise PayloadError(f"{what} cannot be stored: {error}") from None
     if len(packed) > limit:
         raise PayloadError(f"{what} is {len(packed)} bytes once encoded; the limit is {limit}")
-    return packed
+    return seal(packed)
 
 
 def unpack(data: bytes | None) -> Any:
+    """The value of a stored payload; ``PayloadKeyError`` when it is sealed with a key this
+    process does not hold."""
     if data is None:
         return None
-    return msgpack.unpackb(data, ext_hook=_decode_ext, raw=False, strict_map_key=False)
+    plain = open_sealed(data)
+    return msgpack.unpackb(plain, ext_hook=_decode_ext, raw=False, strict_map_key=False)

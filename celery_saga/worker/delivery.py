@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from celery.exceptions import WorkerShutdown, WorkerTerminate
 from sqlalchemy.exc import SQLAlchemyError
 
-from celery_saga.errors import VersionNotDeployedError
+from celery_saga.errors import PayloadKeyError, VersionNotDeployedError
 from celery_saga.runtime.limits import restore_soft_limit
 from celery_saga.runtime.outcomes import Outcome
 from celery_saga.store.transient import describe_store_error, is_transient
@@ -29,7 +29,7 @@ STORE_RETRY_COUNTDOWNS = (1, 2, 4, 8, 15)
 STORE_RETRY_MAX = 40
 
 #: Sends the message again after ``countdown`` s and returns what the task raises.
-SendAgain = Callable[[int, SQLAlchemyError], BaseException]
+SendAgain = Callable[[int, Exception], BaseException]
 
 
 def redelivered(request: Any, resends: int) -> bool:
@@ -80,6 +80,14 @@ def sent_again_on_lost_store(task: Any, resends: int, send_again: SendAgain) -> 
             describe_store_error(error),
             countdown,
         )
+        raise send_again(countdown, error) from error
+    except PayloadKeyError as error:
+        # Not the run's failure: this process lacks a key (its settings are behind the
+        # others'). The message comes back after a pause, for this or another worker.
+        if resends >= STORE_RETRY_MAX:
+            raise
+        countdown = STORE_RETRY_COUNTDOWNS[-1]
+        logger.error("%s: %s; this message is sent again in %d s", task.name, error, countdown)
         raise send_again(countdown, error) from error
     finally:
         restore_soft_limit()

@@ -17,6 +17,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from celery_saga.decisions.cancel import CancelVerdict
 from celery_saga.definition.builder import Saga, SagaDefinition, run_timeout
 from celery_saga.definition.sub_sagas import check_no_cycle
+from celery_saga.encryption import codec_from_conf
 from celery_saga.errors import (
     DefinitionError,
     ExecutionNotFoundError,
@@ -32,6 +33,7 @@ from celery_saga.runtime.executor import Executor
 from celery_saga.runtime.ports import Catalog, Settings
 from celery_saga.runtime.recovery import Recoverer
 from celery_saga.store import queries, retention
+from celery_saga.store.codec import use_codec
 from celery_saga.store.database import Database
 from celery_saga.store.transient import describe_store_error, is_transient, retry_transient
 from celery_saga.store.url_errors import configuration_error
@@ -74,6 +76,8 @@ class SagaEngine:
         self.db = Database(store_url or app.conf.get("saga_store_url") or DEFAULT_STORE_URL)
         if app.conf.get("saga_durable_claims"):
             self.db.durable_claims = True
+        # Every payload this process stores or reads goes through the app's codec.
+        use_codec(codec_from_conf(app.conf))
         self.events = EventHub(app)
         self.settings = Settings.from_conf(app.conf)
         self.catalog = Catalog(discover=lambda: self.discovery.discover())

@@ -97,7 +97,7 @@ def _send_again(publisher: CeleryPublisher, task: Any, header: dict[str, Any]) -
     """Send a step's message again, same task id, ``resent`` counting up."""
     resent = int(header.get("resent", 0))
 
-    def send(countdown: int, error: SQLAlchemyError) -> BaseException:
+    def send(countdown: int, error: Exception) -> BaseException:
         request = task.request
         hard, soft = request.timelimit or (None, None)
         limits = {"time_limit": hard, "soft_time_limit": soft} if hard or soft else {}
@@ -113,8 +113,12 @@ def _send_again(publisher: CeleryPublisher, task: Any, header: dict[str, Any]) -
             expires=None,
             **limits,
         )
-        unreachable = f"the saga store is unreachable: {describe_store_error(error)}"
-        retry: BaseException = Retry(unreachable, exc=error, when=countdown)
+        why = (
+            f"the saga store is unreachable: {describe_store_error(error)}"
+            if isinstance(error, SQLAlchemyError)
+            else str(error)
+        )
+        retry: BaseException = Retry(why, exc=error, when=countdown)
         return retry
 
     return send

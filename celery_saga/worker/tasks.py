@@ -8,7 +8,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery
-from sqlalchemy.exc import SQLAlchemyError
 
 from celery_saga.decisions.admission import NodeMessage
 from celery_saga.errors import StoreUnavailableError
@@ -138,7 +137,7 @@ def _saga_and_version(task: Any) -> tuple[str | None, str | None]:
 def _send_again(task: Any) -> SendAgain:
     """The engine's own tasks are sent again through Celery's retry (same task id)."""
 
-    def send_again(countdown: int, error: SQLAlchemyError) -> BaseException:
+    def send_again(countdown: int, error: Exception) -> BaseException:
         retried: BaseException = task.retry(
             countdown=countdown, max_retries=STORE_RETRY_MAX, exc=error
         )

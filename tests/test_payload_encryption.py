@@ -1,0 +1,237 @@
+"""Payloads encrypted at rest (``saga_payload_keys``): sealed before they reach the store and
+opened when read, on every node kind, with key ids beside each payload so keys rotate
+without rewriting history; a payload whose key is missing names the key."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+import uuid
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import inspect, select, text
+
+from celery_saga import ExecutionState, PayloadKeyError, Saga, SagaContext, step
+from celery_saga.definition.builder import path
+from celery_saga.encryption import AESGCMCodec, codec_from_conf, new_key
+from celery_saga.store import codec as codec_module
+from celery_saga.store.codec import pack, sealed_key, unpack, use_codec
+from celery_saga.store.database import Database
+from celery_saga.store.tables import executions
+from tests.conftest import PORTS, _test_database_url, in_process_pg_engine, require_services
+
+SECRET = "4111-SECRET-" + uuid.uuid4().hex[:8]
+KEY_1, KEY_2 = new_key(), new_key()
+
+
+@pytest.fixture(autouse=True)
+def _process_codec() -> Iterator[None]:
+    """The codec is the process's: give back the one other tests run with."""
+    before = codec_module.current_codec()
+    yield
+    use_codec(before)
+
+
+# -- the envelope ------------------------------------------------------------------------
+
+
+def test_a_sealed_payload_round_trips_every_type_and_holds_no_plaintext() -> None:
+    use_codec(AESGCMCodec({"k1": KEY_1}))
+    value = {
+        "card": SECRET,
+        "when": dt.datetime(2026, 12, 5, 10, 0, tzinfo=dt.timezone.utc),
+        "amount": Decimal("12.30"),
+        "raw": SECRET.encode(),
+        "lines": [1, 2.5, None, True],
+    }
+    stored = pack(value)
+    assert SECRET.encode() not in stored
+    assert sealed_key(stored) == "k1"
+    assert unpack(stored) == value
+    assert pack(value) != stored  # a fresh nonce each time
+
+
+def test_plain_payloads_written_before_the_codec_still_read() -> None:
+    use_codec(None)
+    plain = pack({"card": SECRET})
+    assert sealed_key(plain) is None
+    use_codec(AESGCMCodec({"k1": KEY_1}))
+    assert unpack(plain) == {"card": SECRET}
+
+
+def test_a_payload_whose_key_is_missing_names_the_key() -> None:
+    use_codec(AESGCMCodec({"old": KEY_1}))
+    stored = pack({"card": SECRET})
+    use_codec(AESGCMCodec({"new": KEY_2}))
+    with pytest.raises(PayloadKeyError, match="'old'") as missing:
+        unpack(stored)
+    assert missing.value.key_id == "old"
+    use_codec(None)
+    with pytest.raises(PayloadKeyError, match=r"key .old..*no payload codec"):
+        unpack(stored)
+
+
+def test_a_key_id_given_other_key_material_is_refused_not_read_as_garbage() -> None:
+    use_codec(AESGCMCodec({"k1": KEY_1}))
+    stored = pack("value")
+    use_codec(AESGCMCodec({"k1": KEY_2}))
+    with pytest.raises(PayloadKeyError, match="does not open with the key configured"):
+        unpack(stored)
+
+
+def test_the_newest_key_seals_and_every_listed_key_opens() -> None:
+    use_codec(AESGCMCodec({"k1": KEY_1}))
+    old = pack("a")
+    use_codec(codec_from_conf({"saga_payload_keys": {"k1": KEY_1, "k2": KEY_2}}))
+    assert sealed_key(pack("b")) == "k2"
+    assert unpack(old) == "a"
+    chosen = {"saga_payload_keys": {"k1": KEY_1, "k2": KEY_2}, "saga_payload_key": "k1"}
+    use_codec(codec_from_conf(chosen))
+    assert sealed_key(pack("c")) == "k1"
+
+
+@pytest.mark.parametrize(
+    ("conf", "message"),
+    [
+        ({"saga_payload_keys": {"k1": "not base64!"}}, "not URL-safe base64"),
+        ({"saga_payload_keys": {"k1": "c2hvcnQ="}}, "is 5 bytes"),
+        ({"saga_payload_keys": {"k1": KEY_1}, "saga_payload_key": "k9"}, "'k9' is not among"),
+        ({"saga_payload_keys": {"": KEY_1}}, "key id ''"),
+        ({"saga_payload_keys": {"k1": KEY_1}, "saga_payload_codec": "x:y"}, "not both"),
+        ({"saga_payload_codec": "json"}, "'module:attribute'"),
+    ],
+)
+def test_bad_codec_settings_are_refused_with_what_is_wrong(
+    conf: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        codec_from_conf(conf)
+
+
+def test_a_codec_named_by_its_import_path_is_used() -> None:
+    codec = codec_from_conf({"saga_payload_codec": f"{__name__}:named_codec"})
+    assert codec is not None and codec.key_ids == ("named",)
+
+
+def named_codec() -> AESGCMCodec:
+    return AESGCMCodec({"named": KEY_1})
+
+
+# -- every node kind, every table ----------------------------------------------------------
+
+
+def _reserve(ctx: SagaContext) -> dict[str, Any]:
+    return {"token": ctx.input["card"], "amount": Decimal("9.99")}
+
+
+def _charge(ctx: SagaContext) -> str:
+    return f"charged {ctx.input['card']}"
+
+
+def _pick(ctx: SagaContext) -> str:
+    return f"picked {ctx.item}"
+
+
+def _fail_if_asked(ctx: SagaContext) -> str:
+    if ctx.input.get("fail"):
+        raise RuntimeError("the carrier refused the parcel")
+    return "shipped " + ctx.signals["paid"]["card"]
+
+
+def _undo(ctx: SagaContext) -> None:
+    return None
+
+
+def _child(ctx: SagaContext) -> str:
+    return "child saw " + ctx.input["card"]
+
+
+def _sagas() -> list[Saga]:
+    child = Saga("vault_child").step("remember", _child, compensate=_undo)
+    parent = (
+        Saga("vault_parent")
+        .step("reserve", _reserve, compensate=_undo)
+        .parallel("both", step("charge", _charge, compensate=_undo), step("note", _charge))
+        .branch(
+            "route",
+            lambda ctx: "card" if ctx.input["card"] else "cash",
+            path("card", step("card_path", _charge, compensate=_undo)),
+            path("cash", step("cash_path", _charge)),
+        )
+        .map("summary", lambda ctx: {"secret": ctx.input["card"], "n": 2})
+        .for_each(lambda ctx: ctx.input["items"], step(_pick, compensate=_undo))
+        .sub_saga("vault_child")
+        .wait_for("paid", timeout=120)
+        .step("ship", _fail_if_asked, compensate=_undo)
+    )
+    return [child, parent]
+
+
+def _plaintext_cells(db: Database) -> list[str]:
+    """Every (table.column) holding the secret in any row: text and bytes alike."""
+    found = []
+    names = inspect(db.engine).get_table_names()
+    with db.engine.connect() as connection:
+        for table in names:
+            for row in connection.execute(text(f"SELECT * FROM {table}")).mappings():
+                for column, value in row.items():
+                    raw = value if isinstance(value, (bytes, memoryview)) else str(value)
+                    probe = bytes(raw) if not isinstance(raw, str) else raw.encode()
+                    if SECRET.encode() in probe:
+                        found.append(f"{table}.{column}")
+    return found
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def vault_store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/vault.sqlite3"
+    require_services(PORTS["postgres"])
+    database = Database(_test_database_url())
+    database.migrate()
+    with database.transaction() as connection:
+        for name in ("saga_executions",):
+            connection.execute(text(f"DELETE FROM {name} WHERE saga_name LIKE 'vault_%'"))
+    database.dispose()
+    return _test_database_url()
+
+
+def test_no_plaintext_of_a_payload_reaches_any_table_and_runs_end_as_without_the_codec(
+    vault_store: str,
+) -> None:
+    keys = {"saga_payload_keys": {"k1": KEY_1}}
+    with in_process_pg_engine("vault", *_sagas(), store_url=vault_store, **keys) as engine:
+        ids = []
+        for fail in (False, True):
+            saga_input = {"card": SECRET, "items": [SECRET, "b"], "fail": fail}
+            run = engine.start("vault_parent", saga_input)
+            _wait_state(engine, run.id, ExecutionState.WAITING)
+            assert engine.signal(run.id, "paid", {"card": SECRET})
+            ids.append(run.id)
+        done = engine.handle(ids[0]).wait(timeout=60)
+        undone = engine.handle(ids[1]).wait(timeout=60)
+        assert done.state is ExecutionState.COMPLETED
+        assert done.steps[-1].result == f"shipped {SECRET}"
+        assert {s.name: s.result for s in done.steps}["summary"] == {"secret": SECRET, "n": 2}
+        assert undone.state is ExecutionState.FAILED
+        assert undone.failure_reason and "carrier refused" in undone.failure_reason
+        assert all(s.compensation_status for s in undone.steps if s.name in ("reserve", "charge"))
+        assert _plaintext_cells(engine.db) == []
+        with engine.db.engine.connect() as connection:
+            stored = connection.execute(
+                select(executions.c.input).where(executions.c.id == ids[0])
+            ).scalar_one()
+        assert sealed_key(stored) == "k1"
+
+
+def _wait_state(engine: Any, execution_id: str, state: ExecutionState) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if engine.get(execution_id).state is state:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{execution_id} never reached {state}")
