@@ -83,6 +83,18 @@ def _test_database_url() -> str:
     return PG_ADMIN.rsplit("/", 1)[0] + "/" + PG_DATABASE
 
 
+def fresh_pg_database(suffix: str) -> str:
+    """An empty PostgreSQL database of this process's own (dropped first if it exists), for
+    a test whose rows no other test may read (payloads sealed with the test's own keys)."""
+    name = f"{PG_DATABASE}_{suffix}"
+    admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        connection.execute(text(f"CREATE DATABASE {name}"))
+    admin.dispose()
+    return PG_ADMIN.rsplit("/", 1)[0] + "/" + name
+
+
 @dataclass
 class Harness:
     name: str

@@ -5,6 +5,7 @@ without rewriting history; a payload whose key is missing names the key."""
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from celery_saga.store import codec as codec_module
 from celery_saga.store.codec import pack, sealed_key, unpack, use_codec
 from celery_saga.store.database import Database
 from celery_saga.store.tables import executions
-from tests.conftest import PORTS, _test_database_url, in_process_pg_engine, require_services
+from tests.conftest import PORTS, fresh_pg_database, in_process_pg_engine, require_services
 
 SECRET = "4111-SECRET-" + uuid.uuid4().hex[:8]
 KEY_1, KEY_2 = new_key(), new_key()
@@ -191,13 +192,7 @@ def vault_store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/vault.sqlite3"
     require_services(PORTS["postgres"])
-    database = Database(_test_database_url())
-    database.migrate()
-    with database.transaction() as connection:
-        for name in ("saga_executions",):
-            connection.execute(text(f"DELETE FROM {name} WHERE saga_name LIKE 'vault_%'"))
-    database.dispose()
-    return _test_database_url()
+    return fresh_pg_database("vault")
 
 
 def test_no_plaintext_of_a_payload_reaches_any_table_and_runs_end_as_without_the_codec(
@@ -235,3 +230,36 @@ def _wait_state(engine: Any, execution_id: str, state: ExecutionState) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"{execution_id} never reached {state}")
+
+
+# -- a worker without the key ---------------------------------------------------------------
+
+
+def test_a_worker_without_the_key_names_it_and_sends_the_message_again_not_failing_the_run(
+    tmp_path: Path,
+) -> None:
+    store = f"sqlite:///{tmp_path}/keys.sqlite3"
+    lines: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = lines.append  # type: ignore[method-assign]
+    logging.getLogger("celery_saga").addHandler(handler)
+    saga = Saga("vault_keyless").step("reserve", _reserve, compensate=_undo)
+    with in_process_pg_engine(
+        "vault-keyless", saga, store_url=store, saga_payload_keys={"k2": KEY_2}
+    ) as engine:
+        use_codec(AESGCMCodec({"k1": KEY_1}))  # a producer on the old key
+        run = engine.start("vault_keyless", {"card": SECRET})
+        use_codec(AESGCMCodec({"k2": KEY_2}))  # the worker's settings lack it
+        deadline = time.monotonic() + 20
+        while not any("key 'k1'" in r.getMessage() for r in lines):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        logging.getLogger("celery_saga").removeHandler(handler)
+        line = next(r for r in lines if "key 'k1'" in r.getMessage())
+        assert line.levelname == "ERROR" and "sent again in 15 s" in line.getMessage()
+        assert not any(SECRET in r.getMessage() for r in lines)
+        use_codec(AESGCMCodec({"k1": KEY_1, "k2": KEY_2}))  # the settings are mended
+        assert engine.get(run.id).state is ExecutionState.RUNNING
+        done = run.wait(timeout=40)
+        assert done.state is ExecutionState.COMPLETED
+        assert done.results["reserve"]["token"] == SECRET

@@ -54,3 +54,13 @@ def reencrypt(ctx: click.Context, batch_size: int) -> None:
         )
     if any(count.changed_meanwhile for count in counts):
         click.echo("rows changed while this ran: run it again to cover them")
+    unreadable: dict[str, int] = {}
+    for count in counts:
+        for key_id, number in count.unreadable.items():
+            unreadable[key_id] = unreadable.get(key_id, 0) + number
+    if unreadable:
+        named = ", ".join(f"{n} sealed with key {k!r}" for k, n in sorted(unreadable.items()))
+        raise click.ClickException(
+            f"payloads this process cannot open were left as they are: {named}; add that "
+            "key to saga_payload_keys (with the key material it was sealed with) and run again"
+        )

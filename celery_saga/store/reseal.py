@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import Column, Table, and_, bindparam, select, tuple_, update
 
+from celery_saga.errors import PayloadKeyError
 from celery_saga.store.codec import PayloadCodec, open_sealed, seal, sealed_key
 from celery_saga.store.database import Database
 from celery_saga.store.tables import (
@@ -47,13 +48,15 @@ PAYLOAD_COLUMNS: tuple[tuple[Table, tuple[str, ...], str], ...] = (
 @dataclass
 class ResealCount:
     """What one column's walk found: payloads moved to the newest key, already on it,
-    changed by someone else between the read and the write, and the keys met."""
+    changed by someone else between the read and the write, left as they are because this
+    process cannot open them (by key id), and the keys met."""
 
     table: str
     column: str
     resealed: int = 0
     current: int = 0
     changed_meanwhile: int = 0
+    unreadable: dict[str, int] = field(default_factory=dict)
     keys_met: dict[str, int] = field(default_factory=dict)
 
 
@@ -113,7 +116,11 @@ def _reseal_batch(
         if key_id == newest:
             count.current += 1
             continue
-        new = seal(open_sealed(old, codec), codec)
+        try:
+            new = seal(open_sealed(old, codec), codec)
+        except PayloadKeyError as missing:  # counted and named; the walk goes on
+            count.unreadable[missing.key_id] = count.unreadable.get(missing.key_id, 0) + 1
+            continue
         named = {f"k_{name}": value for name, value in zip(keys, key_values, strict=True)}
         changes.append({**named, "old": old, "new": new})
     if not changes:
