@@ -292,6 +292,18 @@ def mariadb_url() -> str:
     return MARIADB
 
 
+def fresh_mariadb_database(suffix: str) -> str:
+    """An empty MariaDB database of this process's own, as ``fresh_pg_database``."""
+    require_services(3306)
+    url = f"{MARIADB}_{suffix}"
+    admin = create_engine(_MARIADB_SHARED, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f"DROP DATABASE IF EXISTS {url.rsplit('/', 1)[1]}"))
+        connection.execute(text(f"CREATE DATABASE {url.rsplit('/', 1)[1]}"))
+    admin.dispose()
+    return url
+
+
 def unconsumed_app(prefix: str) -> Any:
     """A Celery app on ``memory://`` whose default queue no worker consumes (its own name:
     the in-memory transport is shared by every app in the process)."""

@@ -74,6 +74,12 @@ class Rig:
             self.stop_worker(name)
 
 
+def _saga_command(rig: Rig, keys: dict[str, str], *words: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "celery", "-A", "tests.vault_app:app", "saga", *words]
+    env = rig.env(keys, list(keys)[-1])
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
 def _states(engine: SagaEngine, ids: list[str]) -> Counter[ExecutionState]:
     return Counter(engine.get(i).state for i in ids)
 
@@ -133,15 +139,14 @@ def test_runs_in_flight_complete_while_the_key_rotates_and_reencrypt_converts_th
     with pytest.raises(PayloadKeyError, match="key 'k1'"):
         only_new.get(ids[0])
 
-    command = [sys.executable, "-m", "celery", "-A", "tests.vault_app:app", "saga", "db"]
-    done = subprocess.run(
-        [*command, "reencrypt", "--batch-size", "64"],
-        cwd=ROOT,
-        env=rig.env({"k1": K1, "k2": K2}, "k2"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    # An operator without the old key still sees each run, its payloads named by key.
+    shown = _saga_command(rig, {"k2": K2}, "show", ids[0], "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert "<sealed with key 'k1'>" in shown.stdout and "card-0" not in shown.stdout
+    listed = _saga_command(rig, {"k2": K2}, "list", "--saga", "vault_rotate")
+    assert listed.returncode == 0 and listed.stdout.count("completed") == 50, listed.stderr
+
+    done = _saga_command(rig, {"k1": K1, "k2": K2}, "db", "reencrypt", "--batch-size", "64")
     assert done.returncode == 0, done.stderr
     assert "saga_executions.input:" in done.stdout and "changed meanwhile" in done.stdout
     assert set(_keys_in_store(new, ids)) == {"k2"}

@@ -22,8 +22,15 @@ from celery_saga.encryption import AESGCMCodec, codec_from_conf, new_key
 from celery_saga.store import codec as codec_module
 from celery_saga.store.codec import pack, sealed_key, unpack, use_codec
 from celery_saga.store.database import Database
+from celery_saga.store.reseal import reseal_all
 from celery_saga.store.tables import executions
-from tests.conftest import PORTS, fresh_pg_database, in_process_pg_engine, require_services
+from tests.conftest import (
+    PORTS,
+    fresh_mariadb_database,
+    fresh_pg_database,
+    in_process_pg_engine,
+    require_services,
+)
 
 SECRET = "4111-SECRET-" + uuid.uuid4().hex[:8]
 KEY_1, KEY_2 = new_key(), new_key()
@@ -263,3 +270,52 @@ def test_a_worker_without_the_key_names_it_and_sends_the_message_again_not_faili
         done = run.wait(timeout=40)
         assert done.state is ExecutionState.COMPLETED
         assert done.results["reserve"]["token"] == SECRET
+
+
+# -- reencrypt on every backend ---------------------------------------------------------
+
+
+@pytest.fixture(params=["sqlite", "postgres", "mariadb"])
+def own_store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A store no other test reads: reencrypt walks every row of it."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/reseal.sqlite3"
+    if request.param == "postgres":
+        require_services(PORTS["postgres"])
+        return fresh_pg_database("reseal")
+    return fresh_mariadb_database("reseal")
+
+
+def test_reencrypt_moves_plain_and_old_payloads_to_the_newest_key_and_names_what_it_cannot_open(
+    own_store: str,
+) -> None:
+    from celery_saga import SagaEngine
+    from tests.conftest import unconsumed_app
+
+    engine = SagaEngine(unconsumed_app("reseal"), store_url=own_store)
+    engine.register(Saga("vault_reseal").step("reserve", _reserve))
+    engine.ensure_schema()
+    written = {}
+    for key_id, codec in (
+        ("plain", None),
+        ("k1", AESGCMCodec({"k1": KEY_1})),
+        ("stranger", AESGCMCodec({"stranger": new_key()})),
+        ("k2", AESGCMCodec({"k2": KEY_2})),
+    ):
+        use_codec(codec)
+        written[key_id] = [
+            engine.start("vault_reseal", {"card": f"{key_id}-{n}"}).id for n in range(7)
+        ]
+    rotating = AESGCMCodec({"k1": KEY_1, "k2": KEY_2}, current="k2")
+    counts = reseal_all(engine.db, rotating, "k2", batch_size=3)
+    runs = next(c for c in counts if c.table == "saga_executions")
+    assert (runs.resealed, runs.current, runs.unreadable) == (14, 7, {"stranger": 7})
+    assert runs.keys_met == {"(plain)": 7, "k1": 7, "stranger": 7, "k2": 7}
+    use_codec(AESGCMCodec({"k2": KEY_2}))  # the old key removed
+    for key_id in ("plain", "k1", "k2"):
+        for n, execution_id in enumerate(written[key_id]):
+            assert engine.get(execution_id).record.input == {"card": f"{key_id}-{n}"}
+    with pytest.raises(PayloadKeyError, match="'stranger'"):
+        engine.get(written["stranger"][0])
+    assert reseal_all(engine.db, rotating, "k2")[0].resealed == 0  # nothing left to do
+    engine.db.dispose()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Protocol
 
@@ -197,6 +198,27 @@ def pack(value: Any, *, what: str = "value", limit: int = DEFAULT_MAX_PAYLOAD_BY
     if len(packed) > limit:
         raise PayloadError(f"{what} is {len(packed)} bytes once encoded; the limit is {limit}")
     return seal(packed)
+
+
+@dataclass(frozen=True)
+class Sealed:
+    """In a listing or ``show``, a payload this process cannot open: it stands in for the
+    value, naming the key, so the run's ids, states and times still show without keys."""
+
+    key_id: str
+
+    def __repr__(self) -> str:
+        return f"<sealed with key {self.key_id!r}>"
+
+    __str__ = __repr__
+
+
+def unpack_or_sealed(data: bytes | None) -> Any:
+    """``unpack``, or a ``Sealed`` naming the key when this process cannot open it."""
+    try:
+        return unpack(data)
+    except PayloadKeyError as missing:
+        return Sealed(missing.key_id)
 
 
 def unpack(data: bytes | None) -> Any:

@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import insert, select
 
-from celery_saga.store.codec import unpack
+from celery_saga.store.codec import unpack_or_sealed
 from celery_saga.store.database import Database, from_db_time, to_db_time
 from celery_saga.store.tables import history, history_archive
 
@@ -64,7 +64,7 @@ def load(db: Database, execution_id: str, archived: bool = False) -> list[Histor
             holder=row["holder"],
             actor=row["actor"],
             detail=row["detail"],
-            data=None if row["data"] is None else unpack(row["data"]),
+            data=unpack_or_sealed(row["data"]),
         )
         for row in rows
     ]

@@ -13,7 +13,7 @@ from sqlalchemy import Table, and_, func, or_, select
 
 from celery_saga.records import ExecutionRecord, ExecutionState, RollbackStatus, StepRecord
 from celery_saga.store import history
-from celery_saga.store.codec import unpack
+from celery_saga.store.codec import unpack_or_sealed
 from celery_saga.store.database import Database, from_db_time, to_db_time
 from celery_saga.store.history import HistoryEntry
 from celery_saga.store.queries import Page, decode_cursor
@@ -100,7 +100,7 @@ def list_runs(
             ),
         )
     rows = db.read(query)
-    items = tuple(execution_from_row(r) for r in rows[:limit])
+    items = tuple(execution_from_row(r, unpack_or_sealed) for r in rows[:limit])
     more = len(rows) > limit
     return Page(items, _encode(items[-1]) if more and items else None)
 
@@ -123,11 +123,12 @@ def load_run(db: Database, execution_id: str) -> StoredRun | None:
             .order_by(signal_table.c.received_at, signal_table.c.event)
         )
         signal_rows = tuple(
-            Signal(r["event"], unpack(r["payload"]), _aware(r["received_at"])) for r in received
+            Signal(r["event"], unpack_or_sealed(r["payload"]), _aware(r["received_at"]))
+            for r in received
         )
         return StoredRun(
-            execution_from_row(rows[0]),
-            tuple(step_from_row(r) for r in steps),
+            execution_from_row(rows[0], unpack_or_sealed),
+            tuple(step_from_row(r, opener=unpack_or_sealed) for r in steps),
             signal_rows,
             from_db_time(rows[0]["archived_at"]) if archived else None,
             tuple(history.load(db, execution_id, archived)),

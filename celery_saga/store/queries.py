@@ -15,7 +15,7 @@ from sqlalchemy.orm import aliased
 
 from celery_saga.records import ExecutionRecord, ExecutionState, RollbackStatus, StepRecord
 from celery_saga.store import prepared
-from celery_saga.store.codec import pack, unpack
+from celery_saga.store.codec import pack, unpack, unpack_or_sealed
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.rows import execution_from_row, step_from_row
 from celery_saga.store.tables import decisions, executions, step_records
@@ -240,6 +240,6 @@ def list_executions(
     if after is not None:
         query = query.where(keyset_after(executions.c.created_at, after))
     rows = db.read(query)
-    items = tuple(execution_from_row(r) for r in rows[:limit])
+    items = tuple(execution_from_row(r, unpack_or_sealed) for r in rows[:limit])
     more = len(rows) > limit
     return Page(items, _encode_cursor(items[-1]) if more and items else None)

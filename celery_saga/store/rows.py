@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from celery_saga.records import (
@@ -16,8 +16,11 @@ from celery_saga.records import (
 from celery_saga.store.codec import unpack
 from celery_saga.store.database import from_db_time
 
+#: Reads a stored payload: ``unpack`` for the engine, ``unpack_or_sealed`` for listings.
+Opener = Callable[[bytes | None], Any]
 
-def execution_from_row(row: Mapping[Any, Any]) -> ExecutionRecord:
+
+def execution_from_row(row: Mapping[Any, Any], opener: Opener = unpack) -> ExecutionRecord:
     created_at = from_db_time(row["created_at"])
     updated_at = from_db_time(row["updated_at"])
     assert created_at is not None and updated_at is not None
@@ -29,7 +32,7 @@ def execution_from_row(row: Mapping[Any, Any]) -> ExecutionRecord:
         state=ExecutionState(row["state"]),
         cursor=row["cursor"],
         cursor_sub=row["cursor_sub"],
-        input=unpack(row["input"]),
+        input=opener(row["input"]),
         failure_reason=row["failure_reason"],
         rollback_status=RollbackStatus(rollback) if rollback else None,
         rollback_reason=row["rollback_reason"],
@@ -44,7 +47,7 @@ def execution_from_row(row: Mapping[Any, Any]) -> ExecutionRecord:
     )
 
 
-def step_from_row(row: Mapping[Any, Any], prefix: str = "") -> StepRecord:
+def step_from_row(row: Mapping[Any, Any], prefix: str = "", opener: Opener = unpack) -> StepRecord:
     def get(name: str) -> Any:
         return row[prefix + name]
 
@@ -59,7 +62,7 @@ def step_from_row(row: Mapping[Any, Any], prefix: str = "") -> StepRecord:
         attempts=get("attempts"),
         idempotency_key=get("idempotency_key"),
         compensatable=bool(get("compensatable")),
-        result=unpack(get("result")),
+        result=opener(get("result")),
         error=get("error"),
         lease_expires_at=from_db_time(get("lease_expires_at")),
         started_at=from_db_time(get("started_at")),
