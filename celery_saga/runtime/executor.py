@@ -56,6 +56,7 @@ from celery_saga.runtime.outcomes import (
 )
 from celery_saga.runtime.ports import Catalog, EventSink, Publisher, Settings
 from celery_saga.runtime.progress import Progress
+from celery_saga.runtime.scrubbing import shown_result
 from celery_saga.runtime.stopping import worker_is_stopping
 from celery_saga.runtime.takeovers import judge, keep_late_outcome, taken_over
 from celery_saga.runtime.unwinder import Unwinder
@@ -389,10 +390,11 @@ class Executor(Progress):
                 stopped = error
             else:
                 step_advance = advance(definition.nodes, message.node, message.sub, position.length)
+                shown = shown_result(definition, name, result)
                 if self.step_completed(definition, held, blob, step_advance, fields):
-                    return Ran(result)
+                    return Ran(shown)
                 if self.refused_while_cancelling(held):
-                    return TakenOver(f"step {name!r} of a cancelled run", result)
+                    return TakenOver(f"step {name!r} of a cancelled run", shown)
                 keep_late_outcome(
                     self.db,
                     execution_id,
@@ -404,5 +406,5 @@ class Executor(Progress):
                     self.holders.me(),
                 )
                 taken = f"step {name!r} of execution {execution_id} attempt {attempt}"
-                return TakenOver(taken, result)
+                return TakenOver(taken, shown)
         return self.interrupted(definition, spec, message, held, stopped)
