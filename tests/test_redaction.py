@@ -94,7 +94,11 @@ def test_marked_values_are_in_no_failure_text_log_event_or_task_result(
         [harness.worker_logs()]
         + [p.read_text(errors="replace") for p in harness.logs]
         + [seen.caplog.text]
-        + [logging.Formatter().formatException(r.exc_info) for r in seen.caplog.records if r.exc_info]
+        + [
+            logging.Formatter().formatException(record.exc_info)
+            for record in seen.caplog.records
+            if record.exc_info
+        ]
     )
     private_lines = "\n".join(
         line for line in logs.splitlines() if str(order) in line or "private." in line
@@ -122,14 +126,18 @@ def test_marked_values_are_in_no_failure_text_log_event_or_task_result(
     # The markings change what is shown, never what runs; without them the failure text is
     # kept as raised (so the scrubbing above is the markings' doing).
     plain = _run(harness, "private_plain", order)
-    assert _unwound(harness, run.id) == _unwound(harness, plain.id) == [
-        ("reserve", "forward"),
-        ("tokenize", "forward"),
-        ("charge", "forward"),
-        ("tokenize", "compensate_failed"),
-        ("tokenize", "compensate"),
-        ("reserve", "compensate"),
-    ]
+    assert (
+        _unwound(harness, run.id)
+        == _unwound(harness, plain.id)
+        == [
+            ("reserve", "forward"),
+            ("tokenize", "forward"),
+            ("charge", "forward"),
+            ("tokenize", "compensate_failed"),
+            ("tokenize", "compensate"),
+            ("reserve", "compensate"),
+        ]
+    )
     assert CARD in (plain.failure_reason or "")
 
 

@@ -60,9 +60,8 @@ def test_a_callable_sees_every_path_and_value_and_a_raising_one_marks() -> None:
 
     marks = Sensitivity(predicate=rule)
     assert redact({"a": [5, 6]}, ("signals", "paid"), marks) == {"a": [5, REDACTED]}
-    assert seen == [("signals", "paid"), ("signals", "paid", "a"), ("signals", "paid", "a", 0)] + [
-        ("signals", "paid", "a", 1)
-    ]
+    paid: DataPath = ("signals", "paid")
+    assert seen == [paid, (*paid, "a"), (*paid, "a", 0), (*paid, "a", 1)]
 
     def broken(path: DataPath, value: Any) -> bool:
         raise RuntimeError("bug")

@@ -200,7 +200,12 @@ def _as_steps(saga: str, body: Any) -> tuple[StepSpec, ...]:
 
 
 class Saga:
-    """Fluent builder of a saga definition. Sealed by ``SagaEngine.register``."""
+    """Fluent builder of a saga definition. Sealed by ``SagaEngine.register``.
+
+    ``sensitive``: dict key names marked at any depth of the input, results and signal
+    payloads, or a callable ``(path, value) -> bool``; marked values are kept out of logs,
+    failure texts, Celery's task results and ``celery saga show`` (see docs/redaction.md).
+    """
 
     def __init__(
         self,

@@ -20,6 +20,7 @@ from celery_saga.definition.nodes import (
 )
 from celery_saga.errors import BranchPathError, LoopError, PayloadError
 from celery_saga.records import ExecutionRecord, ExecutionState, StepAttempt, StepRecord, StepStatus
+from celery_saga.redaction import scrub
 from celery_saga.runtime.cancel import Cancellation
 from celery_saga.runtime.children import Children
 from celery_saga.runtime.clock import get_clock
@@ -56,7 +57,7 @@ from celery_saga.runtime.outcomes import (
 )
 from celery_saga.runtime.ports import Catalog, EventSink, Publisher, Settings
 from celery_saga.runtime.progress import Progress
-from celery_saga.runtime.scrubbing import shown_result
+from celery_saga.runtime.scrubbing import failure_secrets, shown_result
 from celery_saga.runtime.stopping import worker_is_stopping
 from celery_saga.runtime.takeovers import judge, keep_late_outcome, taken_over
 from celery_saga.runtime.unwinder import Unwinder
@@ -107,7 +108,9 @@ class Executor(Progress):
                 self.fail_outside_step(definition, execution_id, reason)
             case Refuse(message, verdict):
                 self.refused(message, verdict)
-            case FailStep(definition, step, reason):
+            case FailStep(definition, step, raw):
+                # A child's failure text, scrubbed by the child's markings, and by ours here.
+                reason = scrub(raw, failure_secrets(self.db, definition, step.execution_id))
                 self.settle_failure(definition, step, [step.name], reason, None)
                 self.emit(
                     "saga-step-failed",
