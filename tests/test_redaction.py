@@ -17,11 +17,11 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import select
 
-from celery_saga import ExecutionState, RollbackStatus
+from celery_saga import ExecutionState, RollbackStatus, Saga, path, step
 from celery_saga.cli import saga as saga_cli
 from celery_saga.redaction import REDACTED
 from celery_saga.store.tables import metadata as saga_metadata
-from tests.conftest import Harness
+from tests.conftest import Harness, in_process_pg_engine
 from tests.redaction_sagas import token_of
 
 CARD = "4111-2222-3333-4444"
@@ -36,7 +36,7 @@ def _secrets(order: int) -> list[str]:
     return [CARD, ADDRESS, token_of(order)]
 
 
-def _stored_texts(harness: Harness) -> list[str]:
+def _stored_texts(harness: Any) -> list[str]:
     """Every text value of every saga table (payload blobs are the codec's concern)."""
     texts = []
     for table in saga_metadata.sorted_tables:
@@ -161,3 +161,20 @@ def test_show_prints_marked_values_redacted_and_reveals_them_when_asked(
     assert {s["name"]: s["result"] for s in revealed["steps"]}["tokenize"] == {
         "token": token_of(order)
     }
+
+
+def _route(ctx: Any) -> str:
+    raise LookupError(f"no route for card {ctx.input['card']}")
+
+
+def test_a_choice_that_fails_on_a_marked_value_fails_the_run_with_it_scrubbed() -> None:
+    saga = Saga(f"route{uuid.uuid4().hex[:6]}", sensitive=("card",))
+    saga.step("reserve", lambda: None, compensate=lambda: None)
+    saga.branch("by_card", _route, path("visa", step("visa", lambda: None)))
+    with in_process_pg_engine("route", saga) as engine:
+        run = engine.start(saga.name, {"card": CARD}).wait(timeout=30)
+        stored = _stored_texts(SimpleNamespace(engine=engine))
+        texts = [t for t in stored if "no route" in t and repr(saga.name) in t]
+    assert run.state is ExecutionState.FAILED
+    assert texts and all(CARD not in t for t in texts), texts
+    assert f"no route for card {REDACTED}" in (run.failure_reason or "")
