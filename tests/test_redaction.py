@@ -122,6 +122,11 @@ def test_marked_values_are_in_no_failure_text_log_event_or_task_result(
         assert task_id is not None
         stored = harness.test_app.app.AsyncResult(task_id.group(1)).get(timeout=10)
         assert stored == REDACTED
+        failed = re.search(r"private\.charge\[([^\]]+)\] raised", logs)
+        assert failed is not None
+        error = harness.test_app.app.AsyncResult(failed.group(1))
+        error.get(timeout=10, propagate=False)
+        assert repr(error.result) == repr(ValueError(run.failure_reason.split(": ", 1)[1]))
 
     # The markings change what is shown, never what runs; without them the failure text is
     # kept as raised (so the scrubbing above is the markings' doing).
