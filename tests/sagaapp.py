@@ -19,7 +19,7 @@ from celery_saga import Saga, SagaContext, SagaEngine, compensated_by, fencing_t
 from celery_saga.decisions.admission import NodeMessage
 from celery_saga.definition.nodes import StepSpec
 from celery_saga.worker.publisher import CeleryPublisher
-from tests import async_steps, celery_features
+from tests import async_steps, celery_features, redaction_sagas
 from tests.faults import request_cut
 
 RESULTS_URL = os.environ.get("SAGA_TEST_RESULTS", "redis://127.0.0.1:6379/5")
@@ -381,6 +381,7 @@ class TestApp:
             Saga("gate_last").step("a", fwd, compensate=rev).wait_for("go"),
             Saga("gate_last_child").step("c", fwd, compensate=rev).wait_for("done"),
             Saga("gate_last_parent").step("p", fwd, compensate=rev).sub_saga("gate_last_child"),
+            *redaction_sagas.define(self),
         )
 
 

@@ -24,6 +24,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from celery_saga.cli import timeline
 from celery_saga.cli.durations import parse_duration
 from celery_saga.cli.output import OneLineErrors, as_json, table
+from celery_saga.cli.redacted import redacted
 from celery_saga.cli.version_names import version_hashes
 from celery_saga.decisions.cancel import CancelVerdict
 from celery_saga.errors import ExecutionNotFoundError, InvalidStateError, SagaError
@@ -185,13 +186,16 @@ def _stored(engine: SagaEngine, execution_id: str) -> inspection.StoredRun:
 @saga.command()
 @click.argument("execution_id")
 @click.option("--json", "as_json_output", is_flag=True, help="Print JSON.")
+@click.option("--reveal", is_flag=True, help="Show the values the saga marks sensitive.")
 @click.pass_context
 @operator_command
-def show(ctx: click.Context, execution_id: str, as_json_output: bool) -> None:
+def show(ctx: click.Context, execution_id: str, as_json_output: bool, reveal: bool) -> None:
     """One run's whole timeline: steps, iterations, reversals, signals, child runs."""
     engine = engine_of(ctx)
     load, find = _loaders(engine)
     described = timeline.describe(_stored(engine, execution_id), load, find)
+    if not reveal:
+        described = redacted(described, engine.catalog)
     waits = waiting_for_version(engine.db, [execution_id])
     described["waiting_for_version"] = (
         waits[execution_id].definition_hash if execution_id in waits else None

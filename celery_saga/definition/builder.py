@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from functools import cached_property
 from typing import Any
@@ -26,6 +26,7 @@ from celery_saga.definition.nodes import (
     node_steps,
     split_iteration,
 )
+from celery_saga.definition.sensitivity import Sensitivity, saga_sensitivity
 from celery_saga.definition.validation import (
     check_iteration_names,
     check_max_iterations,
@@ -79,6 +80,7 @@ def step(
     compensation_args: ArgsMapper | None = None,
     input_schema: Any = None,
     output_schema: Any = None,
+    sensitive: bool = False,
 ) -> StepSpec:
     """Describe one step; ``step(task)`` names it after the task's last dotted component."""
     if action is None and not isinstance(name, str):
@@ -99,6 +101,7 @@ def step(
         compensation_args=compensation_args,
         input_schema=input_schema,
         output_schema=output_schema,
+        sensitive=sensitive,
     )
 
 
@@ -136,6 +139,8 @@ class SagaDefinition:
     label: str | None = None
     #: Seconds after its start at which a run is cancelled (``Saga(..., timeout=)``).
     timeout: float | None = None
+    #: What humans must not be shown (``sensitive=``); not part of ``hash``.
+    sensitive: Sensitivity = field(default_factory=Sensitivity)
 
     def find_step(self, name: str) -> StepSpec | None:
         """The spec of a step record: exact names first, then ``<loop body step>:<index>``
@@ -195,7 +200,12 @@ def _as_steps(saga: str, body: Any) -> tuple[StepSpec, ...]:
 
 
 class Saga:
-    """Fluent builder of a saga definition. Sealed by ``SagaEngine.register``."""
+    """Fluent builder of a saga definition. Sealed by ``SagaEngine.register``.
+
+    ``sensitive``: dict key names marked at any depth of the input, results and signal
+    payloads, or a callable ``(path, value) -> bool``; marked values are kept out of logs,
+    failure texts, Celery's task results and ``celery saga show`` (see docs/redaction.md).
+    """
 
     def __init__(
         self,
@@ -203,6 +213,7 @@ class Saga:
         *,
         version: str | None = None,
         timeout: float | timedelta | None = None,
+        sensitive: Any = None,
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise DefinitionError(f"a saga needs a non-empty string name, got {name!r}")
@@ -216,6 +227,7 @@ class Saga:
         self.name = name
         self.version = version
         self.timeout = run_timeout(f"saga {name!r}", timeout)
+        self.sensitive = saga_sensitivity(name, sensitive)
         self._nodes: list[Node] = []
         self._sealed: SagaDefinition | None = None
 
@@ -376,7 +388,11 @@ class Saga:
             nodes = tuple(self._nodes)
             validate_saga(self.name, nodes)
             shape = structural_hash(self.name, nodes, self.version)
-            self._sealed = SagaDefinition(self.name, nodes, shape, self.version, self.timeout)
+            marked = frozenset(s.name for node in nodes for s in node_steps(node) if s.sensitive)
+            marks = replace(self.sensitive, steps=marked)
+            self._sealed = SagaDefinition(
+                self.name, nodes, shape, self.version, self.timeout, marks
+            )
         return self._sealed
 
 

@@ -51,6 +51,8 @@ class StepSpec:
     input_schema: Any = None
     output_schema: Any = None
     is_transform: bool = False
+    #: The step's whole result is sensitive (see ``definition/sensitivity.py``).
+    sensitive: bool = False
 
     @property
     def compensatable(self) -> bool:

@@ -22,6 +22,7 @@ from celery_saga.definition.nodes import (
     iteration_name,
     node_steps,
 )
+from celery_saga.definition.sensitivity import check_step_sensitive
 from celery_saga.errors import DefinitionError
 from celery_saga.limits import NAME_LENGTH, text_problem
 
@@ -128,6 +129,7 @@ def validate_step(saga: str, spec: StepSpec) -> None:
             f"saga {saga!r}, step {name!r}: the compensation must be a Celery task or a "
             f"callable, got {spec.compensation!r}"
         )
+    check_step_sensitive(saga, name, spec.sensitive)
     _check_attempts(saga, name, "retry", spec.retry)
     _check_attempts(saga, name, "compensation_retry", spec.compensation_retry)
     _check_positive(saga, name, "timeout", spec.timeout)

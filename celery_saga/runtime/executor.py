@@ -20,6 +20,7 @@ from celery_saga.definition.nodes import (
 )
 from celery_saga.errors import BranchPathError, LoopError, PayloadError, PayloadKeyError
 from celery_saga.records import ExecutionRecord, ExecutionState, StepAttempt, StepRecord, StepStatus
+from celery_saga.redaction import scrub
 from celery_saga.runtime.cancel import Cancellation
 from celery_saga.runtime.children import Children
 from celery_saga.runtime.clock import get_clock
@@ -56,6 +57,7 @@ from celery_saga.runtime.outcomes import (
 )
 from celery_saga.runtime.ports import Catalog, EventSink, Publisher, Settings
 from celery_saga.runtime.progress import Progress
+from celery_saga.runtime.scrubbing import failure_secrets, shown_result
 from celery_saga.runtime.stopping import worker_is_stopping
 from celery_saga.runtime.takeovers import judge, keep_late_outcome, taken_over
 from celery_saga.runtime.unwinder import Unwinder
@@ -106,7 +108,9 @@ class Executor(Progress):
                 self.fail_outside_step(definition, execution_id, reason)
             case Refuse(message, verdict):
                 self.refused(message, verdict)
-            case FailStep(definition, step, reason):
+            case FailStep(definition, step, raw):
+                # A child's failure text, scrubbed by the child's markings, and by ours here.
+                reason = scrub(raw, failure_secrets(self.db, definition, step.execution_id))
                 self.settle_failure(definition, step, [step.name], reason, None)
                 self.emit(
                     "saga-step-failed",
@@ -389,10 +393,11 @@ class Executor(Progress):
                 stopped = error
             else:
                 step_advance = advance(definition.nodes, message.node, message.sub, position.length)
+                shown = shown_result(definition, name, result)
                 if self.step_completed(definition, held, blob, step_advance, fields):
-                    return Ran(result)
+                    return Ran(shown)
                 if self.refused_while_cancelling(held):
-                    return TakenOver(f"step {name!r} of a cancelled run", result)
+                    return TakenOver(f"step {name!r} of a cancelled run", shown)
                 keep_late_outcome(
                     self.db,
                     execution_id,
@@ -404,5 +409,5 @@ class Executor(Progress):
                     self.holders.me(),
                 )
                 taken = f"step {name!r} of execution {execution_id} attempt {attempt}"
-                return TakenOver(taken, result)
+                return TakenOver(taken, shown)
         return self.interrupted(definition, spec, message, held, stopped)

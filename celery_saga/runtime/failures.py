@@ -29,6 +29,7 @@ from celery_saga.records import (
     StepRecord,
     StepStatus,
 )
+from celery_saga.redaction import scrub
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.invoke import body_error
@@ -44,6 +45,7 @@ from celery_saga.runtime.outcomes import (
     attempt_failed,
 )
 from celery_saga.runtime.ports import RuntimeParts
+from celery_saga.runtime.scrubbing import failure_secrets, log_failure, scrub_exception
 from celery_saga.runtime.stopping import RESEND_AFTER, give_up
 from celery_saga.runtime.store_retry import write_outcome
 from celery_saga.runtime.unwinder import Unwinder, compensations_of
@@ -133,7 +135,11 @@ class StepFailures(RuntimeParts):
         spec, name, attempt = position.spec, step.name, step.attempt
         assert spec is not None
         cause = error.cause if isinstance(error, StepRetryRequested) else None
-        reason = describe_error(cause or error)
+        secrets = failure_secrets(self.db, definition, message.execution_id)
+        for raised in (error, cause):
+            if raised is not None:
+                scrub_exception(raised, secrets)
+        reason = scrub(describe_error(cause or error), secrets)
         description = attempt_failed("step", definition.name, name, attempt, reason)
         fields = {
             "execution_id": message.execution_id,
@@ -148,7 +154,8 @@ class StepFailures(RuntimeParts):
             return NoBody(f"{description}: stopped by the run's cancel")
         delay = _retry_delay(spec, attempt, error)
         final = delay is None
-        logger.log(
+        log_failure(
+            logger,
             logging.ERROR if final else logging.WARNING,
             "saga %r execution %s: step %r attempt %d failed: %s",
             definition.name,
@@ -156,7 +163,8 @@ class StepFailures(RuntimeParts):
             name,
             attempt,
             reason,
-            exc_info=None if _traced_by_celery(error) or (cause and not final) else error,
+            error=None if _traced_by_celery(error) or (cause and not final) else error,
+            secrets=secrets,
         )
         if delay is not None:
             if self._schedule_retry(definition, position, message, step, reason, fields, delay):
@@ -287,6 +295,7 @@ class StepFailures(RuntimeParts):
     def fail_outside_step(self, definition: SagaDefinition, execution_id: str, reason: str) -> None:
         """Fail a live run for a reason no step raised (a choice that could not be made, a
         changed definition) and begin its unwind."""
+        reason = scrub(reason, failure_secrets(self.db, definition, execution_id))
         plan = forward.fail_execution(
             self.db,
             execution_id=execution_id,

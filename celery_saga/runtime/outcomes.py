@@ -14,7 +14,8 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Ran:
-    """A body ran and its success is recorded; ``result`` is what was stored."""
+    """A body ran and its success is recorded; ``result`` is what was stored, with the
+    parts its saga marks sensitive redacted (it is what Celery logs, sends and keeps)."""
 
     result: Any = None
 

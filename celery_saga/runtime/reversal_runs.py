@@ -14,6 +14,7 @@ from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import StepSpec
 from celery_saga.errors import PayloadKeyError
 from celery_saga.records import CompensationOutcome, ReversalAttempt, StepRecord
+from celery_saga.redaction import scrub
 from celery_saga.runtime.async_bodies import run_body
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.contexts import reversal_context
@@ -31,6 +32,7 @@ from celery_saga.runtime.outcomes import (
     no_body_if_taken_over,
 )
 from celery_saga.runtime.reversal_outcome import ReversalOutcomes
+from celery_saga.runtime.scrubbing import failure_secrets, log_failure, scrub_exception
 from celery_saga.runtime.stopping import worker_is_stopping
 from celery_saga.store import unwind
 from celery_saga.store.reversal import Unwinding
@@ -123,8 +125,11 @@ class ReversalRuns(ReversalOutcomes):
         fields: dict[str, object],
     ) -> Outcome:
         execution_id, attempt = held.execution_id, held.attempt
-        reason = describe_error(error)
-        logger.log(
+        secrets = failure_secrets(self.db, definition, execution_id)
+        scrub_exception(error, secrets)
+        reason = scrub(describe_error(error), secrets)
+        log_failure(
+            logger,
             logging.WARNING if attempt < spec.compensation_retry else logging.ERROR,
             "saga %r execution %s: reversal of step %r attempt %d failed: %s",
             definition.name,
@@ -132,7 +137,8 @@ class ReversalRuns(ReversalOutcomes):
             held.name,
             attempt,
             reason,
-            exc_info=error,
+            error=error,
+            secrets=secrets,
         )
         description = attempt_failed(
             "reversal of step", definition.name, held.name, attempt, reason
