@@ -9,14 +9,18 @@ import logging
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from decimal import Decimal
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from sqlalchemy import inspect, select, text
 
 from celery_saga import ExecutionState, PayloadKeyError, Saga, SagaContext, step
+from celery_saga.cli.commands import saga as saga_cli
 from celery_saga.definition.builder import path
 from celery_saga.encryption import AESGCMCodec, codec_from_conf, new_key
 from celery_saga.store import codec as codec_module
@@ -146,7 +150,7 @@ def _pick(ctx: SagaContext) -> str:
 
 def _fail_if_asked(ctx: SagaContext) -> str:
     if ctx.input.get("fail"):
-        raise RuntimeError("the carrier refused the parcel")
+        raise RuntimeError(f"the carrier refused the parcel paid by {ctx.input['card']}")
     return "shipped " + ctx.signals["paid"]["card"]
 
 
@@ -158,10 +162,10 @@ def _child(ctx: SagaContext) -> str:
     return "child saw " + ctx.input["card"]
 
 
-def _sagas() -> list[Saga]:
-    child = Saga("vault_child").step("remember", _child, compensate=_undo)
+def _sagas(marks: Any = ()) -> list[Saga]:
+    child = Saga("vault_child", sensitive=marks).step("remember", _child, compensate=_undo)
     parent = (
-        Saga("vault_parent")
+        Saga("vault_parent", sensitive=marks)
         .step("reserve", _reserve, compensate=_undo)
         .parallel("both", step("charge", _charge, compensate=_undo), step("note", _charge))
         .branch(
@@ -195,39 +199,91 @@ def _plaintext_cells(db: Database) -> list[str]:
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-def vault_store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+def vault_stores(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str]:
+    """Two fresh stores of one backend: with the codec and marks, and without either."""
     if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/vault.sqlite3"
+        return f"sqlite:///{tmp_path}/vault.sqlite3", f"sqlite:///{tmp_path}/bare.sqlite3"
     require_services(PORTS["postgres"])
-    return fresh_pg_database("vault")
+    return fresh_pg_database("vault"), fresh_pg_database("bare")
 
 
-def test_no_plaintext_of_a_payload_reaches_any_table_and_runs_end_as_without_the_codec(
-    vault_store: str,
+def _drive(engine: Any) -> tuple[list[Any], list[str]]:
+    """A run that completes and one that unwinds, each through every node kind: their
+    steps' (name, status, result, compensation) and their ids."""
+    ids, ends = [], []
+    for fail in (False, True):
+        saga_input = {"card": SECRET, "items": [SECRET, "b"], "fail": fail}
+        run = engine.start("vault_parent", saga_input)
+        _wait_state(engine, run.id, ExecutionState.WAITING)
+        assert engine.signal(run.id, "paid", {"card": SECRET})
+        ids.append(run.id)
+    for execution_id in ids:
+        done = engine.handle(execution_id).wait(timeout=60)
+        steps = [(s.name, s.status, s.result, s.compensation_status) for s in done.steps]
+        ends.append((done.state, done.rollback_status, steps))
+    return ends, ids
+
+
+def test_with_the_codec_and_marks_no_marked_value_is_in_any_table_log_or_show_and_runs_end_alike(
+    vault_stores: str,
 ) -> None:
+    sealed_store, bare_store = vault_stores
+    with in_process_pg_engine("bare", *_sagas(), store_url=bare_store) as engine:
+        expected, _ = _drive(engine)
+    assert expected[0][0] is ExecutionState.COMPLETED and expected[1][0] is ExecutionState.FAILED
+    lines: list[str] = []
     keys = {"saga_payload_keys": {"k1": KEY_1}}
-    with in_process_pg_engine("vault", *_sagas(), store_url=vault_store, **keys) as engine:
-        ids = []
-        for fail in (False, True):
-            saga_input = {"card": SECRET, "items": [SECRET, "b"], "fail": fail}
-            run = engine.start("vault_parent", saga_input)
-            _wait_state(engine, run.id, ExecutionState.WAITING)
-            assert engine.signal(run.id, "paid", {"card": SECRET})
-            ids.append(run.id)
-        done = engine.handle(ids[0]).wait(timeout=60)
-        undone = engine.handle(ids[1]).wait(timeout=60)
-        assert done.state is ExecutionState.COMPLETED
-        assert done.steps[-1].result == f"shipped {SECRET}"
-        assert {s.name: s.result for s in done.steps}["summary"] == {"secret": SECRET, "n": 2}
-        assert undone.state is ExecutionState.FAILED
-        assert undone.failure_reason and "carrier refused" in undone.failure_reason
-        assert all(s.compensation_status for s in undone.steps if s.name in ("reserve", "charge"))
+
+    def marks(_path: tuple[str | int, ...], value: Any) -> bool:
+        return isinstance(value, str) and SECRET in value  # the card, and all it is part of
+
+    engine_context = in_process_pg_engine("vault", *_sagas(marks), store_url=sealed_store, **keys)
+    with engine_context as engine, _logged(lines):  # after the worker set its logging up
+        ends, ids = _drive(engine)
+        assert ends == expected  # what ran, its results and its unwind: as without either
+        assert "carrier refused" in (engine.get(ids[1]).failure_reason or "")
         assert _plaintext_cells(engine.db) == []
         with engine.db.engine.connect() as connection:
             stored = connection.execute(
                 select(executions.c.input).where(executions.c.id == ids[0])
             ).scalar_one()
         assert sealed_key(stored) == "k1"
+        shown = [
+            _show(engine, execution_id, *how) for execution_id in ids for how in ((), ("--json",))
+        ]
+        assert all(SECRET not in output for output in shown)
+        assert SECRET in _show(engine, ids[1], "--json", "--reveal")
+        deadline = time.monotonic() + 10  # Celery logs a task's end after its outcome is stored
+        while not any("raised unexpected" in line for line in lines):
+            assert time.monotonic() < deadline, lines
+            time.sleep(0.1)
+    assert not [line for line in lines if SECRET in line]
+
+
+def _show(engine: Any, execution_id: str, *options: str) -> str:
+    obj = SimpleNamespace(app=engine.app)
+    result = CliRunner().invoke(saga_cli, ["show", execution_id, *options], obj=obj)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+@contextmanager
+def _logged(lines: list[str]) -> Iterator[None]:
+    """Every line the engine and Celery log meanwhile, tracebacks included."""
+    handler = logging.Handler(logging.DEBUG)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s %(message)s"))
+    handler.emit = lambda record: lines.append(handler.format(record))  # type: ignore[method-assign]
+    loggers = [logging.getLogger(name) for name in ("", "celery_saga")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.removeHandler(handler)
+            logger.setLevel(level)
 
 
 def _wait_state(engine: Any, execution_id: str, state: ExecutionState) -> None:
