@@ -114,3 +114,12 @@ def test_signal_takes_an_event_and_a_json_payload_and_records_the_user(
     assert rows == [
         ["signalled", "root", "from the Django admin: event 'approved', the run resumed"]
     ]
+
+
+def test_an_action_the_engine_refuses_shows_why_and_records_nothing(seen: dict[str, Any]) -> None:
+    assert seen["resume_refused"] == [200, True, True, []]
+
+
+def test_check_names_a_saga_database_that_is_not_configured(seen: dict[str, Any]) -> None:
+    assert "celery_saga.E001" in seen["check"]
+    assert "celery_saga.E001" not in seen["check_now"]

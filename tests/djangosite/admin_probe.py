@@ -12,9 +12,10 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "shopsite.settings")
 django.setup()
 
 from django.contrib.auth.models import Permission, User  # noqa: E402
+from django.core.checks import run_checks  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connections  # noqa: E402
-from django.test import Client  # noqa: E402
+from django.test import Client, override_settings  # noqa: E402
 from orders import sagas  # noqa: E402
 from shopsite.celery import engine  # noqa: E402
 
@@ -77,6 +78,14 @@ seen["root_actions"] = ['value="resume"' in page(root, RUNS)[1]]
 status, body = act(watcher, "resume", parked.id)
 seen["viewer_resume"] = [status, engine.get(parked.id).state.value, kinds(parked.id)]
 
+status, body = act(root, "resume", done.id)
+seen["resume_refused"] = [
+    status,
+    "Refused: " in body,
+    "to be compensation_stuck" in body,
+    kinds(done.id),
+]
+
 sagas.UNDO_BROKEN["now"] = False
 status, body = act(root, "resume", parked.id)
 after = engine.get(parked.id)
@@ -103,5 +112,9 @@ status, body = page(root, "/admin/celery_saga/historyrow/")
 seen["history_list"] = [status, parked.id in body and waiting.id in body]
 status, body = page(root, f"/admin/celery_saga/step/?q={parked.id}")
 seen["step_list"] = [status, body.count(parked.id) >= 2, done.id in body]
+
+with override_settings(SAGA_DATABASE="nowhere"):
+    seen["check"] = [message.id for message in run_checks()]
+seen["check_now"] = [message.id for message in run_checks()]
 
 json.dump(seen, sys.stdout)
