@@ -99,6 +99,7 @@ def test_a_user_without_the_permission_is_not_offered_the_action_and_changes_not
 
 
 def test_abandon_asks_first_then_ends_the_run_and_records_the_user(seen: dict[str, Any]) -> None:
+    """Posted with CSRF checks on: the confirmation's form carries its token."""
     assert seen["abandon_asks"] == [200, True, "compensation_stuck"]
     status, state, rollback, rows = seen["abandon"]
     assert (status, state, rollback) == (200, "failed", "stuck")

@@ -4,6 +4,7 @@ are per process. The runs run eagerly, in this process."""
 
 import json
 import os
+import re
 import sys
 
 import django
@@ -93,9 +94,18 @@ seen["resume"] = [status, after.state.value, after.rollback_status.value, kinds(
 status, body = page(root, RUNS + f"{parked.id}/change/")
 seen["detail_history"] = [status, ">resumed<" in body, ">root<" in body]
 
-status, body = act(root, "abandon", parked_too.id)
+# As a browser does: the CSRF token of each page goes back with its form.
+strict = Client(enforce_csrf_checks=True)
+strict.force_login(User.objects.get(username="root"))
+token = re.compile(r'name="csrfmiddlewaretoken" value="([^"]+)"')
+listing = page(strict, RUNS)[1]
+status, body = act(
+    strict, "abandon", parked_too.id, csrfmiddlewaretoken=token.findall(listing)[0], index="0"
+)
 seen["abandon_asks"] = [status, "Abandon the unwind" in body, engine.get(parked_too.id).state.value]
-status, body = act(root, "abandon", parked_too.id, apply="yes")
+confirm = next(f for f in re.findall(r"<form.*?</form>", body, re.S) if 'name="apply"' in f)
+asked = (token.findall(confirm) or [""])[0]  # the confirmation's own form carries it
+status, body = act(strict, "abandon", parked_too.id, apply="yes", csrfmiddlewaretoken=asked)
 after = engine.get(parked_too.id)
 seen["abandon"] = [status, after.state.value, after.rollback_status.value, kinds(parked_too.id)]
 
