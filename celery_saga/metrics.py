@@ -1,7 +1,8 @@
 """Prometheus metrics for sagas, fed by the engine's event sink (needs the ``prometheus``
 extra).
 
-``enable_metrics(engine, port=9808)`` counts runs started, completed, failed and parked, step
+``enable_metrics(engine, port=9808)`` counts runs started (where a worker takes their first
+node, ``decisions.openings``), completed, failed and parked, step
 and reversal outcomes with their durations (labelled by saga and step; loop iterations share
 their step's label), and runs the recovery sweep picked up. With ``port`` an HTTP exporter
 starts in each worker's main process when it initialises (never in ``celery saga`` commands
@@ -16,11 +17,13 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from celery_saga.decisions.openings import Opening, opening, opens_run
 from celery_saga.definition.nodes import split_iteration
 from celery_saga.gauges import StoreGauges
 from celery_saga.worker.engine import SagaEngine
@@ -39,14 +42,28 @@ _REVERSAL_END = {
 }
 
 
+#: The openings of every version of a saga this process knows, by saga name.
+Openings = Callable[[str], list[Opening]]
+
+
 class SagaMetrics:
     """An event listener that keeps the counters and histograms; ``registry`` defaults to
-    prometheus_client's global one."""
+    prometheus_client's global one. ``openings`` (``enable_metrics`` passes the engine's):
+    runs started are counted where a worker takes their first node; without it, where
+    ``start`` is called."""
 
-    def __init__(self, registry: CollectorRegistry | None = None, prefix: str = "saga") -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        prefix: str = "saga",
+        openings: Openings | None = None,
+    ) -> None:
         options: dict[str, Any] = {} if registry is None else {"registry": registry}
         by_saga, by_step = ["saga"], ["saga", "step", "outcome"]
-        self.started = Counter(f"{prefix}_runs_started", "Runs started", by_saga, **options)
+        self.openings = openings
+        self.started = Counter(
+            f"{prefix}_runs_started", "Runs whose first node a worker took", by_saga, **options
+        )
         self.completed = Counter(f"{prefix}_runs_completed", "Runs completed", by_saga, **options)
         self.failed = Counter(
             f"{prefix}_runs_failed",
@@ -83,9 +100,9 @@ class SagaMetrics:
 
     def __call__(self, event: str, fields: dict[str, Any]) -> None:
         saga = str(fields.get("saga", ""))
-        if event == "saga-started":
+        if self._started(saga, event, fields):
             self.started.labels(saga).inc()
-        elif event == "saga-completed":
+        if event == "saga-completed":
             self.completed.labels(saga).inc()
         elif event == "saga-failed":
             self.failed.labels(saga, str(fields.get("rollback_status"))).inc()
@@ -102,6 +119,13 @@ class SagaMetrics:
         elif event in _REVERSAL_END:
             reversal = "saga-compensation-started"
             self._end(reversal, fields, self.reversals, _REVERSAL_END[event])
+
+    def _started(self, saga: str, event: str, fields: dict[str, Any]) -> bool:
+        if self.openings is None:
+            return event == "saga-started"
+        if event not in ("saga-step-started", "saga-waiting"):
+            return False
+        return opens_run(self.openings(saga), event, fields)
 
     def _key(self, kind: str, fields: dict[str, Any]) -> tuple[str, str, str, Any]:
         return (
@@ -145,7 +169,7 @@ def enable_metrics(
 ) -> SagaMetrics:
     """Count ``engine``'s events; with ``port``, export them from each worker of its app,
     with the store's gauges (``celery_saga.gauges``) unless ``store_gauges`` is False."""
-    metrics = SagaMetrics(registry)
+    metrics = SagaMetrics(registry, openings=_openings_of(engine))
     engine.on("*", metrics)
     if port is not None:
 
@@ -159,6 +183,21 @@ def enable_metrics(
 
         engine.hooks.when_worker_starts(serve)
     return metrics
+
+
+def _openings_of(engine: SagaEngine) -> Openings:
+    """The openings of a saga's versions, worked out once per set of versions: every step
+    start asks (a version registered later joins the set)."""
+    known: dict[str, tuple[int, list[Opening]]] = {}
+
+    def openings(saga: str) -> list[Opening]:
+        versions = engine.catalog.versions(saga)
+        seen = known.get(saga)
+        if seen is None or seen[0] != len(versions):
+            seen = known[saga] = (len(versions), [opening(v.nodes) for v in versions])
+        return seen[1]
+
+    return openings
 
 
 def _default() -> CollectorRegistry:

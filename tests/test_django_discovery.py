@@ -139,7 +139,8 @@ def test_an_unknown_saga_in_the_project_says_where_it_was_looked_for(shop: Shop)
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
     assert "UnknownSagaError: no saga named 'shop-nope'" in last, last
-    assert "known: shop-order, shop-refund" in last and "orders.sagas" in last, last
+    assert "known: shop-approval, shop-fragile, shop-order, shop-refund" in last, last
+    assert "orders.sagas" in last, last
     assert "orders.tasks" in last, last
 
 

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from celery_saga import ExecutionState, Saga, step
+from celery_saga.decisions.admission import NodeMessage
 from celery_saga.metrics import enable_metrics
 from tests.conftest import (
     BROKERS,
@@ -138,6 +139,10 @@ def test_a_prefork_worker_exports_its_childrens_counters(tmp_path: Path) -> None
         _wait_ready(test_app, 1, workers)
         runs = [test_app.engine.start("five", {"order": n}) for n in range(3)]
         failing = test_app.engine.start("five", {"order": 9, "plan": {"s4": {"fail": True}}})
+        # A duplicate of a run's first message: the run is still counted once.
+        first = test_app.engine.definition("five").find_step("s1")
+        duplicate = NodeMessage(runs[0].id, 0, 0, 0, 1)
+        test_app.engine.executor.publisher.publish_node("five", first, duplicate)
         for run in [*runs, failing]:
             assert run.wait(30).state in (ExecutionState.COMPLETED, ExecutionState.FAILED)
         text = _scrape(
@@ -153,6 +158,8 @@ def test_a_prefork_worker_exports_its_childrens_counters(tmp_path: Path) -> None
     log = "\n".join(p.read_text(errors="replace")[-3000:] for p in logs)
     found = samples(text)
     assert value(found, "saga_runs_completed_total", saga="five") == 3, (text, log)
+    # Started in this process, which has no exporter: counted where the worker took them.
+    assert value(found, "saga_runs_started_total", saga="five") == 4, (text, log)
     assert value(found, "saga_runs_failed_total", saga="five", rollback_status="completed") == 1
     assert value(found, "saga_store_up") == 1, "the store's gauges are served beside them"
     count = "saga_step_duration_seconds_count"
@@ -186,5 +193,6 @@ def test_the_recovery_sweep_counts_the_runs_it_picks_up(tmp_path: Path, saga_clo
     assert engine.recover(stale_after=60) == 2
     found = samples(generate_latest(registry).decode())
     assert value(found, "saga_sweep_recoveries_total", saga="lost") == 2
-    assert value(found, "saga_runs_started_total", saga="lost") == 2
+    # Stored, but no worker took their first node: not counted as started (yet).
+    assert value(found, "saga_runs_started_total", saga="lost") == 0
     engine.db.dispose()

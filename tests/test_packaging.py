@@ -96,6 +96,7 @@ def test_the_wheel_ships_the_library_and_its_licence_only(wheel: Path) -> None:
     assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names)
     assert "celery_saga/store/migrations/env.py" in names
     assert "celery_saga/py.typed" in names
+    assert "celery_saga/contrib/django/templates/admin/celery_saga/run/action.html" in names
 
 
 def _importable(bin_dir: Path, module: str) -> bool:

@@ -11,6 +11,7 @@ class CelerySagaConfig(AppConfig):  # type: ignore[misc]
     def ready(self) -> None:
         """Import each installed app's ``sagas`` module, so a web process or ``manage.py
         shell`` knows every saga as a worker does (tests/test_django_discovery.py)."""
+        from celery_saga.contrib.django import checks  # noqa: F401  (registers them)
         from celery_saga.contrib.django.app import project_engine
 
         engine = project_engine()

@@ -1,0 +1,90 @@
+"""The admin's operator actions: resume, abandon and signal, through the engine's public
+API, each recorded in the run's history with the Django user who took it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from django import forms
+from django.http import HttpRequest
+
+from celery_saga.contrib.django.app import project_engine
+from celery_saga.errors import SagaError
+from celery_saga.runtime.clock import get_clock
+from celery_saga.store import history
+from celery_saga.worker.engine import SagaEngine
+
+#: What the history's ``detail`` says of where an action came from.
+FROM_ADMIN = "from the Django admin"
+
+
+class SignalForm(forms.Form):  # type: ignore[misc]
+    event = forms.CharField(max_length=200, help_text="The event the run waits for.")
+    payload = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 6, "cols": 60}),
+        help_text='The signal\'s payload as JSON (for example {"approved": true}); empty: none.',
+    )
+
+    def clean_payload(self) -> Any:
+        text = str(self.cleaned_data["payload"]).strip()
+        if not text:
+            return None
+        try:
+            return json.loads(text)
+        except ValueError as error:
+            raise forms.ValidationError(f"not JSON: {error}") from None
+
+
+def actor_of(request: HttpRequest) -> str:
+    """Who took the action, as the history names them: the Django username."""
+    return str(request.user.get_username())
+
+
+def record(engine: SagaEngine, execution_id: str, kind: str, actor: str, detail: str) -> None:
+    """The history row of an operator action that the engine carried out."""
+    entry = history.HistoryEntry(at=get_clock().now(), kind=kind, actor=actor, detail=detail)
+    history.append(engine.db, execution_id, entry)
+
+
+Act = Callable[[SagaEngine, str], str]
+
+
+def carry_out(
+    run_ids: Iterable[str], act: Act, kind: str, actor: str
+) -> tuple[list[str], list[str]]:
+    """``act`` on each run, then its history row; (what was done, what was refused)."""
+    engine = project_engine()
+    if engine is None:
+        return [], ["no saga engine: set SAGA_CELERY_APP to the Celery app that has one"]
+    done, refused = [], []
+    for execution_id in run_ids:
+        try:
+            said = act(engine, execution_id)
+        except SagaError as error:
+            refused.append(f"{execution_id}: {error}")
+            continue
+        record(engine, execution_id, kind, actor, said)
+        done.append(execution_id)
+    return done, refused
+
+
+def resume(engine: SagaEngine, execution_id: str) -> str:
+    engine.resume_compensation(execution_id)
+    return FROM_ADMIN
+
+
+def abandon(engine: SagaEngine, execution_id: str) -> str:
+    skipped = engine.abandon_compensation(execution_id)
+    return f"{FROM_ADMIN}: {skipped} step(s) marked compensation_skipped"
+
+
+def signal(event: str, payload: Any) -> Act:
+    def send(engine: SagaEngine, execution_id: str) -> str:
+        resumed = engine.signal(execution_id, event, payload)
+        then = "the run resumed" if resumed else "the run takes it at its gate"
+        return f"{FROM_ADMIN}: event {event!r}, {then}"
+
+    return send

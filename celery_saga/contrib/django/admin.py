@@ -1,0 +1,299 @@
+"""Runs, their steps and their history in the Django admin: read-only pages over the saga
+tables, with the operator actions of ``actions`` (each behind its own permission)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from django.contrib import admin, messages
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.html import format_html
+
+from celery_saga.contrib.django import actions as run_actions
+from celery_saga.contrib.django.app import project_engine
+from celery_saga.contrib.django.models import HistoryRow, Run, Step
+from celery_saga.contrib.django.payloads import shown
+from celery_saga.records import ExecutionState, RollbackStatus
+
+_CONFIRM = "admin/celery_saga/run/action.html"
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def display(**options: Any) -> Callable[[F], F]:
+    """``admin.display``, typed: mypy keeps the method's own signature."""
+    decorate: Callable[[F], F] = admin.display(**options)
+    return decorate
+
+
+def action(**options: Any) -> Callable[[F], F]:
+    decorate: Callable[[F], F] = admin.action(**options)
+    return decorate
+
+
+def _pre(blob: bytes | memoryview | None) -> str:
+    return str(format_html('<pre style="white-space: pre-wrap">{}</pre>', shown(blob)))
+
+
+def _run_link(execution_id: str | None) -> str:
+    if not execution_id:
+        return "-"
+    url = reverse("admin:celery_saga_run_change", args=[execution_id])
+    return str(format_html('<a href="{}">{}</a>', url, execution_id))
+
+
+class ReadOnly:
+    """Nothing here is added, changed or deleted: the engine's own calls change runs."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class SagaFilter(admin.SimpleListFilter):  # type: ignore[misc]
+    """The sagas this process knows: no scan of the runs for their distinct names."""
+
+    title, parameter_name = "saga", "saga"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        engine = project_engine()
+        names = engine.catalog.names() if engine is not None else []
+        return [(name, name) for name in sorted(names)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.filter(saga_name=self.value()) if self.value() else queryset
+
+
+class StateFilter(admin.SimpleListFilter):  # type: ignore[misc]
+    title, parameter_name = "state", "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(state.value, state.value) for state in ExecutionState]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.filter(state=self.value()) if self.value() else queryset
+
+
+class RollbackFilter(StateFilter):
+    title, parameter_name = "rollback status", "rollback_status"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(status.value, status.value) for status in RollbackStatus]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.filter(rollback_status=self.value()) if self.value() else queryset
+
+
+class StepInline(ReadOnly, admin.TabularInline):  # type: ignore[misc]
+    model = Step
+    fields = readonly_fields = (
+        "node",
+        "sub",
+        "name",
+        "status",
+        "attempts",
+        "started_at",
+        "completed_at",
+        "error",
+        "compensation_status",
+        "compensation_attempts",
+        "compensation_reason",
+        "result_shown",
+        "holder",
+    )
+    extra, max_num, show_change_link = 0, 0, False
+
+    @display(description="result")
+    def result_shown(self, step: Step) -> str:
+        return _pre(step.result)
+
+
+class HistoryInline(ReadOnly, admin.TabularInline):  # type: ignore[misc]
+    model = HistoryRow
+    fields = readonly_fields = (
+        "at",
+        "kind",
+        "step",
+        "attempt",
+        "actor",
+        "holder",
+        "detail",
+        "data_shown",
+    )
+    extra, max_num = 0, 0
+
+    @display(description="data")
+    def data_shown(self, row: HistoryRow) -> str:
+        return _pre(row.data)
+
+
+@admin.register(Run)
+class RunAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
+    list_display = ("id", "saga_name", "state", "rollback_status", "created_at", "updated_at")
+    list_filter = (SagaFilter, StateFilter, RollbackFilter)
+    search_fields = ("id",)
+    search_help_text = "A run's id, or its parent's: the whole id."
+    # Counting every run on each page is a scan of the table: show the filtered count only.
+    show_full_result_count = False
+    readonly_fields = (
+        "id",
+        "saga_name",
+        "definition_hash",
+        "state",
+        "node_at",
+        "input_shown",
+        "failure_reason",
+        "rollback_status",
+        "rollback_reason",
+        "parent",
+        "created_at",
+        "updated_at",
+        "committed_at",
+        "wake_at",
+        "deadline_at",
+        "cancelled_at",
+    )
+    fields = readonly_fields
+    inlines = (StepInline, HistoryInline)
+    actions = ("resume", "abandon", "signal")
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
+        # An exact id is a seek on the primary key (or the parent index); the admin's
+        # default case-insensitive match would read every run.
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        return queryset.filter(Q(id=term) | Q(parent_execution_id=term)), False
+
+    @display(description="at node")
+    def node_at(self, run: Run) -> str:
+        return f"{run.cursor}.{run.cursor_sub}"
+
+    @display(description="input")
+    def input_shown(self, run: Run) -> str:
+        return _pre(run.input)
+
+    @display(description="parent run")
+    def parent(self, run: Run) -> str:
+        return _run_link(run.parent_execution_id)
+
+    def has_resume_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm("celery_saga.resume_run"))
+
+    def has_abandon_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm("celery_saga.abandon_run"))
+
+    def has_signal_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm("celery_saga.signal_run"))
+
+    @action(description="Resume the parked unwind", permissions=["resume"])
+    def resume(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        self._act(request, queryset, run_actions.resume, "resumed")
+
+    @action(description="Abandon the parked unwind", permissions=["abandon"])
+    def abandon(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        if "apply" not in request.POST:
+            question = (
+                "Abandon the unwind of these runs? Their outstanding reversals are marked "
+                "skipped and the runs end failed with rollback status stuck; nothing undoes it."
+            )
+            return self._confirm(request, queryset, "abandon", question, None)
+        self._act(request, queryset, run_actions.abandon, "abandoned")
+        return None
+
+    @action(description="Signal an event", permissions=["signal"])
+    def signal(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        form = run_actions.SignalForm(request.POST if "apply" in request.POST else None)
+        if not form.is_valid():
+            return self._confirm(request, queryset, "signal", "Signal these runs:", form)
+        act = run_actions.signal(form.cleaned_data["event"], form.cleaned_data["payload"])
+        self._act(request, queryset, act, "signalled")
+        return None
+
+    def _act(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Any],
+        act: Callable[..., str],
+        kind: str,
+    ) -> None:
+        run_ids = list(queryset.values_list("id", flat=True))
+        done, refused = run_actions.carry_out(run_ids, act, kind, run_actions.actor_of(request))
+        if done:
+            self.message_user(request, f"{kind}: {', '.join(done)}", messages.SUCCESS)
+        for reason in refused:
+            self.message_user(request, f"refused: {reason}", messages.ERROR)
+
+    def _confirm(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Any],
+        action: str,
+        question: str,
+        form: run_actions.SignalForm | None,
+    ) -> TemplateResponse:
+        context = {
+            **self.admin_site.each_context(request),
+            "title": question,
+            "opts": self.model._meta,
+            "runs": list(queryset),
+            "action": action,
+            "form": form,
+            "selected": admin.helpers.ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, _CONFIRM, context)
+
+
+@admin.register(Step)
+class StepAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
+    list_display = ("name", "run_link", "status", "attempts", "compensation_status", "started_at")
+    list_filter = ("status", "compensation_status")
+    search_fields = ("run__id",)
+    search_help_text = "The run's whole id."
+    show_full_result_count = False
+    fields = readonly_fields = (
+        "run_link",
+        *StepInline.fields[:-2],
+        "child",
+        "result_shown",
+        "holder",
+    )
+    result_shown = StepInline.result_shown
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
+        term = search_term.strip()
+        return (queryset.filter(run_id=term) if term else queryset), False
+
+    @display(description="run", ordering="run_id")
+    def run_link(self, step: Step) -> str:
+        return _run_link(step.run_id)
+
+    @display(description="child run")
+    def child(self, step: Step) -> str:
+        return _run_link(step.child_execution_id)
+
+
+@admin.register(HistoryRow)
+class HistoryAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
+    list_display = ("at", "run_link", "kind", "step", "attempt", "actor", "detail")
+    list_filter = ("kind",)
+    search_fields = ("run__id",)
+    search_help_text = "The run's whole id."
+    show_full_result_count = False
+    ordering = ("-id",)
+    fields = readonly_fields = ("run_link", *HistoryInline.fields)
+    data_shown = HistoryInline.data_shown
+    get_search_results = StepAdmin.get_search_results
+    run_link = StepAdmin.run_link

@@ -1,0 +1,144 @@
+"""Read-only models over the saga store's tables, for the Django admin (``admin.py``).
+
+The tables belong to the store (its own migrations create them), so the models are
+unmanaged. They read the database whose alias ``settings.SAGA_DATABASE`` names
+(``"default"`` unless set): that alias must point at the saga store. Payload columns are
+msgpack blobs; ``payloads.shown`` decodes them with the store's own codec.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+
+
+def saga_database() -> str:
+    """The alias of ``DATABASES`` that holds the saga tables."""
+    return str(getattr(settings, "SAGA_DATABASE", "default"))
+
+
+class SagaManager(models.Manager):  # type: ignore[misc]
+    """Every query of these models goes to the saga store's alias, router or not."""
+
+    def get_queryset(self) -> models.QuerySet[Any]:
+        return super().get_queryset().using(saga_database())
+
+
+class StoredTime(models.DateTimeField):  # type: ignore[misc]
+    """The store keeps naive UTC timestamps: read back as aware UTC on every backend."""
+
+    def from_db_value(self, value: datetime | None, *args: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value
+
+
+class Run(models.Model):  # type: ignore[misc]
+    id = models.CharField(max_length=64, primary_key=True)
+    saga_name = models.CharField("saga", max_length=200)
+    definition_hash = models.CharField("version", max_length=64)
+    state = models.CharField(max_length=32)
+    cursor = models.IntegerField("node")
+    cursor_sub = models.IntegerField("position in node")
+    input = models.BinaryField()
+    failure_reason = models.TextField(null=True)
+    rollback_status = models.CharField(max_length=32, null=True)
+    rollback_reason = models.TextField(null=True)
+    committed_at = StoredTime(null=True)
+    parent_execution_id = models.CharField("parent run", max_length=64, null=True)
+    wake_at = StoredTime(null=True)
+    created_at = StoredTime()
+    updated_at = StoredTime()
+    cancelled_at = StoredTime(null=True)
+    deadline_at = StoredTime(null=True)
+
+    objects = SagaManager()
+
+    class Meta:
+        managed = False
+        db_table = "saga_executions"
+        verbose_name = "saga run"
+        ordering = ("-created_at", "-id")
+        # Nothing is added, changed or deleted here: the engine's calls do it (actions).
+        default_permissions = ("view",)
+        permissions = (
+            ("resume_run", "Can resume a parked unwind"),
+            ("abandon_run", "Can abandon a parked unwind"),
+            ("signal_run", "Can signal a run"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.saga_name} {self.id}"
+
+
+class Step(models.Model):  # type: ignore[misc]
+    id = models.BigIntegerField(primary_key=True)
+    run = models.ForeignKey(
+        Run,
+        on_delete=models.DO_NOTHING,
+        db_column="execution_id",
+        db_constraint=False,
+        related_name="steps",
+    )
+    name = models.CharField(max_length=200)
+    node = models.IntegerField()
+    sub = models.IntegerField("position in node")
+    status = models.CharField(max_length=16)
+    attempts = models.IntegerField()
+    result = models.BinaryField(null=True)
+    error = models.TextField(null=True)
+    started_at = StoredTime()
+    completed_at = StoredTime(null=True)
+    compensation_status = models.CharField("reversal", max_length=32, null=True)
+    compensation_reason = models.TextField("reversal error", null=True)
+    compensation_attempts = models.IntegerField("reversal attempts")
+    compensated_at = StoredTime(null=True)
+    child_execution_id = models.CharField("child run", max_length=64, null=True)
+    holder = models.CharField(max_length=200, null=True)
+
+    objects = SagaManager()
+
+    class Meta:
+        managed = False
+        db_table = "saga_steps"
+        verbose_name = "saga step"
+        ordering = ("node", "sub", "id")
+        default_permissions = ("view",)
+
+    def __str__(self) -> str:
+        return f"{self.name} of {self.run_id}"
+
+
+class HistoryRow(models.Model):  # type: ignore[misc]
+    id = models.BigIntegerField(primary_key=True)
+    run = models.ForeignKey(
+        Run,
+        on_delete=models.DO_NOTHING,
+        db_column="execution_id",
+        db_constraint=False,
+        related_name="history",
+    )
+    at = StoredTime()
+    kind = models.CharField(max_length=40)
+    step = models.CharField(max_length=200, null=True)
+    attempt = models.IntegerField(null=True)
+    holder = models.CharField(max_length=200, null=True)
+    actor = models.CharField(max_length=200, null=True)
+    detail = models.TextField(null=True)
+    data = models.BinaryField(null=True)
+
+    objects = SagaManager()
+
+    class Meta:
+        managed = False
+        db_table = "saga_history"
+        verbose_name = "saga history entry"
+        verbose_name_plural = "saga history"
+        ordering = ("id",)
+        default_permissions = ("view",)
+
+    def __str__(self) -> str:
+        return f"{self.kind} of {self.run_id}"

@@ -1,0 +1,130 @@
+"""Drives the project's Django admin with Django's test client and prints what it saw as
+JSON (tests/test_django_admin.py judges it). Runs in its own process: Django's settings
+are per process. The runs run eagerly, in this process."""
+
+import json
+import os
+import re
+import sys
+
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "shopsite.settings")
+django.setup()
+
+from django.contrib.auth.models import Permission, User  # noqa: E402
+from django.core.checks import run_checks  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+from django.db import connections  # noqa: E402
+from django.test import Client, override_settings  # noqa: E402
+from orders import sagas  # noqa: E402
+from shopsite.celery import engine  # noqa: E402
+
+from celery_saga.contrib.django.models import saga_database  # noqa: E402
+from celery_saga.store import history  # noqa: E402
+
+RUNS = "/admin/celery_saga/run/"
+seen: dict[str, object] = {}
+
+call_command("migrate", verbosity=0)
+engine.ensure_schema()
+User.objects.create_superuser("root", "root@example.com", "pw")
+viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
+viewer.user_permissions.set(Permission.objects.filter(codename__startswith="view_"))
+root, watcher = Client(), Client()
+root.login(username="root", password="pw")
+watcher.login(username="viewer", password="pw")
+
+done = engine.get(engine.start("shop-order", {"order_id": "D1"}).id)
+parked = engine.get(engine.start("shop-fragile", {"order_id": "P1"}).id)
+parked_too = engine.get(engine.start("shop-fragile", {"order_id": "P2"}).id)
+waiting = engine.get(engine.start("shop-approval", {"order_id": "W1"}).id)
+broken = engine.get(engine.start("shop-order", {"order_id": "B1"}).id)
+seen["states"] = [r.state.value for r in (done, parked, parked_too, waiting)]
+
+
+def page(client: Client, url: str) -> tuple[int, str]:
+    reply = client.get(url)
+    return reply.status_code, reply.content.decode()
+
+
+def act(client: Client, action: str, run_id: str, **form: str) -> tuple[int, str]:
+    data = {"action": action, "_selected_action": [run_id], **form}
+    if not form:
+        data["index"] = "0"
+    reply = client.post(RUNS, data, follow=True)
+    return reply.status_code, reply.content.decode()
+
+
+def kinds(run_id: str) -> list[list[str | None]]:
+    return [[e.kind, e.actor, e.detail] for e in history.load(engine.db, run_id)]
+
+
+status, body = page(root, RUNS)
+seen["list"] = [status, all(r.id in body for r in (done, parked, waiting))]
+status, body = page(root, RUNS + "?state=compensation_stuck")
+seen["list_parked"] = [status, parked.id in body, done.id in body]
+status, body = page(root, RUNS + f"?q={done.id}")
+seen["search"] = [status, done.id in body, parked.id in body]
+status, body = page(root, RUNS + f"{parked.id}/change/")
+seen["detail"] = [
+    status,
+    "card declined for P1" in body,
+    "&quot;order_id&quot;: &quot;P1&quot;" in body,
+]
+seen["detail_steps"] = [body.find(">reserve<"), body.find(">charge<")]
+status, body = page(watcher, RUNS)
+seen["viewer_list"] = [status, parked.id in body, 'value="resume"' in body]
+seen["root_actions"] = ['value="resume"' in page(root, RUNS)[1]]
+status, body = act(watcher, "resume", parked.id)
+seen["viewer_resume"] = [status, engine.get(parked.id).state.value, kinds(parked.id)]
+
+status, body = act(root, "resume", done.id)
+seen["resume_refused"] = [
+    status,
+    "Refused: " in body,
+    "to be compensation_stuck" in body,
+    kinds(done.id),
+]
+
+sagas.UNDO_BROKEN["now"] = False
+status, body = act(root, "resume", parked.id)
+after = engine.get(parked.id)
+seen["resume"] = [status, after.state.value, after.rollback_status.value, kinds(parked.id)]
+status, body = page(root, RUNS + f"{parked.id}/change/")
+seen["detail_history"] = [status, ">resumed<" in body, ">root<" in body]
+
+# As a browser does: the CSRF token of each page goes back with its form.
+strict = Client(enforce_csrf_checks=True)
+strict.force_login(User.objects.get(username="root"))
+token = re.compile(r'name="csrfmiddlewaretoken" value="([^"]+)"')
+listing = page(strict, RUNS)[1]
+status, body = act(
+    strict, "abandon", parked_too.id, csrfmiddlewaretoken=token.findall(listing)[0], index="0"
+)
+seen["abandon_asks"] = [status, "Abandon the unwind" in body, engine.get(parked_too.id).state.value]
+confirm = next(f for f in re.findall(r"<form.*?</form>", body, re.S) if 'name="apply"' in f)
+asked = (token.findall(confirm) or [""])[0]  # the confirmation's own form carries it
+status, body = act(strict, "abandon", parked_too.id, apply="yes", csrfmiddlewaretoken=asked)
+after = engine.get(parked_too.id)
+seen["abandon"] = [status, after.state.value, after.rollback_status.value, kinds(parked_too.id)]
+
+status, body = act(root, "signal", waiting.id, apply="yes", event="approved", payload="{oops")
+seen["signal_bad_json"] = [status, "not JSON" in body, engine.get(waiting.id).state.value]
+status, body = act(root, "signal", waiting.id, apply="yes", event="approved", payload='{"by": "x"}')
+seen["signal"] = [status, engine.get(waiting.id).state.value, kinds(waiting.id)]
+
+with connections[saga_database()].cursor() as cursor:
+    cursor.execute("UPDATE saga_executions SET input = %s WHERE id = %s", [b"\xc1", broken.id])
+status, body = page(root, RUNS + f"{broken.id}/change/")
+seen["corrupt"] = [status, "this payload cannot be decoded" in body]
+status, body = page(root, "/admin/celery_saga/historyrow/")
+seen["history_list"] = [status, parked.id in body and waiting.id in body]
+status, body = page(root, f"/admin/celery_saga/step/?q={parked.id}")
+seen["step_list"] = [status, body.count(parked.id) >= 2, done.id in body]
+
+with override_settings(SAGA_DATABASE="nowhere"):
+    seen["check"] = [message.id for message in run_checks()]
+seen["check_now"] = [message.id for message in run_checks()]
+
+json.dump(seen, sys.stdout)

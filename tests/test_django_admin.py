@@ -1,0 +1,126 @@
+"""The Django admin shows runs, their steps and history, and its operator actions go
+through the engine, behind their permissions, recorded with the Django user: driven by
+Django's test client in the minimal project of tests/djangosite (its own process), on
+SQLite, and on PostgreSQL kept apart from Django's own database (``SAGA_DATABASE``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from typing import Any
+
+import pytest
+
+from tests.conftest import PORTS, ROOT, _test_database_url, require_services
+
+SITE = ROOT / "tests" / "djangosite"
+
+
+def _probe(store: str, django_db: str | None) -> dict[str, Any]:
+    env = {
+        **os.environ,
+        "SHOP_BROKER": "memory://",
+        "SHOP_QUEUE": f"admin-{uuid.uuid4().hex[:8]}",
+        "SHOP_STORE": store,
+        "SHOP_EAGER": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(SITE)]),
+    }
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    if django_db:
+        env["SHOP_DJANGO_DB"] = django_db
+    done = subprocess.run(
+        [sys.executable, "admin_probe.py"],
+        cwd=SITE,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen: dict[str, Any] = json.loads(done.stdout)
+    return seen
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql-beside-django"])
+def seen(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    tmp_path = tmp_path_factory.mktemp(request.param)
+    if request.param == "sqlite":
+        return _probe(f"sqlite:///{tmp_path / 'shop.sqlite3'}", None)
+    require_services(PORTS["postgres"])
+    return _probe(_test_database_url(), str(tmp_path / "django.sqlite3"))
+
+
+def test_the_admin_lists_filters_and_finds_runs(seen: dict[str, Any]) -> None:
+    assert seen["states"] == ["completed", "compensation_stuck", "compensation_stuck", "waiting"]
+    assert seen["list"] == [200, True]
+    assert seen["list_parked"] == [200, True, False]  # the state filter
+    assert seen["search"] == [200, True, False]  # a whole id finds its run alone
+
+
+def test_a_run_page_shows_its_decoded_input_its_steps_in_order_and_its_history(
+    seen: dict[str, Any],
+) -> None:
+    assert seen["detail"] == [200, True, True]
+    reserve, charge = seen["detail_steps"]
+    assert 0 < reserve < charge
+    assert seen["detail_history"] == [200, True, True]
+    assert seen["step_list"] == [200, True, False]
+    assert seen["history_list"] == [200, True]
+
+
+def test_a_payload_that_cannot_be_decoded_is_said_so_on_a_page_that_still_shows(
+    seen: dict[str, Any],
+) -> None:
+    assert seen["corrupt"] == [200, True]
+
+
+def test_resume_from_the_admin_continues_the_unwind_and_records_the_user(
+    seen: dict[str, Any],
+) -> None:
+    assert seen["root_actions"] == [True]
+    assert seen["resume"] == [
+        200,
+        "failed",
+        "completed",
+        [["resumed", "root", "from the Django admin"]],
+    ]
+
+
+def test_a_user_without_the_permission_is_not_offered_the_action_and_changes_nothing(
+    seen: dict[str, Any],
+) -> None:
+    assert seen["viewer_list"] == [200, True, False]
+    assert seen["viewer_resume"] == [200, "compensation_stuck", []]
+
+
+def test_abandon_asks_first_then_ends_the_run_and_records_the_user(seen: dict[str, Any]) -> None:
+    """Posted with CSRF checks on: the confirmation's form carries its token."""
+    assert seen["abandon_asks"] == [200, True, "compensation_stuck"]
+    status, state, rollback, rows = seen["abandon"]
+    assert (status, state, rollback) == (200, "failed", "stuck")
+    assert [row[:2] for row in rows] == [["abandoned", "root"]]
+
+
+def test_signal_takes_an_event_and_a_json_payload_and_records_the_user(
+    seen: dict[str, Any],
+) -> None:
+    assert seen["signal_bad_json"] == [200, True, "waiting"]
+    status, state, rows = seen["signal"]
+    assert (status, state) == (200, "completed")
+    assert rows == [
+        ["signalled", "root", "from the Django admin: event 'approved', the run resumed"]
+    ]
+
+
+def test_an_action_the_engine_refuses_shows_why_and_records_nothing(seen: dict[str, Any]) -> None:
+    assert seen["resume_refused"] == [200, True, True, []]
+
+
+def test_check_names_a_saga_database_that_is_not_configured(seen: dict[str, Any]) -> None:
+    assert "celery_saga.E001" in seen["check"]
+    assert "celery_saga.E001" not in seen["check_now"]
