@@ -73,6 +73,10 @@ def test_a_run_page_shows_its_decoded_input_its_steps_in_order_and_its_history(
     assert seen["history_list"] == [200, True]
 
 
+def test_a_run_page_shows_what_its_saga_marks_sensitive_as_redacted(seen: dict[str, Any]) -> None:
+    assert seen["detail_redacted"] == [200, True, True, True]
+
+
 def test_a_payload_that_cannot_be_decoded_is_said_so_on_a_page_that_still_shows(
     seen: dict[str, Any],
 ) -> None:

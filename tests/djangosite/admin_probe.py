@@ -38,7 +38,8 @@ watcher.login(username="viewer", password="pw")
 done = engine.get(engine.start("shop-order", {"order_id": "D1"}).id)
 parked = engine.get(engine.start("shop-fragile", {"order_id": "P1"}).id)
 parked_too = engine.get(engine.start("shop-fragile", {"order_id": "P2"}).id)
-waiting = engine.get(engine.start("shop-approval", {"order_id": "W1"}).id)
+CARD = "4000-0566-5566-5556"  # shop-approval marks "card" sensitive
+waiting = engine.get(engine.start("shop-approval", {"order_id": "W1", "card": CARD}).id)
 broken = engine.get(engine.start("shop-order", {"order_id": "B1"}).id)
 seen["states"] = [r.state.value for r in (done, parked, parked_too, waiting)]
 
@@ -109,6 +110,8 @@ status, body = act(strict, "abandon", parked_too.id, apply="yes", csrfmiddleware
 after = engine.get(parked_too.id)
 seen["abandon"] = [status, after.state.value, after.rollback_status.value, kinds(parked_too.id)]
 
+status, body = page(root, f"{RUNS}{waiting.id}/change/")
+seen["detail_redacted"] = [status, CARD not in body, "[redacted]" in body, "W1" in body]
 status, body = act(root, "signal", waiting.id, apply="yes", event="approved", payload="{oops")
 seen["signal_bad_json"] = [status, "not JSON" in body, engine.get(waiting.id).state.value]
 status, body = act(root, "signal", waiting.id, apply="yes", event="approved", payload='{"by": "x"}')

@@ -17,6 +17,7 @@ from celery_saga.contrib.django import actions as run_actions
 from celery_saga.contrib.django.app import project_engine
 from celery_saga.contrib.django.models import HistoryRow, Run, Step
 from celery_saga.contrib.django.payloads import shown
+from celery_saga.definition.sensitivity import Sensitivity
 from celery_saga.records import ExecutionState, RollbackStatus
 
 _CONFIRM = "admin/celery_saga/run/action.html"
@@ -34,8 +35,20 @@ def action(**options: Any) -> Callable[[F], F]:
     return decorate
 
 
-def _pre(blob: bytes | memoryview | None) -> str:
-    return str(format_html('<pre style="white-space: pre-wrap">{}</pre>', shown(blob)))
+def _pre(blob: bytes | memoryview | None, run: Run, *path: str) -> str:
+    """A payload of ``run`` at ``path``, with what its saga marks sensitive redacted."""
+    text = shown(blob, path, _marks(run))
+    return str(format_html('<pre style="white-space: pre-wrap">{}</pre>', text))
+
+
+def _marks(run: Run) -> Sensitivity:
+    """The run's version's ``sensitive=`` markings (its saga's newest when this process
+    lacks that version; a saga it does not know: none)."""
+    engine = project_engine()
+    if engine is None:
+        return Sensitivity()
+    found = engine.catalog(run.saga_name, run.definition_hash) or engine.catalog(run.saga_name)
+    return found.sensitive if found is not None else Sensitivity()
 
 
 def _run_link(execution_id: str | None) -> str:
@@ -113,7 +126,7 @@ class StepInline(ReadOnly, admin.TabularInline):  # type: ignore[misc]
 
     @display(description="result")
     def result_shown(self, step: Step) -> str:
-        return _pre(step.result)
+        return _pre(step.result, step.run, "results", step.name)
 
 
 class HistoryInline(ReadOnly, admin.TabularInline):  # type: ignore[misc]
@@ -132,7 +145,7 @@ class HistoryInline(ReadOnly, admin.TabularInline):  # type: ignore[misc]
 
     @display(description="data")
     def data_shown(self, row: HistoryRow) -> str:
-        return _pre(row.data)
+        return _pre(row.data, row.run, "results", row.step or "")
 
 
 @admin.register(Run)
@@ -181,7 +194,7 @@ class RunAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
 
     @display(description="input")
     def input_shown(self, run: Run) -> str:
-        return _pre(run.input)
+        return _pre(run.input, run, "input")
 
     @display(description="parent run")
     def parent(self, run: Run) -> str:

@@ -37,5 +37,7 @@ engine.register(
     Saga("shop-fragile")
     .step("reserve", reserve, compensate=unreserve, compensation_retry=1)
     .step("charge", refuse, retry=1),
-    Saga("shop-approval").step("reserve", reserve, compensate=release).wait_for("approved"),
+    Saga("shop-approval", sensitive=("card",))
+    .step("reserve", reserve, compensate=release)
+    .wait_for("approved"),
 )
