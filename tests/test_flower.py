@@ -166,3 +166,24 @@ def test_flower_search_lists_runs_joined_with_or_and_a_name_link_finds_the_same(
     both = alone[first.id] | alone[second.id]
     assert _until(lambda: ids(f"{first.id} OR {second.id}") >= both or None, 20, "both runs")
     assert ids(f"name:{first.id} OR {first.id}") == ids(first.id)
+
+
+def test_flower_holds_no_value_a_saga_marks_sensitive(harness: Harness, flower: int) -> None:
+    """docs/redaction.md: a marked run's tasks in Flower (kwargs, result, exception,
+    traceback) show its marked values only as ``[redacted]``."""
+    from tests.redaction_sagas import token_of
+
+    card, address, order = "4242-4242-4242-4242", "7 Secret Lane", 8123
+    run = harness.start("private", {"order": order, "card": card, "address": address})
+    assert run.wait(60).state is ExecutionState.FAILED
+
+    def settled() -> dict[str, Any] | None:
+        tasks = _get(flower, "/api/tasks", search=run.id)
+        names = {t["name"] for t in tasks.values() if t["state"] in ("SUCCESS", "FAILURE")}
+        return tasks if {"private.tokenize", "private.charge"} <= names else None
+
+    tasks = _until(settled, 30, "the marked run's tasks")
+    seen = json.dumps(tasks)
+    assert "[redacted]" in seen
+    for secret in (card, address, token_of(order)):
+        assert secret not in seen
