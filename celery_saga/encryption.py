@@ -1,5 +1,5 @@
 """Payloads encrypted at rest: an AES-GCM payload codec with key ids, and the settings that
-choose a codec (``pip install "celery-saga[encryption]"``).
+choose a codec (the ``encryption`` extra).
 
     app.conf.saga_payload_keys = {"2026-12": os.environ["SAGA_KEY_2026_12"]}
 
@@ -42,8 +42,7 @@ class AESGCMCodec:
             from cryptography.hazmat.primitives.ciphers.aead import AESGCM
         except ImportError:  # pragma: no cover - the extra is missing
             raise ImportError(
-                'payload encryption needs the "encryption" extra: '
-                'pip install "celery-saga[encryption]"'
+                'payload encryption needs the "encryption" extra (cryptography)'
             ) from None
         if not keys:
             raise ValueError("saga_payload_keys is empty: give at least one key id and key")

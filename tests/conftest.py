@@ -178,8 +178,10 @@ def _wait_ready(test_app: TestApp, count: int, workers: list[subprocess.Popen[by
     while time.monotonic() < deadline:
         if any(w.poll() is not None for w in workers):
             raise RuntimeError("a test worker exited during start-up")
+        # Only this app's own workers count: other tests' workers share the broker.
+        queue = test_app.app.conf.task_default_queue
         replies = test_app.app.control.ping(timeout=1.0) or []
-        if len(replies) >= count:
+        if sum(queue in name for reply in replies for name in reply) >= count:
             return
     raise RuntimeError("test workers did not answer ping within 60 s")
 

@@ -120,7 +120,7 @@ def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CrashRig]:
     yield from crash_rig(request.param, tmp_path)
 
 
-def wait_for(condition: Callable[[], bool], timeout: float = 20) -> None:
+def wait_for(condition: Callable[[], bool], timeout: float = 45) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "condition not reached"

@@ -30,8 +30,9 @@ from tests.test_crash_recovery import (
     wait_for,
 )
 
-#: Seconds between a fresh worker answering ping and the interrupted body running again.
-PICKUP = 5.0
+#: Seconds between a fresh worker answering ping and the interrupted body running again:
+#: well under the 30 s lease a lost claim would wait for, with room for a loaded machine.
+PICKUP = 15.0
 
 
 @pytest.fixture(params=["postgres-rabbitmq", "postgres-redis"])
