@@ -37,6 +37,7 @@ from celery_saga.store.forward import Conflict, prefixed
 from celery_saga.store.queries import snapshot_from_rows, snapshot_query
 from celery_saga.store.rows import step_from_row
 from celery_saga.store.tables import executions, step_records
+from celery_saga.store.unwind import write_parked
 
 
 @dataclass(frozen=True)
@@ -282,13 +283,22 @@ def record_compensation(
         **prefixed("set_", changes),
     }
     shape = tuple(sorted(changes))
-    if db.dialect == "postgresql":
+    parks = plan.kind is UnwindKind.HALT_FAILED
+    if db.dialect == "postgresql" and not parks:
         with db.single_statement() as connection:
             written = db.rowcount(connection, _outcome_in_one(shape), params) == 1
         return plan if written else None
     try:
+        # A park (never the happy path) takes a transaction: its history row goes with it.
         with db.transaction() as connection:
-            _outcome_in_a_transaction(connection, shape, params)
+            if db.dialect == "postgresql":
+                if connection.execute(_outcome_in_one(shape), params).rowcount != 1:
+                    raise Conflict(reversal.execution_id)
+            else:
+                _outcome_in_a_transaction(connection, shape, params)
+            if parks:
+                reason = changes["rollback_reason"]
+                write_parked(connection, reversal.execution_id, name, reversal.attempt, reason, now)
     except Conflict:
         return None
     return plan
