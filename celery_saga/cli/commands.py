@@ -23,6 +23,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from celery_saga.cli import timeline
 from celery_saga.cli.durations import parse_duration
+from celery_saga.cli.follow import follow, shell_operator
 from celery_saga.cli.output import OneLineErrors, as_json, table
 from celery_saga.cli.version_names import version_hashes
 from celery_saga.decisions.cancel import CancelVerdict
@@ -77,10 +78,15 @@ def _short(when: datetime | None) -> str:
     return "-" if when is None else when.strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _row(record: ExecutionRecord, waiting: str | None = None) -> list[str]:
+def _row(
+    record: ExecutionRecord, waiting: str | None = None, event: str | None = None
+) -> list[str]:
     reason = (record.rollback_reason or record.failure_reason or "").replace("\n", " ")
     if waiting and not reason:
         reason = f"waiting for a worker with version {waiting}"
+    if record.state is ExecutionState.WAITING and not reason:
+        until = f" until {_short(record.wake_at)}" if record.wake_at else ""
+        reason = f"waiting for signal {event!r}{until}" if event else "waiting for a signal"
     return [
         record.id,
         record.saga_name,
@@ -92,10 +98,13 @@ def _row(record: ExecutionRecord, waiting: str | None = None) -> list[str]:
     ]
 
 
-def _summary(record: ExecutionRecord, waiting: str | None = None) -> dict[str, Any]:
+def _summary(
+    record: ExecutionRecord, waiting: str | None = None, event: str | None = None
+) -> dict[str, Any]:
     return {
         **timeline.summary(record),
         "waiting_for_version": waiting,
+        "waiting_for_event": event,
         "created_at": record.created_at,
         "updated_at": record.updated_at,
     }
@@ -153,15 +162,16 @@ def list_(
         raise SagaError(f"{cursor!r} is not a cursor printed by `saga list`") from None
     waits = {} if archived else waiting_for_version(engine.db, [r.id for r in page.items])
     waiting = {run: wait.definition_hash for run, wait in waits.items()}
+    gates = {r.id: timeline.gate_event(engine.catalog, r) for r in page.items}
     if as_json_output:
-        items = [_summary(r, waiting.get(r.id)) for r in page.items]
+        items = [_summary(r, waiting.get(r.id), gates[r.id]) for r in page.items]
         click.echo(as_json({"items": items, "next_cursor": page.next_cursor}))
         return
     if not page.items:
         click.echo("no runs match")
         return
     headers = ["ID", "SAGA", "STATE", "ROLLBACK", "CREATED", "UPDATED", "REASON"]
-    for line in table(headers, [_row(r, waiting.get(r.id)) for r in page.items]):
+    for line in table(headers, [_row(r, waiting.get(r.id), gates[r.id]) for r in page.items]):
         click.echo(line)
     if page.next_cursor:
         click.echo(f"more: --cursor {page.next_cursor}")
@@ -185,10 +195,17 @@ def _stored(engine: SagaEngine, execution_id: str) -> inspection.StoredRun:
 @saga.command()
 @click.argument("execution_id")
 @click.option("--json", "as_json_output", is_flag=True, help="Print JSON.")
+@click.option(
+    "--follow", "follow_run", is_flag=True, help="Then print what happens until the run ends."
+)
+@click.option("--interval", default=0.5, show_default=True, help="--follow: seconds per poll.")
 @click.pass_context
 @operator_command
-def show(ctx: click.Context, execution_id: str, as_json_output: bool) -> None:
-    """One run's whole timeline: steps, iterations, reversals, signals, child runs."""
+def show(
+    ctx: click.Context, execution_id: str, as_json_output: bool, follow_run: bool, interval: float
+) -> None:
+    """One run's story: its graph with each node's status, then its timeline (steps,
+    iterations, reversals, waits, signals, operator actions, child runs)."""
     engine = engine_of(ctx)
     load, find = _loaders(engine)
     described = timeline.describe(_stored(engine, execution_id), load, find)
@@ -200,6 +217,28 @@ def show(ctx: click.Context, execution_id: str, as_json_output: bool) -> None:
         click.echo(as_json(described))
     else:
         click.echo("\n".join(timeline.render(described)))
+    if follow_run:
+
+        def again() -> dict[str, Any] | None:
+            run = load(execution_id)
+            return None if run is None else timeline.describe(run, load, find)
+
+        lines = _json_lines if as_json_output else timeline.render_events
+        try:
+            ended = follow(again, described, click.echo, lines, interval)
+        except KeyboardInterrupt:  # Ctrl-C ends the follow quietly, with status 0
+            click.echo("")
+            return
+        state = ended["state"] if ended else "deleted (cleaned up)"
+        rollback = ended["rollback_status"] if ended else None
+        end = {"ended": state, "rollback_status": rollback}
+        click.echo(
+            json.dumps(end) if as_json_output else f"ended: {state}  rollback={rollback or '-'}"
+        )
+
+
+def _json_lines(entries: list[dict[str, Any]]) -> list[str]:
+    return [json.dumps(entry, default=str) for entry in entries]
 
 
 def _live(engine: SagaEngine, execution_id: str) -> ExecutionRecord:
@@ -247,7 +286,7 @@ def signal(
     value = _payload(payload, payload_file)
     engine = engine_of(ctx)
     _live(engine, execution_id)
-    resumed = engine.signal(execution_id, event, value)
+    resumed = engine.signal(execution_id, event, value, actor=shell_operator())
     click.echo(
         f"signal {event!r} recorded for {execution_id}; "
         + ("the run resumed" if resumed else "the run will take it when it reaches the gate")
@@ -262,16 +301,17 @@ def resume(ctx: click.Context, execution_id: str) -> None:
     """Retry the failed reversal of a compensation_stuck run and continue its unwind."""
     engine = engine_of(ctx)
     _live(engine, execution_id)
-    engine.resume_compensation(execution_id)
+    engine.resume_compensation(execution_id, actor=shell_operator())
     click.echo(f"resumed the unwind of {execution_id}; the workers carry it on")
 
 
 @saga.command()
 @click.argument("execution_id")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--reason", help="Why: recorded in the run's history and shown by show.")
 @click.pass_context
 @operator_command
-def abandon(ctx: click.Context, execution_id: str, yes: bool) -> None:
+def abandon(ctx: click.Context, execution_id: str, yes: bool, reason: str | None) -> None:
     """Give up a parked unwind: the run ends failed, outstanding reversals skipped."""
     engine = engine_of(ctx)
     record = _live(engine, execution_id)
@@ -286,7 +326,7 @@ def abandon(ctx: click.Context, execution_id: str, yes: bool) -> None:
             "never be reversed, and the run ends failed. Abandon its unwind?",
             abort=True,
         )
-    skipped = engine.abandon_compensation(execution_id)
+    skipped = engine.abandon_compensation(execution_id, actor=shell_operator(), reason=reason)
     click.echo(f"abandoned {execution_id}: {skipped} step(s) marked compensation_skipped")
 
 
@@ -298,7 +338,7 @@ def abandon(ctx: click.Context, execution_id: str, yes: bool) -> None:
 def cancel(ctx: click.Context, execution_id: str, reason: str | None) -> None:
     """Cancel a run: nothing new starts, its running body is stopped, what it did is
     unwound, and it ends cancelled. Refused past the pivot and once ended."""
-    verdict = engine_of(ctx).cancel(execution_id, reason)
+    verdict = engine_of(ctx).cancel(execution_id, reason, actor=shell_operator())
     if verdict is CancelVerdict.CANCEL:
         click.echo(f"cancelled {execution_id}; what it did is unwound by the workers")
     else:
