@@ -77,7 +77,7 @@ def test_park_resume_park_abandon_each_leave_a_row_and_every_reversal_attempt_co
     reversal = steps["s2"]["compensation"]
     assert (reversal["attempts"], reversal["total_attempts"]) == (3, len(tried)) == (3, 6)
     text = _invoke(harness, "show", run.id).output
-    assert "after 3 attempts (6 in all)" in text, text
+    assert "after 6 attempts (3 since the last resume)" in text, text
     assert "by alice@ops-1" in text and "by bob@ops-2" in text
 
 

@@ -49,14 +49,18 @@ def earlier_reversal_attempts(history: list[dict[str, Any]]) -> dict[str, int]:
     return earlier
 
 
+def _attempts(count: int) -> str:
+    return f"{count} attempt" + ("" if count == 1 else "s")
+
+
 def _history_text(run: dict[str, Any], row: dict[str, Any]) -> str:
     kind, detail, data = row["kind"], row["detail"] or "", row["data"]
     if kind == "started":
         return f"saga {run['saga']}"
     if kind == "parked" and row["attempt"]:
-        return f"{detail} (after {row['attempt']} attempts)"
+        return f"{detail} ({_attempts(row['attempt'])})"
     if kind == "resumed" and row["step"]:
-        return f"the unwind; {row['step']} had {row['attempt']} reversal attempts"
+        return f"the unwind; {row['step']} had {_attempts(row['attempt'])} of its reversal"
     if kind == "abandoned" and isinstance(data, dict):
         left = ", ".join(data.get("skipped", ())) or "none"
         return f"the unwind; never reversed: {left}" + (f"; reason: {detail}" if detail else "")
@@ -118,7 +122,7 @@ def _reversal(step: dict[str, Any]) -> list[Entry]:
     tries = f"  after {reversal['attempts']} attempts" if reversal["attempts"] > 1 else ""
     total = reversal.get("total_attempts", reversal["attempts"])
     if total != reversal["attempts"]:
-        tries += f" ({total} in all)"
+        tries = f"  after {total} attempts ({reversal['attempts']} since the last resume)"
     text = f"{step['name']}{tries}{reason}"
     return [_entry(reversal["at"], reversal["status"], text, step=step["name"])]
 
