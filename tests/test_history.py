@@ -192,7 +192,7 @@ def test_show_follow_prints_what_happens_until_the_run_ends(harness: Harness) ->
     sender.join()
     assert result.exit_code == 0, result.output
     assert time.monotonic() - started < 30
-    before, after = result.output.split("wait-entered", 1)
+    _, after = result.output.split("wait-entered", 1)
     assert "signalled" in after and "by erin@desk" in after, result.output
     assert result.output.rstrip().endswith("ended: completed  rollback=-"), result.output
     followed = _invoke(harness, "show", run.id, "--follow", "--json").output.splitlines()
