@@ -23,7 +23,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from celery_saga.cli import timeline
 from celery_saga.cli.durations import parse_duration
-from celery_saga.cli.follow import follow, shell_operator
+from celery_saga.cli.follow import follow_until_ended, shell_operator
 from celery_saga.cli.output import OneLineErrors, as_json, table
 from celery_saga.cli.version_names import version_hashes
 from celery_saga.decisions.cancel import CancelVerdict
@@ -218,27 +218,8 @@ def show(
     else:
         click.echo("\n".join(timeline.render(described)))
     if follow_run:
-
-        def again() -> dict[str, Any] | None:
-            run = load(execution_id)
-            return None if run is None else timeline.describe(run, load, find)
-
-        lines = _json_lines if as_json_output else timeline.render_events
-        try:
-            ended = follow(again, described, click.echo, lines, interval)
-        except KeyboardInterrupt:  # Ctrl-C ends the follow quietly, with status 0
-            click.echo("")
-            return
-        state = ended["state"] if ended else "deleted (cleaned up)"
-        rollback = ended["rollback_status"] if ended else None
-        end = {"ended": state, "rollback_status": rollback}
-        click.echo(
-            json.dumps(end) if as_json_output else f"ended: {state}  rollback={rollback or '-'}"
-        )
-
-
-def _json_lines(entries: list[dict[str, Any]]) -> list[str]:
-    return [json.dumps(entry, default=str) for entry in entries]
+        again = functools.partial(timeline.describe_again, load, find, execution_id)
+        follow_until_ended(again, described, click.echo, as_json_output, interval)
 
 
 def _live(engine: SagaEngine, execution_id: str) -> ExecutionRecord:

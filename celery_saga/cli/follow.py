@@ -4,10 +4,13 @@ and who an operator at this shell is, for the history rows of the commands they 
 from __future__ import annotations
 
 import getpass
+import json
 import socket
 import time
 from collections.abc import Callable
 from typing import Any
+
+from celery_saga.cli.timeline import render_events
 
 Describe = Callable[[], "dict[str, Any] | None"]
 Echo = Callable[[str], None]
@@ -57,3 +60,23 @@ def follow(
         for line in lines(new):
             echo(line)
     return run
+
+
+def _json_lines(entries: list[dict[str, Any]]) -> list[str]:
+    return [json.dumps(entry, default=str) for entry in entries]
+
+
+def follow_until_ended(
+    describe: Describe, first: dict[str, Any], echo: Echo, as_json: bool, interval: float
+) -> None:
+    """``show --follow``: ``follow``, then one line saying how the run ended (a JSON line
+    with ``as_json``, as are the entries). Ctrl-C stops it quietly."""
+    try:
+        ended = follow(describe, first, echo, _json_lines if as_json else render_events, interval)
+    except KeyboardInterrupt:  # the operator is done watching: exit status 0
+        echo("")
+        return
+    state = ended["state"] if ended else "deleted (cleaned up)"
+    rollback = ended["rollback_status"] if ended else None
+    end = {"ended": state, "rollback_status": rollback}
+    echo(json.dumps(end) if as_json else f"ended: {state}  rollback={rollback or '-'}")

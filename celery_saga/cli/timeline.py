@@ -167,6 +167,12 @@ def gate_event(find: FindDefinition, record: ExecutionRecord) -> str | None:
     return gate.event if isinstance(gate, WaitNode) else None
 
 
+def describe_again(load: LoadRun, find: FindDefinition, execution_id: str) -> dict[str, Any] | None:
+    """The run described afresh (``show --follow``); None once it is deleted."""
+    run = load(execution_id)
+    return None if run is None else describe(run, load, find)
+
+
 def waited_event(run: dict[str, Any], definition: SagaDefinition | None) -> str | None:
     """The event a waiting run waits for: its gate in the definition, else the last
     ``wait-entered`` row of its history (a version not registered here)."""

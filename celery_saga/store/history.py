@@ -82,6 +82,19 @@ def write(
     connection.execute(insert(history).values(**_values(execution_id, entry, blob)))
 
 
+def write_parked(
+    connection: Connection,
+    execution_id: str,
+    step: str | None,
+    attempts: int | None,
+    reason: str | None,
+    now: datetime,
+) -> None:
+    """The ``parked`` history row: at which reversal, after how many attempts, and why."""
+    entry = HistoryEntry(now, Kind.PARKED.value, step=step, attempt=attempts, detail=reason)
+    write(connection, execution_id, entry)
+
+
 def append(
     db: Database,
     execution_id: str,

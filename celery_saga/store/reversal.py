@@ -31,13 +31,12 @@ from celery_saga.records import (
     RollbackStatus,
     StepRecord,
 )
-from celery_saga.store import prepared
+from celery_saga.store import history, prepared
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.forward import Conflict, prefixed
 from celery_saga.store.queries import snapshot_from_rows, snapshot_query
 from celery_saga.store.rows import step_from_row
 from celery_saga.store.tables import executions, step_records
-from celery_saga.store.unwind import write_parked
 
 
 @dataclass(frozen=True)
@@ -298,7 +297,9 @@ def record_compensation(
                 _outcome_in_a_transaction(connection, shape, params)
             if parks:
                 reason = changes["rollback_reason"]
-                write_parked(connection, reversal.execution_id, name, reversal.attempt, reason, now)
+                history.write_parked(
+                    connection, reversal.execution_id, name, reversal.attempt, reason, now
+                )
     except Conflict:
         return None
     return plan

@@ -188,7 +188,7 @@ def _park(connection: Connection, execution_id: str, plan: UnwindStep, now: date
             updated_at=to_db_time(now),
         )
     )
-    write_parked(
+    history.write_parked(
         connection,
         execution_id,
         plan.record.name,
@@ -196,19 +196,6 @@ def _park(connection: Connection, execution_id: str, plan: UnwindStep, now: date
         rollback_reason,
         now,
     )
-
-
-def write_parked(
-    connection: Connection,
-    execution_id: str,
-    step: str | None,
-    attempts: int | None,
-    reason: str | None,
-    now: datetime,
-) -> None:
-    """The ``parked`` history row: at which reversal, after how many attempts, and why."""
-    entry = HistoryEntry(now, Kind.PARKED.value, step=step, attempt=attempts, detail=reason)
-    history.write(connection, execution_id, entry)
 
 
 def release_compensation(db: Database, reversal: ReversalAttempt, *, reason: str) -> bool:
@@ -282,7 +269,7 @@ def park_unwind(db: Database, *, execution_id: str, reason: str, now: datetime) 
         )
         if result.rowcount != 1:
             return False
-        write_parked(connection, execution_id, None, None, reason, now)
+        history.write_parked(connection, execution_id, None, None, reason, now)
         return True
 
 

@@ -48,6 +48,7 @@ from celery_saga.worker.handle import SagaHandle
 from celery_saga.worker.holders import CeleryHolders
 from celery_saga.worker.publisher import CeleryPublisher
 from celery_saga.worker.run_commands import (
+    abandon_run,
     adopt,
     cancel_run,
     check_actor,
@@ -307,14 +308,7 @@ class SagaEngine:
         """Give up a parked unwind: outstanding steps are marked skipped and the run ends
         ``failed`` with ``rollback_status`` ``stuck``. Returns how many steps were skipped.
         ``actor`` and ``reason`` (who gave it up, and why) are recorded in its history."""
-        check_actor(actor)
-        if reason is not None and not isinstance(reason, str):
-            raise SagaError(f"an abandon reason is text, got {type(reason).__name__}")
-        definition = self._definition_of(execution_id)
-        return self._store(
-            f"abandoning the unwind of {execution_id!r}",
-            lambda: self.executor.unwinder.abandon(definition, execution_id, actor, reason),
-        )
+        return abandon_run(self, execution_id, actor, reason)
 
     def cancel(
         self, execution_id: str, reason: str | None = None, *, actor: str | None = None
@@ -391,11 +385,14 @@ class SagaEngine:
         """Every version of every saga: registered here, seen on workers, or with live runs."""
         return self._store("listing versions", self.versioning.report)
 
-    def upgrade(self, execution_id: str, to: str | None = None) -> SagaDefinition:
+    def upgrade(
+        self, execution_id: str, to: str | None = None, *, actor: str | None = None
+    ) -> SagaDefinition:
         """Move a run to version ``to`` (hash or label; default: the newest registered here);
         ``UpgradeRefusedError`` naming the first node that differs, nothing stored."""
+        check_actor(actor)
         return self._store(
-            f"upgrading {execution_id!r}", lambda: self.versioning.upgrade(execution_id, to)
+            f"upgrading {execution_id!r}", lambda: self.versioning.upgrade(execution_id, to, actor)
         )
 
     # -- events -----------------------------------------------------------------------

@@ -175,6 +175,20 @@ def resume_run(engine: SagaEngine, execution_id: str, actor: str | None = None) 
     )
 
 
+def abandon_run(
+    engine: SagaEngine, execution_id: str, actor: str | None, reason: str | None
+) -> int:
+    """``engine.abandon_compensation``: only where the run's version is registered."""
+    check_actor(actor)
+    if reason is not None and not isinstance(reason, str):
+        raise SagaError(f"an abandon reason is text, got {type(reason).__name__}")
+    definition = engine._definition_of(execution_id)
+    return engine._store(
+        f"abandoning the unwind of {execution_id!r}",
+        lambda: engine.executor.unwinder.abandon(definition, execution_id, actor, reason),
+    )
+
+
 def carry_out(
     engine: SagaEngine, execution_id: str, command: str, arguments: dict[str, Any]
 ) -> NoBody:
