@@ -171,10 +171,10 @@ def test_show_draws_the_graph_with_each_nodes_status(harness: Harness) -> None:
     loop = _shown(harness, runs["batch"].id)["tree"][1]
     assert (loop["kind"], loop["detail"]) == ("for_each", "3 items run")
     branch = _shown(harness, runs["routed"].id)["tree"][1]
-    assert branch["detail"] == "path 'small' taken (not big)"
+    assert branch["detail"] == "path 'small' taken, not big"
     assert [c["name"] for c in branch["children"]] == ["auto"]
     text = _invoke(harness, "show", runs["routed"].id).output
-    assert "graph:\n" in text and "  branch size: completed  (path 'small' taken (not big))" in text
+    assert "graph:\n" in text and "  branch size: completed  (path 'small' taken, not big)" in text
 
 
 def test_show_follow_prints_what_happens_until_the_run_ends(harness: Harness) -> None:

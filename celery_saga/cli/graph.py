@@ -78,7 +78,7 @@ def _branch(run: dict[str, Any], index: int, node: BranchNode) -> dict[str, Any]
     path, steps = taken[0]
     children = [_step(run, index, spec) for spec in steps]
     others = [p for p in node.paths if p != path]
-    detail = f"path {path!r} taken" + (f" (not {', '.join(others)})" if others else "")
+    detail = f"path {path!r} taken" + (f", not {', '.join(others)}" if others else "")
     return {**_node("branch", node.name, _overall(children), detail), "children": children}
 
 
