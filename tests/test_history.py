@@ -197,3 +197,15 @@ def test_show_follow_prints_what_happens_until_the_run_ends(harness: Harness) ->
     assert result.output.rstrip().endswith("ended: completed  rollback=-"), result.output
     followed = _invoke(harness, "show", run.id, "--follow", "--json").output.splitlines()
     assert json.loads(followed[-1]) == {"ended": "completed", "rollback_status": None}
+
+
+def test_ctrl_c_ends_show_follow_quietly() -> None:
+    from celery_saga.cli.follow import follow_until_ended
+
+    def interrupted() -> dict[str, Any] | None:
+        raise KeyboardInterrupt
+
+    printed: list[str] = []
+    waiting = {"state": "waiting", "rollback_status": None, "timeline": []}
+    follow_until_ended(interrupted, waiting, printed.append, as_json=False, interval=0)
+    assert printed == [""], "no traceback, no end line: the operator stopped watching"
