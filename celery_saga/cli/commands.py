@@ -23,6 +23,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from celery_saga.cli import timeline
 from celery_saga.cli.durations import parse_duration
+from celery_saga.cli.follow import follow_until_ended, shell_operator
 from celery_saga.cli.output import OneLineErrors, as_json, table
 from celery_saga.cli.redacted import redacted
 from celery_saga.cli.version_names import version_hashes
@@ -78,10 +79,15 @@ def _short(when: datetime | None) -> str:
     return "-" if when is None else when.strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _row(record: ExecutionRecord, waiting: str | None = None) -> list[str]:
+def _row(
+    record: ExecutionRecord, waiting: str | None = None, event: str | None = None
+) -> list[str]:
     reason = (record.rollback_reason or record.failure_reason or "").replace("\n", " ")
     if waiting and not reason:
         reason = f"waiting for a worker with version {waiting}"
+    if record.state is ExecutionState.WAITING and not reason:
+        until = f" until {_short(record.wake_at)}" if record.wake_at else ""
+        reason = f"waiting for signal {event!r}{until}" if event else "waiting for a signal"
     return [
         record.id,
         record.saga_name,
@@ -93,10 +99,13 @@ def _row(record: ExecutionRecord, waiting: str | None = None) -> list[str]:
     ]
 
 
-def _summary(record: ExecutionRecord, waiting: str | None = None) -> dict[str, Any]:
+def _summary(
+    record: ExecutionRecord, waiting: str | None = None, event: str | None = None
+) -> dict[str, Any]:
     return {
         **timeline.summary(record),
         "waiting_for_version": waiting,
+        "waiting_for_event": event,
         "created_at": record.created_at,
         "updated_at": record.updated_at,
     }
@@ -154,15 +163,16 @@ def list_(
         raise SagaError(f"{cursor!r} is not a cursor printed by `saga list`") from None
     waits = {} if archived else waiting_for_version(engine.db, [r.id for r in page.items])
     waiting = {run: wait.definition_hash for run, wait in waits.items()}
+    gates = {r.id: timeline.gate_event(engine.catalog, r) for r in page.items}
     if as_json_output:
-        items = [_summary(r, waiting.get(r.id)) for r in page.items]
+        items = [_summary(r, waiting.get(r.id), gates[r.id]) for r in page.items]
         click.echo(as_json({"items": items, "next_cursor": page.next_cursor}))
         return
     if not page.items:
         click.echo("no runs match")
         return
     headers = ["ID", "SAGA", "STATE", "ROLLBACK", "CREATED", "UPDATED", "REASON"]
-    for line in table(headers, [_row(r, waiting.get(r.id)) for r in page.items]):
+    for line in table(headers, [_row(r, waiting.get(r.id), gates[r.id]) for r in page.items]):
         click.echo(line)
     if page.next_cursor:
         click.echo(f"more: --cursor {page.next_cursor}")
@@ -187,10 +197,22 @@ def _stored(engine: SagaEngine, execution_id: str) -> inspection.StoredRun:
 @click.argument("execution_id")
 @click.option("--json", "as_json_output", is_flag=True, help="Print JSON.")
 @click.option("--reveal", is_flag=True, help="Show the values the saga marks sensitive.")
+@click.option(
+    "--follow", "follow_run", is_flag=True, help="Then print what happens until the run ends."
+)
+@click.option("--interval", default=0.5, show_default=True, help="--follow: seconds per poll.")
 @click.pass_context
 @operator_command
-def show(ctx: click.Context, execution_id: str, as_json_output: bool, reveal: bool) -> None:
-    """One run's whole timeline: steps, iterations, reversals, signals, child runs."""
+def show(
+    ctx: click.Context,
+    execution_id: str,
+    as_json_output: bool,
+    reveal: bool,
+    follow_run: bool,
+    interval: float,
+) -> None:
+    """One run's story: its graph with each node's status, then its timeline (steps,
+    iterations, reversals, waits, signals, operator actions, child runs)."""
     engine = engine_of(ctx)
     load, find = _loaders(engine)
     described = timeline.describe(_stored(engine, execution_id), load, find)
@@ -204,6 +226,18 @@ def show(ctx: click.Context, execution_id: str, as_json_output: bool, reveal: bo
         click.echo(as_json(described))
     else:
         click.echo("\n".join(timeline.render(described)))
+    if follow_run:
+        again = functools.partial(timeline.describe_again, load, find, execution_id)
+        if not reveal:
+            again = functools.partial(_redacted_again, again, engine)
+        follow_until_ended(again, described, click.echo, as_json_output, interval)
+
+
+def _redacted_again(
+    again: Callable[[], dict[str, Any] | None], engine: SagaEngine
+) -> dict[str, Any] | None:
+    described = again()
+    return None if described is None else redacted(described, engine.catalog)
 
 
 def _live(engine: SagaEngine, execution_id: str) -> ExecutionRecord:
@@ -251,7 +285,7 @@ def signal(
     value = _payload(payload, payload_file)
     engine = engine_of(ctx)
     _live(engine, execution_id)
-    resumed = engine.signal(execution_id, event, value)
+    resumed = engine.signal(execution_id, event, value, actor=shell_operator())
     click.echo(
         f"signal {event!r} recorded for {execution_id}; "
         + ("the run resumed" if resumed else "the run will take it when it reaches the gate")
@@ -266,16 +300,17 @@ def resume(ctx: click.Context, execution_id: str) -> None:
     """Retry the failed reversal of a compensation_stuck run and continue its unwind."""
     engine = engine_of(ctx)
     _live(engine, execution_id)
-    engine.resume_compensation(execution_id)
+    engine.resume_compensation(execution_id, actor=shell_operator())
     click.echo(f"resumed the unwind of {execution_id}; the workers carry it on")
 
 
 @saga.command()
 @click.argument("execution_id")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--reason", help="Why: recorded in the run's history and shown by show.")
 @click.pass_context
 @operator_command
-def abandon(ctx: click.Context, execution_id: str, yes: bool) -> None:
+def abandon(ctx: click.Context, execution_id: str, yes: bool, reason: str | None) -> None:
     """Give up a parked unwind: the run ends failed, outstanding reversals skipped."""
     engine = engine_of(ctx)
     record = _live(engine, execution_id)
@@ -290,7 +325,7 @@ def abandon(ctx: click.Context, execution_id: str, yes: bool) -> None:
             "never be reversed, and the run ends failed. Abandon its unwind?",
             abort=True,
         )
-    skipped = engine.abandon_compensation(execution_id)
+    skipped = engine.abandon_compensation(execution_id, actor=shell_operator(), reason=reason)
     click.echo(f"abandoned {execution_id}: {skipped} step(s) marked compensation_skipped")
 
 
@@ -302,7 +337,7 @@ def abandon(ctx: click.Context, execution_id: str, yes: bool) -> None:
 def cancel(ctx: click.Context, execution_id: str, reason: str | None) -> None:
     """Cancel a run: nothing new starts, its running body is stopped, what it did is
     unwound, and it ends cancelled. Refused past the pivot and once ended."""
-    verdict = engine_of(ctx).cancel(execution_id, reason)
+    verdict = engine_of(ctx).cancel(execution_id, reason, actor=shell_operator())
     if verdict is CancelVerdict.CANCEL:
         click.echo(f"cancelled {execution_id}; what it did is unwound by the workers")
     else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from celery_saga.cli.events import events
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.sensitivity import Sensitivity
 from celery_saga.redaction import redact, run_secrets, scrub
@@ -49,6 +50,8 @@ def redacted(run: dict[str, Any], find: FindDefinition) -> dict[str, Any]:
         }
         for entry in run["history"]
     ]
+    if "timeline" in run:  # drawn again from what is shown: its lines quote failure texts
+        shown["timeline"] = events(shown)
     return shown
 
 

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from celery_saga.cli import graph
+from celery_saga.cli.events import earlier_reversal_attempts, events
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import (
     BranchNode,
@@ -14,9 +16,10 @@ from celery_saga.definition.nodes import (
     LoopNode,
     ParallelNode,
     SubSagaNode,
+    WaitNode,
     split_iteration,
 )
-from celery_saga.records import ExecutionRecord, StepRecord
+from celery_saga.records import ExecutionRecord, ExecutionState, StepRecord
 from celery_saga.store.inspection import StoredRun
 
 #: How deep ``show`` follows child runs; sub-sagas may nest, a cycle cannot be registered.
@@ -111,10 +114,11 @@ def summary(record: ExecutionRecord) -> dict[str, Any]:
 
 
 def describe(run: StoredRun, load: LoadRun, find: FindDefinition, depth: int = 0) -> dict[str, Any]:
-    """Everything stored about ``run`` (and its child runs, nested under their step)."""
+    """Everything stored about ``run`` (and its child runs, nested under their step): its
+    records, its graph as a tree (``graph.tree``) and its timeline (``events``)."""
     record = run.record
     definition = find(record.saga_name, record.definition_hash)
-    return {
+    described = {
         **summary(record),
         "definition_hash": record.definition_hash,
         "definition_deployed": definition is not None and definition.hash == record.definition_hash,
@@ -123,6 +127,7 @@ def describe(run: StoredRun, load: LoadRun, find: FindDefinition, depth: int = 0
         "committed_at": _time(record.committed_at),
         "wake_at": _time(record.wake_at),
         "archived_at": _time(run.archived_at),
+        "cursor": record.cursor,
         "input": record.input,
         "signals": [
             {"event": s.event, "payload": s.payload, "received_at": _time(s.received_at)}
@@ -131,47 +136,71 @@ def describe(run: StoredRun, load: LoadRun, find: FindDefinition, depth: int = 0
         "steps": [_step(s, definition, load, find, depth) for s in run.steps],
         "history": [
             {
+                "id": h.id,
                 "at": _time(h.at),
                 "kind": h.kind,
                 "step": h.step,
                 "attempt": h.attempt,
                 "holder": h.holder,
+                "actor": h.actor,
                 "detail": h.detail,
                 "data": h.data,
             }
             for h in run.history
         ],
     }
+    _count_resumed_attempts(described)
+    described["waiting_for_event"] = waited_event(described, definition)
+    described["tree"] = graph.tree(described, definition)
+    described["timeline"] = events(described)
+    return described
 
 
-def _events(run: dict[str, Any], indent: str) -> list[tuple[str, str]]:
-    """(ISO time, line) for every dated thing that happened, child runs indented."""
-    events: list[tuple[str, str]] = [(run["created_at"], f"{indent}started    saga {run['saga']}")]
-    for signal in run["signals"]:
-        events.append((signal["received_at"], f"{indent}signal     {signal['event']!r} received"))
+def gate_event(find: FindDefinition, record: ExecutionRecord) -> str | None:
+    """The event a waiting run waits for, from its definition (None: not waiting, or its
+    version is not registered here)."""
+    if record.state is not ExecutionState.WAITING:
+        return None
+    definition = find(record.saga_name, record.definition_hash)
+    nodes = definition.nodes if definition is not None else ()
+    gate = nodes[record.cursor] if 0 <= record.cursor < len(nodes) else None
+    return gate.event if isinstance(gate, WaitNode) else None
+
+
+def describe_again(load: LoadRun, find: FindDefinition, execution_id: str) -> dict[str, Any] | None:
+    """The run described afresh (``show --follow``); None once it is deleted."""
+    run = load(execution_id)
+    return None if run is None else describe(run, load, find)
+
+
+def waited_event(run: dict[str, Any], definition: SagaDefinition | None) -> str | None:
+    """The event a waiting run waits for: its gate in the definition, else the last
+    ``wait-entered`` row of its history (a version not registered here)."""
+    if run["state"] != "waiting":
+        return None
+    if definition is not None and 0 <= run["cursor"] < len(definition.nodes):
+        gate = definition.nodes[run["cursor"]]
+        if isinstance(gate, WaitNode):
+            return gate.event
+    entered = [h["data"] for h in run["history"] if h["kind"] == "wait-entered"]
+    return str(entered[-1]["event"]) if entered and isinstance(entered[-1], dict) else None
+
+
+def _count_resumed_attempts(run: dict[str, Any]) -> None:
+    """A resume resets a reversal's attempts; its ``resumed`` rows keep the earlier ones."""
+    earlier = earlier_reversal_attempts(run["history"])
     for step in run["steps"]:
-        name, within = step["name"], step["within"]
-        where = f"  [{within['kind']} {within['name']}]" if within else ""
-        events.append(
-            (step["started_at"], f"{indent}start      {name}{where}  key={step['idempotency_key']}")
-        )
-        if step["completed_at"]:
-            error = f"  {step['error']}" if step["status"] == "failed" and step["error"] else ""
-            tries = f"  after {step['attempts']} attempts" if step["attempts"] > 1 else ""
-            events.append(
-                (step["completed_at"], f"{indent}{step['status']:<10} {name}{tries}{error}")
-            )
-        reversal = step["compensation"]
-        if reversal and reversal["at"]:
-            reason = f"  {reversal['reason']}" if reversal["reason"] else ""
-            tries = f"  after {reversal['attempts']} attempts" if reversal["attempts"] > 1 else ""
-            line = f"{indent}{reversal['status']:<10} {name}{tries}{reason}"
-            events.append((reversal["at"], line))
-        if step["child"] and not step["child"].get("missing"):
-            events.extend(_events(step["child"], indent + "  | "))
-    for entry in run.get("history", ()):
-        events.append((entry["at"], f"{indent}{entry['kind']:<10} {entry['detail'] or ''}"))
-    return events
+        before = earlier.get(step["name"], 0)
+        if before and step["compensation"] is None:
+            step["compensation"] = {
+                "status": None,
+                "reason": None,
+                "attempts": 0,
+                "at": None,
+                "holder": None,
+            }
+        if step["compensation"] is not None:
+            step["compensation"]["total_attempts"] = step["compensation"]["attempts"] + before
 
 
 def _held(run: dict[str, Any]) -> list[str]:
@@ -187,7 +216,7 @@ def _held(run: dict[str, Any]) -> list[str]:
 
 
 def render(run: dict[str, Any]) -> list[str]:
-    """The run as text: a header, then its timeline in time order."""
+    """The run as text: a header, its graph as a tree, then its timeline in time order."""
     rollback = run["rollback_status"] or "-"
     lines = [
         f"execution {run['id']}  saga={run['saga']}  state={run['state']}  rollback={rollback}",
@@ -197,8 +226,11 @@ def render(run: dict[str, Any]) -> list[str]:
         lines.append(f"archived {run['archived_at']}")
     if run["parent_execution_id"]:
         lines.append(f"parent {run['parent_execution_id']}")
-    if run["wake_at"] and run["state"] == "waiting":
-        lines.append(f"waiting until {run['wake_at']}")
+    if run["state"] == "waiting":
+        event = run.get("waiting_for_event")
+        what = f"waiting for signal {event!r}" if event else "waiting for a signal"
+        until = f" until {run['wake_at']}" if run["wake_at"] else " (no deadline)"
+        lines.append(f"{what}{until}")
     if run.get("waiting_for_version"):
         lines.append(
             f"waiting for version {run['waiting_for_version']}: a worker without it handed "
@@ -215,9 +247,19 @@ def render(run: dict[str, Any]) -> list[str]:
             "`saga abandon ID` gives the unwind up"
         )
     lines.extend(_held(run))
-    start = datetime.fromisoformat(run["created_at"])
+    lines.append("graph:")
+    lines.extend(graph.render(run["tree"], "  "))
     lines.append("timeline:")
-    for moment, text in sorted(_events(run, ""), key=lambda event: event[0]):
-        offset = (datetime.fromisoformat(moment) - start).total_seconds() * 1000
-        lines.append(f"  +{offset:10.1f} ms  {text}")
+    lines.extend(render_events(run["timeline"]))
+    return lines
+
+
+def render_events(timeline: list[dict[str, Any]]) -> list[str]:
+    """Timeline entries as lines: offset from the run's start, what happened, how long."""
+    lines = []
+    for entry in timeline:
+        took = f"  ({entry['took']})" if entry["took"] else ""
+        by = f"  by {entry['actor']}" if entry["actor"] else ""
+        indent = "  | " * entry["depth"]
+        lines.append(f"  +{entry['offset_ms']:10.1f} ms  {indent}{entry['text']}{took}{by}")
     return lines

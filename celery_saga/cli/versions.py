@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from celery_saga.cli.commands import engine_of, operator_command, saga
+from celery_saga.cli.follow import shell_operator
 from celery_saga.cli.output import as_json, table
 from celery_saga.worker.versioning import VersionInfo
 
@@ -65,6 +66,6 @@ def versions(ctx: click.Context, as_json_output: bool) -> None:
 @operator_command
 def upgrade(ctx: click.Context, execution_id: str, to: str | None) -> None:
     """Move a run to another version, when every node it has passed is unchanged there."""
-    target = engine_of(ctx).upgrade(execution_id, to)
+    target = engine_of(ctx).upgrade(execution_id, to, actor=shell_operator())
     label = f" ({target.label})" if target.label else ""
     click.echo(f"execution {execution_id} now runs version {target.hash}{label}")

@@ -36,8 +36,11 @@ class Cancellation:
     def __init__(self, parts: RuntimeParts, begin: BeginUnwind, definition_of: DefinitionOf):
         self.parts, self.begin, self.definition_of = parts, begin, definition_of
 
-    def cancel(self, execution: ExecutionRecord, reason: str | None) -> CancelVerdict:
-        """Cancel ``execution`` (as read); returns what was done (see ``CancelVerdict``)."""
+    def cancel(
+        self, execution: ExecutionRecord, reason: str | None, actor: str | None = None
+    ) -> CancelVerdict:
+        """Cancel ``execution`` (as read; ``actor``: who asked, recorded in its history);
+        returns what was done (see ``CancelVerdict``)."""
         verdict = decide_cancel(execution)
         if execution.state is ExecutionState.CANCELLING:
             # stored already, perhaps by this very call retried after a lost reply: what
@@ -47,7 +50,11 @@ class Cancellation:
             return verdict
         db, now = self.parts.db, get_clock().now()
         stored = cancel.request_cancel(
-            db, execution_id=execution.id, reason=cancel.cancel_reason(reason), now=now
+            db,
+            execution_id=execution.id,
+            reason=cancel.cancel_reason(reason),
+            now=now,
+            actor=actor,
         )
         if not stored:  # something moved it first: decide again on what it is now
             current = queries.load_execution(db, execution.id)
@@ -68,15 +75,15 @@ class Cancellation:
             "saga-cancelled",
             {"execution_id": execution.id, "saga": execution.saga_name, "reason": reason},
         )
-        self._carry_on(execution)
+        self._carry_on(execution, actor)
         return CancelVerdict.CANCEL
 
-    def _carry_on(self, execution: ExecutionRecord) -> None:
+    def _carry_on(self, execution: ExecutionRecord, actor: str | None = None) -> None:
         """A stored cancel's next moves: stop the bodies, cancel the children, and begin
         the unwind if nothing of the run still goes."""
         steps = queries.load_snapshot(self.parts.db, execution.id)[1]
         self._stop_bodies(execution.id, steps)
-        self._cancel_children(execution.id, steps)
+        self._cancel_children(execution.id, steps, actor)
         try:
             definition = self.definition_of(execution)
         except VersionNotDeployedError as missing:  # its unwind needs its own version
@@ -129,7 +136,9 @@ class Cancellation:
                 )
                 self.parts.holders.stop(step.holder)
 
-    def _cancel_children(self, execution_id: str, steps: list[StepRecord]) -> None:
+    def _cancel_children(
+        self, execution_id: str, steps: list[StepRecord], actor: str | None
+    ) -> None:
         for step in steps:
             if step.child_execution_id is None:
                 continue
@@ -138,4 +147,4 @@ class Cancellation:
                 ExecutionState.RUNNING,
                 ExecutionState.WAITING,
             ):
-                self.cancel(child, f"its parent {execution_id} was cancelled")
+                self.cancel(child, f"its parent {execution_id} was cancelled", actor)

@@ -168,10 +168,15 @@ class Executor(Progress):
         return acted
 
     def signal(
-        self, definition: SagaDefinition, execution_id: str, event: str, payload: Any
+        self,
+        definition: SagaDefinition,
+        execution_id: str,
+        event: str,
+        payload: Any,
+        actor: str | None = None,
     ) -> bool:
         """Record the signal once; True if it resumed the run parked at its gate."""
-        move = self.waits.signal(definition, execution_id, event, payload)
+        move = self.waits.signal(definition, execution_id, event, payload, actor)
         self.carry_out(move)
         return isinstance(move, MoveOn)
 

@@ -121,7 +121,11 @@ class Recoverer:
             child = queries.load_execution(db, holder.child_execution_id)
         action = decide_recovery(execution, steps, definition.reversible, now, stale_after, child)
         if action.kind is RecoveryKind.NOTHING or not recovery.claim_stale(
-            db, execution_id=execution_id, seen_version=execution.version, now=now
+            db,
+            execution_id=execution_id,
+            seen_version=execution.version,
+            now=now,
+            action=action.kind.value,
         ):
             return 0
         if action.kind is RecoveryKind.RECOVER_CHILD and child is not None:

@@ -11,10 +11,12 @@ from celery_saga.runtime.ports import RuntimeParts
 from celery_saga.store import unwind
 
 
-def reopen(parts: RuntimeParts, definition: SagaDefinition, execution_id: str) -> FollowUnwind:
+def reopen(
+    parts: RuntimeParts, definition: SagaDefinition, execution_id: str, actor: str | None = None
+) -> FollowUnwind:
     """Reopen a parked unwind; the reversal that failed, or whose outcome could not be
-    recorded, runs again under its own idempotency key."""
-    unwind.resume_compensation(parts.db, execution_id, get_clock().now())
+    recorded, runs again under its own idempotency key (``actor``: who asked)."""
+    unwind.resume_compensation(parts.db, execution_id, get_clock().now(), actor)
     parts.emit("saga-compensation-resumed", {"execution_id": execution_id, "saga": definition.name})
     plan = unwind.plan_unwind(
         parts.db,
@@ -25,9 +27,16 @@ def reopen(parts: RuntimeParts, definition: SagaDefinition, execution_id: str) -
     return FollowUnwind(definition, execution_id, plan)
 
 
-def close(parts: RuntimeParts, definition: SagaDefinition, execution_id: str) -> int:
+def close(
+    parts: RuntimeParts,
+    definition: SagaDefinition,
+    execution_id: str,
+    actor: str | None = None,
+    reason: str | None = None,
+) -> int:
     """Close a parked unwind for good; returns how many steps were marked skipped."""
-    skipped = unwind.abandon_compensation(parts.db, execution_id, get_clock().now())
+    now = get_clock().now()
+    skipped = unwind.abandon_compensation(parts.db, execution_id, now, actor, reason)
     parts.emit(
         "saga-failed",
         {

@@ -318,22 +318,30 @@ class Unwinder(ReversalRuns):
         return self._run_reversal(definition, held, Unwinding(execution, steps), spec, claimed)
 
     # -- operator exits ------------------------------------------------------------------
-    def resume(self, definition: SagaDefinition, execution_id: str) -> None:
+    def resume(
+        self, definition: SagaDefinition, execution_id: str, actor: str | None = None
+    ) -> None:
         """Reopen a parked unwind, first the parked children it halted on (the reversal
         that failed runs again under its own key; the log line names it)."""
         unwind.require_stuck(self.db, execution_id, "resume_compensation")
         self.name_reruns(execution_id)
         for child in self.children.parked_children(execution_id, (CompensationOutcome.FAILED,)):
-            self.resume(self.children.definition_of(child), child.id)
-        self.carry_out(unwind_exits.reopen(self, definition, execution_id))
+            self.resume(self.children.definition_of(child), child.id, actor)
+        self.carry_out(unwind_exits.reopen(self, definition, execution_id, actor))
 
-    def abandon(self, definition: SagaDefinition, execution_id: str) -> int:
+    def abandon(
+        self,
+        definition: SagaDefinition,
+        execution_id: str,
+        actor: str | None = None,
+        reason: str | None = None,
+    ) -> int:
         """Close a parked unwind for good, and the parked children it halted on."""
         unwind.require_stuck(self.db, execution_id, "abandon_compensation")
         owed = (None, CompensationOutcome.FAILED)
         for child in self.children.parked_children(execution_id, owed):
-            self.abandon(self.children.definition_of(child), child.id)
-        skipped = unwind_exits.close(self, definition, execution_id)
+            self.abandon(self.children.definition_of(child), child.id, actor, reason)
+        skipped = unwind_exits.close(self, definition, execution_id, actor, reason)
         self.settled(definition, execution_id)
         return skipped
 

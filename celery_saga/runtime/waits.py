@@ -61,7 +61,12 @@ class Waits:
         return Refuse(message, Admission.REJECT_STALE_CURSOR)
 
     def signal(
-        self, definition: SagaDefinition, execution_id: str, event: str, payload: Any
+        self,
+        definition: SagaDefinition,
+        execution_id: str,
+        event: str,
+        payload: Any,
+        actor: str | None = None,
     ) -> Move:
         """Record the signal once; a ``MoveOn`` if it resumed the run parked at its gate."""
         ex = self.parts
@@ -86,6 +91,7 @@ class Waits:
             gate=gate,
             advance=onward,
             now=get_clock().now(),
+            actor=actor,
         )
         fields = {"execution_id": execution_id, "saga": definition.name, "event": event}
         ex.emit("saga-signal-received", {**fields, "resumed": resumed})

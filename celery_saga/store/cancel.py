@@ -18,8 +18,10 @@ from sqlalchemy import Connection, select, update
 from celery_saga.decisions.cancel import bodies_in_flight, interrupted_steps
 from celery_saga.decisions.unwind import UnwindStep
 from celery_saga.records import ExecutionState, StepRecord, StepStatus
+from celery_saga.store import history
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.forward import Conflict, fail_run_locked
+from celery_saga.store.history import HistoryEntry, Kind
 from celery_saga.store.queries import load_execution_row, load_steps
 from celery_saga.store.tables import executions, step_records
 
@@ -41,10 +43,13 @@ def cancel_reason(reason: str | None) -> str:
     return f"CancelledError: {reason}" if reason else "CancelledError: cancelled"
 
 
-def request_cancel(db: Database, *, execution_id: str, reason: str, now: datetime) -> bool:
-    """Store the cancel of a live run short of its pivot; False: not such a run (any more)."""
+def request_cancel(
+    db: Database, *, execution_id: str, reason: str, now: datetime, actor: str | None = None
+) -> bool:
+    """Store the cancel of a live run short of its pivot, with its ``cancelled`` history
+    row naming ``actor``; False: not such a run (any more)."""
     stamp = to_db_time(now)
-    with db.single_statement() as connection:
+    with db.transaction() as connection:
         result = connection.execute(
             update(executions)
             .where(
@@ -62,7 +67,11 @@ def request_cancel(db: Database, *, execution_id: str, reason: str, now: datetim
                 updated_at=stamp,
             )
         )
-        return bool(result.rowcount == 1)
+        if result.rowcount != 1:
+            return False
+        entry = HistoryEntry(now, Kind.CANCELLED.value, actor=actor, detail=reason)
+        history.write(connection, execution_id, entry)
+        return True
 
 
 def begin_cancelled_unwind(

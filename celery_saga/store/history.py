@@ -1,22 +1,49 @@
-"""A run's history: append-only rows of what happened to it, kept and archived with it."""
+"""A run's history: append-only rows of what happened to it, kept and archived with it.
+
+Each row is written in the transaction of the transition it records (``write``), so a
+transition and its row are stored together or not at all. Plain SQL reads them:
+``SELECT at, kind, step, actor, detail FROM saga_history WHERE execution_id = ? ORDER BY id``.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from enum import Enum
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import Connection, insert, select
 
-from celery_saga.store.codec import unpack_or_sealed
+from celery_saga.store.codec import pack, unpack_or_sealed
 from celery_saga.store.database import Database, from_db_time, to_db_time
 from celery_saga.store.tables import history, history_archive
+
+#: The width of the ``actor`` column.
+ACTOR_WIDTH = 200
+
+
+class Kind(str, Enum):
+    """What a row records; the value is what ``saga_history.kind`` stores."""
+
+    STARTED = "started"
+    WAIT_ENTERED = "wait-entered"
+    SIGNALLED = "signalled"
+    WAIT_TIMED_OUT = "wait-timed-out"
+    PARKED = "parked"
+    RESUMED = "resumed"
+    ABANDONED = "abandoned"
+    CANCELLED = "cancelled"
+    RECOVERED = "recovered"
+    UPGRADED = "upgraded"
+    #: A body's outcome that arrived after its claim had been taken over.
+    LATE_OUTCOME = "late-outcome"
 
 
 @dataclass(frozen=True)
 class HistoryEntry:
-    """One row: ``kind`` says what happened (``late-outcome``: a body's outcome that
-    arrived after its claim had been taken over), ``data`` holds a value it carried."""
+    """One row: ``kind`` says what happened (a ``Kind`` value), ``actor`` who made it happen
+    (an operator; None for the engine itself), ``data`` holds a value it carried."""
 
     at: datetime
     kind: str
@@ -26,6 +53,46 @@ class HistoryEntry:
     actor: str | None = None
     detail: str | None = None
     data: Any = None
+    #: The row's id (set when read back): increasing in the order rows were written.
+    id: int | None = None
+
+
+def _values(execution_id: str, entry: HistoryEntry, blob: bytes | None) -> dict[str, Any]:
+    actor = entry.actor[:ACTOR_WIDTH] if entry.actor else entry.actor
+    return {
+        "execution_id": execution_id,
+        "at": to_db_time(entry.at),
+        "kind": entry.kind,
+        "step": entry.step,
+        "attempt": entry.attempt,
+        "holder": entry.holder,
+        "actor": actor,
+        "detail": entry.detail,
+        "data": blob,
+    }
+
+
+def write(
+    connection: Connection, execution_id: str, entry: HistoryEntry, blob: bytes | None = None
+) -> None:
+    """Add ``entry`` inside the caller's transaction (the one of the transition it records);
+    ``blob``: ``entry.data`` already encoded, else it is encoded here."""
+    if blob is None and entry.data is not None:
+        blob = pack(entry.data, what=f"history of {execution_id!r}")
+    connection.execute(insert(history).values(**_values(execution_id, entry, blob)))
+
+
+def write_parked(
+    connection: Connection,
+    execution_id: str,
+    step: str | None,
+    attempts: int | None,
+    reason: str | None,
+    now: datetime,
+) -> None:
+    """The ``parked`` history row: at which reversal, after how many attempts, and why."""
+    entry = HistoryEntry(now, Kind.PARKED.value, step=step, attempt=attempts, detail=reason)
+    write(connection, execution_id, entry)
 
 
 def append(
@@ -34,37 +101,33 @@ def append(
     entry: HistoryEntry,
     blob: bytes | None = None,
 ) -> None:
-    """Add ``entry`` to the run's history (``blob``: ``entry.data`` already encoded)."""
+    """Add ``entry`` on its own (``blob``: ``entry.data`` already encoded)."""
     with db.single_statement() as connection:
-        connection.execute(
-            insert(history).values(
-                execution_id=execution_id,
-                at=to_db_time(entry.at),
-                kind=entry.kind,
-                step=entry.step,
-                attempt=entry.attempt,
-                holder=entry.holder,
-                actor=entry.actor,
-                detail=entry.detail,
-                data=blob,
-            )
-        )
+        write(connection, execution_id, entry, blob)
 
 
-def load(db: Database, execution_id: str, archived: bool = False) -> list[HistoryEntry]:
-    """The run's history, oldest first (``archived``: from the archive)."""
+def _entry(row: Any) -> HistoryEntry:
+    return HistoryEntry(
+        at=from_db_time(row["at"]) or datetime.min,
+        kind=row["kind"],
+        step=row["step"],
+        attempt=row["attempt"],
+        holder=row["holder"],
+        actor=row["actor"],
+        detail=row["detail"],
+        data=unpack_or_sealed(row["data"]),
+        id=row["id"],
+    )
+
+
+def load(
+    db: Database, execution_id: str, archived: bool = False, after: int | None = None
+) -> list[HistoryEntry]:
+    """The run's history, oldest first (``archived``: from the archive; ``after``: only the
+    rows written after the row with that id, one index seek)."""
     table = history_archive if archived else history
-    rows = db.read(select(table).where(table.c.execution_id == execution_id).order_by(table.c.id))
-    return [
-        HistoryEntry(
-            at=from_db_time(row["at"]) or datetime.min,
-            kind=row["kind"],
-            step=row["step"],
-            attempt=row["attempt"],
-            holder=row["holder"],
-            actor=row["actor"],
-            detail=row["detail"],
-            data=unpack_or_sealed(row["data"]),
-        )
-        for row in rows
-    ]
+    query = select(table).where(table.c.execution_id == execution_id)
+    if after is not None:
+        query = query.where(table.c.id > after)
+    rows: Sequence[Any] = db.read(query.order_by(table.c.id))
+    return [_entry(row) for row in rows]

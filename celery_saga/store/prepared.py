@@ -10,10 +10,11 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sqlalchemy import and_, bindparam, case, insert, literal_column, select, update
+from sqlalchemy import and_, bindparam, case, insert, literal, literal_column, select, update
 
 from celery_saga.records import ExecutionState, StepStatus
-from celery_saga.store.tables import executions, step_records
+from celery_saga.store.history import Kind
+from celery_saga.store.tables import executions, history, step_records
 
 FIRST_CLAIM_COLUMNS = (
     "execution_id",
@@ -207,6 +208,15 @@ def complete_in_one(dialect: str, finished: bool, pivot: bool) -> tuple[Any, int
 def new_run() -> Any:
     """INSERT a run. Params: a value for each column of ``NEW_RUN_COLUMNS``."""
     return insert(executions).values({c: _param(c, executions.c[c]) for c in NEW_RUN_COLUMNS})
+
+
+@functools.cache
+def new_run_started() -> Any:
+    """PostgreSQL: INSERT a run and its ``started`` history row in ONE statement (a start
+    costs no more round trips than before the history). Params: as ``new_run``."""
+    run = new_run().returning(executions.c.id, executions.c.created_at).cte("new_run")
+    started = select(run.c.id, run.c.created_at, literal(Kind.STARTED.value))
+    return insert(history).from_select(["execution_id", "at", "kind"], started)
 
 
 @functools.cache

@@ -14,9 +14,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import aliased
 
 from celery_saga.records import ExecutionRecord, ExecutionState, RollbackStatus, StepRecord
-from celery_saga.store import prepared
+from celery_saga.store import history, prepared
 from celery_saga.store.codec import pack, unpack, unpack_or_sealed
 from celery_saga.store.database import Database, to_db_time
+from celery_saga.store.history import HistoryEntry, Kind
 from celery_saga.store.rows import execution_from_row, step_from_row
 from celery_saga.store.tables import decisions, executions, step_records
 
@@ -38,7 +39,8 @@ def create_execution(
     parent_execution_id: str | None = None,
     deadline_at: datetime | None = None,
 ) -> None:
-    """A plain INSERT: a duplicate id fails loudly instead of overwriting a live run."""
+    """A plain INSERT, with the run's ``started`` history row: a duplicate id fails loudly
+    instead of overwriting a live run."""
     stamp = to_db_time(now)
     values = {
         "id": execution_id,
@@ -57,8 +59,14 @@ def create_execution(
         "members_settled": 0,
         "members_failed": 0,
     }
-    with db.single_statement() as connection:
+    if db.dialect == "postgresql":
+        with db.single_statement() as connection:
+            db.rowcount(connection, prepared.new_run_started(), values)
+        return
+    # SQLite's single statement is a transaction already; elsewhere two INSERTs in one.
+    with db.single_statement() if db.dialect == "sqlite" else db.transaction() as connection:
         db.rowcount(connection, prepared.new_run(), values)
+        history.write(connection, execution_id, HistoryEntry(now, Kind.STARTED.value))
 
 
 def snapshot_query(run_id: Any) -> Any:

@@ -13,7 +13,9 @@ from typing import Any
 from sqlalchemy import or_, select, update
 
 from celery_saga.records import ExecutionState
+from celery_saga.store import history
 from celery_saga.store.database import Database, to_db_time
+from celery_saga.store.history import HistoryEntry, Kind
 from celery_saga.store.queries import keyset_after, top_level
 from celery_saga.store.tables import executions
 
@@ -54,10 +56,13 @@ def list_stale(
     return [(row["updated_at"], row["id"]) for row in db.read_serial(query)]
 
 
-def claim_stale(db: Database, *, execution_id: str, seen_version: int, now: datetime) -> bool:
+def claim_stale(
+    db: Database, *, execution_id: str, seen_version: int, now: datetime, action: str
+) -> bool:
     """Compare-and-set on the version the sweeper decided on: with two sweepers (two beat
-    processes, or beat and a starting worker) exactly one acts on a given snapshot."""
-    with db.single_statement() as connection:
+    processes, or beat and a starting worker) exactly one acts on a given snapshot; it
+    records the ``recovered`` history row (``action``: what the sweep does)."""
+    with db.transaction() as connection:
         result = connection.execute(
             update(executions)
             .where(
@@ -67,7 +72,12 @@ def claim_stale(db: Database, *, execution_id: str, seen_version: int, now: date
             )
             .values(version=executions.c.version + 1, updated_at=to_db_time(now))
         )
-        return bool(result.rowcount == 1)
+        if result.rowcount != 1:
+            return False
+        history.write(
+            connection, execution_id, HistoryEntry(now, Kind.RECOVERED.value, detail=action)
+        )
+        return True
 
 
 def _live() -> Any:

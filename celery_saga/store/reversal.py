@@ -31,7 +31,7 @@ from celery_saga.records import (
     RollbackStatus,
     StepRecord,
 )
-from celery_saga.store import prepared
+from celery_saga.store import history, prepared
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.forward import Conflict, prefixed
 from celery_saga.store.queries import snapshot_from_rows, snapshot_query
@@ -282,13 +282,24 @@ def record_compensation(
         **prefixed("set_", changes),
     }
     shape = tuple(sorted(changes))
-    if db.dialect == "postgresql":
+    parks = plan.kind is UnwindKind.HALT_FAILED
+    if db.dialect == "postgresql" and not parks:
         with db.single_statement() as connection:
             written = db.rowcount(connection, _outcome_in_one(shape), params) == 1
         return plan if written else None
     try:
+        # A park (never the happy path) takes a transaction: its history row goes with it.
         with db.transaction() as connection:
-            _outcome_in_a_transaction(connection, shape, params)
+            if db.dialect == "postgresql":
+                if connection.execute(_outcome_in_one(shape), params).rowcount != 1:
+                    raise Conflict(reversal.execution_id)
+            else:
+                _outcome_in_a_transaction(connection, shape, params)
+            if parks:
+                reason = changes["rollback_reason"]
+                history.write_parked(
+                    connection, reversal.execution_id, name, reversal.attempt, reason, now
+                )
     except Conflict:
         return None
     return plan

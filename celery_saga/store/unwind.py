@@ -22,9 +22,10 @@ from celery_saga.records import (
     ReversalAttempt,
     RollbackStatus,
 )
-from celery_saga.store import prepared
+from celery_saga.store import history, prepared
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.forward import Conflict
+from celery_saga.store.history import HistoryEntry, Kind
 from celery_saga.store.queries import load_execution_row, load_steps
 from celery_saga.store.tables import executions, step_records
 
@@ -176,15 +177,24 @@ def _park(connection: Connection, execution_id: str, plan: UnwindStep, now: date
                 compensation_lease_expires_at=None,
             )
         )
+    rollback_reason = f"reversal of step {plan.record.name!r} failed: {reason}"
     connection.execute(
         update(executions)
         .where(executions.c.id == execution_id)
         .values(
             state=ExecutionState.COMPENSATION_STUCK.value,
             rollback_status=RollbackStatus.STUCK.value,
-            rollback_reason=f"reversal of step {plan.record.name!r} failed: {reason}",
+            rollback_reason=rollback_reason,
             updated_at=to_db_time(now),
         )
+    )
+    history.write_parked(
+        connection,
+        execution_id,
+        plan.record.name,
+        plan.record.compensation_attempts,
+        rollback_reason,
+        now,
     )
 
 
@@ -257,7 +267,10 @@ def park_unwind(db: Database, *, execution_id: str, reason: str, now: datetime) 
                 updated_at=to_db_time(now),
             )
         )
-        return result.rowcount == 1
+        if result.rowcount != 1:
+            return False
+        history.write_parked(connection, execution_id, None, None, reason, now)
+        return True
 
 
 def _require_stuck(connection: Connection, execution_id: str, command: str) -> ExecutionRecord:
@@ -290,8 +303,12 @@ def _cas_state(
         raise InvalidStateError(f"execution {record.id!r} changed concurrently; try again")
 
 
-def resume_compensation(db: Database, execution_id: str, now: datetime) -> None:
-    """Reopen a parked unwind: the failed reversal gets a fresh set of attempts."""
+def resume_compensation(
+    db: Database, execution_id: str, now: datetime, actor: str | None = None
+) -> None:
+    """Reopen a parked unwind: the failed reversal gets a fresh set of attempts. The
+    ``resumed`` row keeps the attempts the reset forgets (``data``: step -> attempts), so
+    the history counts every attempt a reversal had."""
     with db.transaction() as connection:
         record = _require_stuck(connection, execution_id, "resume_compensation")
         _cas_state(
@@ -302,6 +319,14 @@ def resume_compensation(db: Database, execution_id: str, now: datetime) -> None:
             rollback_status=None,
             rollback_reason=None,
         )
+        steps = load_steps(connection, execution_id)
+        reset = {
+            step.name: step.compensation_attempts
+            for step in steps
+            if step.compensation_status in (None, CompensationOutcome.FAILED)
+            and step.compensation_attempts
+        }
+        failed = [s.name for s in steps if s.compensation_status is CompensationOutcome.FAILED]
         connection.execute(
             update(step_records)
             .where(
@@ -320,10 +345,28 @@ def resume_compensation(db: Database, execution_id: str, now: datetime) -> None:
             )
             .values(compensation_lease_expires_at=None, compensation_attempts=0)
         )
+        parked_at = failed[0] if failed else next(iter(reset), None)
+        entry = HistoryEntry(
+            now,
+            Kind.RESUMED.value,
+            step=parked_at,
+            attempt=reset.get(parked_at) if parked_at else None,
+            actor=actor,
+            detail=record.rollback_reason,
+            data=reset,
+        )
+        history.write(connection, execution_id, entry)
 
 
-def abandon_compensation(db: Database, execution_id: str, now: datetime) -> int:
-    """Close a parked unwind for good: outstanding steps become compensation_skipped."""
+def abandon_compensation(
+    db: Database,
+    execution_id: str,
+    now: datetime,
+    actor: str | None = None,
+    reason: str | None = None,
+) -> int:
+    """Close a parked unwind for good: outstanding steps become compensation_skipped;
+    the ``abandoned`` row says who did it, why, and which steps stay unreversed."""
     with db.transaction() as connection:
         record = _require_stuck(connection, execution_id, "abandon_compensation")
         _cas_state(
@@ -347,4 +390,9 @@ def abandon_compensation(db: Database, execution_id: str, now: datetime) -> int:
                     compensation_lease_expires_at=None,
                 )
             )
+        skipped = [step.name for step in outstanding]
+        entry = HistoryEntry(
+            now, Kind.ABANDONED.value, actor=actor, detail=reason, data={"skipped": skipped}
+        )
+        history.write(connection, execution_id, entry)
         return len(outstanding)

@@ -13,6 +13,7 @@ from sqlalchemy import and_, delete, func, insert, or_, select, update
 
 from celery_saga.records import ExecutionState
 from celery_saga.store.database import Database, from_db_time, to_db_time
+from celery_saga.store.history import Kind
 from celery_saga.store.tables import executions, history, version_waits, versions
 
 #: States of a run that is not over: it may still need its version's code.
@@ -210,7 +211,7 @@ def move_to_version(
             insert(history).values(
                 execution_id=execution_id,
                 at=stamp,
-                kind="upgraded",
+                kind=Kind.UPGRADED.value,
                 actor=actor,
                 detail=f"version {from_hash} -> {to_hash}",
             )

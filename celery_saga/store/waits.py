@@ -28,9 +28,11 @@ from celery_saga.errors import (
     InvalidStateError,
 )
 from celery_saga.records import ExecutionRecord, ExecutionState
+from celery_saga.store import history
 from celery_saga.store.codec import unpack
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.forward import advance_values, fail_run_locked
+from celery_saga.store.history import HistoryEntry, Kind
 from celery_saga.store.queries import keyset_after
 from celery_saga.store.rows import execution_from_row
 from celery_saga.store.tables import executions, signals
@@ -90,9 +92,11 @@ def record_signal_once(
     gate: int,
     advance: Advance,
     now: datetime,
+    actor: str | None = None,
 ) -> bool:
-    """Store the signal; True if it resumed the run (parked at ``gate``), False if it waits
-    for the run to reach the gate. Refusals raise and store nothing."""
+    """Store the signal (and its ``signalled`` history row, naming ``actor``); True if it
+    resumed the run (parked at ``gate``), False if it waits for the run to reach the gate.
+    Refusals raise and store nothing."""
     with db.transaction() as connection:
         run = lock_execution(connection, execution_id)
         if run is None:
@@ -120,9 +124,14 @@ def record_signal_once(
             )
         except IntegrityError:
             raise DuplicateSignalError(f"{what} refused: it was already received") from None
-        return verdict is SignalVerdict.RESUME and _resume(
+        resumed = verdict is SignalVerdict.RESUME and _resume(
             connection, execution_id, gate, advance, now
         )
+        detail = f"{event!r}: " + ("the run resumed" if resumed else "before the run waits")
+        data = {"event": event, "resumed": resumed}
+        entry = HistoryEntry(now, Kind.SIGNALLED.value, actor=actor, detail=detail, data=data)
+        history.write(connection, execution_id, entry)
+        return resumed
 
 
 def park_for_signal(
@@ -155,6 +164,12 @@ def park_for_signal(
             .where(executions.c.id == execution_id)
             .values(version=executions.c.version + 1, updated_at=stamp, **values)
         )
+        if arrival is Arrival.PARK:
+            until = None if wake_at is None else wake_at.isoformat()
+            detail = f"for {event!r} " + (f"until {until}" if until else "(no deadline)")
+            data = {"event": event, "until": until}
+            entry = HistoryEntry(now, Kind.WAIT_ENTERED.value, detail=detail, data=data)
+            history.write(connection, execution_id, entry)
         return arrival
 
 
@@ -232,6 +247,8 @@ def expire_wait(
         )
         committed = run.committed_at is not None
         plan = fail_run_locked(connection, execution_id, reason, committed, compensations, now)
+        entry = HistoryEntry(now, Kind.WAIT_TIMED_OUT.value, detail=reason)
+        history.write(connection, execution_id, entry)
         return WakeResult(wake, plan)
 
 

@@ -49,7 +49,14 @@ from celery_saga.worker.hand_back import on_unknown_task
 from celery_saga.worker.handle import SagaHandle
 from celery_saga.worker.holders import CeleryHolders
 from celery_saga.worker.publisher import CeleryPublisher
-from celery_saga.worker.run_commands import adopt, cancel_run, resume_run, signal_run
+from celery_saga.worker.run_commands import (
+    abandon_run,
+    adopt,
+    cancel_run,
+    check_actor,
+    resume_run,
+    signal_run,
+)
 from celery_saga.worker.start_checks import refuse_before_start
 from celery_saga.worker.step_run import StepRun
 from celery_saga.worker.step_tasks import StepTasks
@@ -293,28 +300,33 @@ class SagaEngine:
         # The run's own version, never another: a process without it refuses, storing nothing.
         return self.catalog.for_run(record.saga_name, record.definition_hash, record.id)
 
-    def resume_compensation(self, execution_id: str) -> None:
+    def resume_compensation(self, execution_id: str, *, actor: str | None = None) -> None:
         """Retry the failed reversal of a ``compensation_stuck`` run and continue the unwind
-        (in a process without the run's version: on a worker that has it, see ``signal``)."""
-        resume_run(self, execution_id)
+        (in a process without the run's version: on a worker that has it, see ``signal``).
+        ``actor`` (who asks: an operator, a web user) is recorded in the run's history."""
+        resume_run(self, execution_id, actor)
 
-    def abandon_compensation(self, execution_id: str) -> int:
+    def abandon_compensation(
+        self, execution_id: str, *, actor: str | None = None, reason: str | None = None
+    ) -> int:
         """Give up a parked unwind: outstanding steps are marked skipped and the run ends
-        ``failed`` with ``rollback_status`` ``stuck``. Returns how many steps were skipped."""
-        definition = self._definition_of(execution_id)
-        return self._store(
-            f"abandoning the unwind of {execution_id!r}",
-            lambda: self.executor.unwinder.abandon(definition, execution_id),
-        )
+        ``failed`` with ``rollback_status`` ``stuck``. Returns how many steps were skipped.
+        ``actor`` and ``reason`` (who gave it up, and why) are recorded in its history."""
+        return abandon_run(self, execution_id, actor, reason)
 
-    def cancel(self, execution_id: str, reason: str | None = None) -> CancelVerdict:
+    def cancel(
+        self, execution_id: str, reason: str | None = None, *, actor: str | None = None
+    ) -> CancelVerdict:
         """Cancel a run wherever it stands: no step starts any more, the bodies in flight
         are stopped, and what it did is unwound; it ends ``cancelled`` (guarantee 31).
         Refused with ``InvalidStateError`` past its pivot or once ended; a run already
-        cancelled or unwinding is left as it is (the verdict says which)."""
-        return cancel_run(self, execution_id, reason)
+        cancelled or unwinding is left as it is (the verdict says which). ``actor`` is
+        recorded in the run's history."""
+        return cancel_run(self, execution_id, reason, actor)
 
-    def signal(self, execution_id: str, event: str, payload: Any = None) -> bool:
+    def signal(
+        self, execution_id: str, event: str, payload: Any = None, *, actor: str | None = None
+    ) -> bool:
         """Deliver ``event`` (with an optional storable ``payload``) to a run.
 
         Recorded once per (execution, event): a second signal raises
@@ -324,9 +336,9 @@ class SagaEngine:
         signal resumed the run (parked at that gate), False if it waits for the run to get
         there. A process without the run's version (guarantee 22) checks the payload and
         hands the signal on to a worker that has it, returning False; what that worker
-        refuses is logged there.
+        refuses is logged there. ``actor`` (who sent it) is recorded in the run's history.
         """
-        return signal_run(self, execution_id, event, payload)
+        return signal_run(self, execution_id, event, payload, actor)
 
     def recover(self, stale_after: float | None = None) -> int:
         """Run one recovery sweep now: republish the next message of every live run idle for
@@ -377,11 +389,14 @@ class SagaEngine:
         """Every version of every saga: registered here, seen on workers, or with live runs."""
         return self._store("listing versions", self.versioning.report)
 
-    def upgrade(self, execution_id: str, to: str | None = None) -> SagaDefinition:
+    def upgrade(
+        self, execution_id: str, to: str | None = None, *, actor: str | None = None
+    ) -> SagaDefinition:
         """Move a run to version ``to`` (hash or label; default: the newest registered here);
         ``UpgradeRefusedError`` naming the first node that differs, nothing stored."""
+        check_actor(actor)
         return self._store(
-            f"upgrading {execution_id!r}", lambda: self.versioning.upgrade(execution_id, to)
+            f"upgrading {execution_id!r}", lambda: self.versioning.upgrade(execution_id, to, actor)
         )
 
     # -- events -----------------------------------------------------------------------

@@ -46,9 +46,18 @@ NO_OP = {
 }
 
 
-def cancel_run(engine: SagaEngine, execution_id: str, reason: str | None) -> CancelVerdict:
+def check_actor(actor: str | None) -> None:
+    """An actor is a name (``user@host``, a web user), recorded in the run's history."""
+    if actor is not None and not isinstance(actor, str):
+        raise SagaError(f"an actor is text (who acts), got {type(actor).__name__}")
+
+
+def cancel_run(
+    engine: SagaEngine, execution_id: str, reason: str | None, actor: str | None = None
+) -> CancelVerdict:
     """Cancel a run (see ``SagaEngine.cancel``)."""
     check_lookup_id(execution_id)
+    check_actor(actor)
     if reason is not None and not isinstance(reason, str):
         raise SagaError(f"a cancel reason is text, got {type(reason).__name__}")
     engine.ensure_schema()
@@ -58,7 +67,8 @@ def cancel_run(engine: SagaEngine, execution_id: str, reason: str | None) -> Can
         if record is None or record.id != execution_id:
             raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
         definition = engine.catalog.known(record.saga_name, record.definition_hash)
-        verdict = engine.executor.cancellation.cancel(record, reason)  # hands on if missing
+        # hands on if missing
+        verdict = engine.executor.cancellation.cancel(record, reason, actor)
         if verdict is CancelVerdict.ENDED:  # it may have ended just now: say how
             record = queries.load_execution(engine.db, execution_id) or record
         _refuse(verdict, record, definition)
@@ -119,11 +129,14 @@ def adopt(
         engine._launch(definition, execution_id, announce=False)
 
 
-def signal_run(engine: SagaEngine, execution_id: str, event: str, payload: Any) -> bool:
+def signal_run(
+    engine: SagaEngine, execution_id: str, event: str, payload: Any, actor: str | None = None
+) -> bool:
     """``engine.signal``: record it here, or hand it on (returning False) when this
     process lacks the run's version."""
     if not isinstance(event, str) or not event:
         raise SagaError(f"a signal needs an event name, got {event!r}")
+    check_actor(actor)
     try:
         definition = engine._definition_of(execution_id)
     except VersionNotDeployedError as missing:
@@ -133,17 +146,20 @@ def signal_run(engine: SagaEngine, execution_id: str, event: str, payload: Any) 
             limit=engine.settings.max_payload_bytes,
         )
         encoded = base64.b64encode(blob).decode("ascii")
-        engine.publisher.hand_on(missing, execution_id, "signal", event=event, payload=encoded)
+        engine.publisher.hand_on(
+            missing, execution_id, "signal", event=event, payload=encoded, actor=actor
+        )
         return False
     return engine._store(
         f"signalling {event!r} to {execution_id!r}",
-        lambda: engine.executor.signal(definition, execution_id, event, payload),
+        lambda: engine.executor.signal(definition, execution_id, event, payload, actor),
     )
 
 
-def resume_run(engine: SagaEngine, execution_id: str) -> None:
+def resume_run(engine: SagaEngine, execution_id: str, actor: str | None = None) -> None:
     """``engine.resume_compensation``: here, or handed on when this process lacks the
     run's version (only a run whose unwind is parked is resumed, checked here first)."""
+    check_actor(actor)
     try:
         definition = engine._definition_of(execution_id)
     except VersionNotDeployedError as missing:
@@ -151,11 +167,25 @@ def resume_run(engine: SagaEngine, execution_id: str) -> None:
             f"reading the unwind of {execution_id!r}",
             lambda: require_stuck(engine.db, execution_id, "resume_compensation"),
         )
-        engine.publisher.hand_on(missing, execution_id, "resume")
+        engine.publisher.hand_on(missing, execution_id, "resume", actor=actor)
         return
     engine._store(
         f"resuming the unwind of {execution_id!r}",
-        lambda: engine.executor.unwinder.resume(definition, execution_id),
+        lambda: engine.executor.unwinder.resume(definition, execution_id, actor),
+    )
+
+
+def abandon_run(
+    engine: SagaEngine, execution_id: str, actor: str | None, reason: str | None
+) -> int:
+    """``engine.abandon_compensation``: only where the run's version is registered."""
+    check_actor(actor)
+    if reason is not None and not isinstance(reason, str):
+        raise SagaError(f"an abandon reason is text, got {type(reason).__name__}")
+    definition = engine._definition_of(execution_id)
+    return engine._store(
+        f"abandoning the unwind of {execution_id!r}",
+        lambda: engine.executor.unwinder.abandon(definition, execution_id, actor, reason),
     )
 
 
@@ -167,9 +197,10 @@ def carry_out(
     try:
         if command == "signal":
             payload = unpack(base64.b64decode(arguments["payload"]))
-            signal_run(engine, execution_id, arguments["event"], payload)
+            actor = arguments.get("actor")  # absent from a message of an older release
+            signal_run(engine, execution_id, arguments["event"], payload, actor)
         elif command == "resume":
-            resume_run(engine, execution_id)
+            resume_run(engine, execution_id, arguments.get("actor"))
         elif command == "cancel":
             record = queries.load_execution(engine.db, execution_id)
             if record is not None:

@@ -140,10 +140,13 @@ class Versions:
             )
         return sorted(report, key=lambda v: (v.saga, v.last_seen is None, v.last_seen or 0))
 
-    def upgrade(self, execution_id: str, to: str | None = None) -> SagaDefinition:
+    def upgrade(
+        self, execution_id: str, to: str | None = None, actor: str | None = None
+    ) -> SagaDefinition:
         """Move run ``execution_id`` to version ``to`` (a hash, hash prefix or label; the
         newest registered here by default). Refused, with nothing stored, unless every node
-        the run has reached is the same in that version."""
+        the run has reached is the same in that version. ``actor`` (else this process's
+        name) is recorded in the run's history."""
         engine = self.engine
         check_lookup_id(execution_id)
         engine.ensure_schema()
@@ -173,7 +176,7 @@ class Versions:
             seen_version=record.version,
             from_hash=current.hash,
             to_hash=target.hash,
-            actor=process_name(),
+            actor=actor or process_name(),
             now=get_clock().now(),
         )
         if not moved:

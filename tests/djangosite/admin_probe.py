@@ -57,8 +57,13 @@ def act(client: Client, action: str, run_id: str, **form: str) -> tuple[int, str
     return reply.status_code, reply.content.decode()
 
 
+OPERATOR_KINDS = ("resumed", "abandoned", "signalled")
+
+
 def kinds(run_id: str) -> list[list[str | None]]:
-    return [[e.kind, e.actor, e.detail] for e in history.load(engine.db, run_id)]
+    """The run's history rows of operator actions (the engine writes the others too)."""
+    rows = history.load(engine.db, run_id)
+    return [[e.kind, e.actor, e.detail] for e in rows if e.kind in OPERATOR_KINDS]
 
 
 status, body = page(root, RUNS)

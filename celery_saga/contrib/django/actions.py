@@ -1,5 +1,5 @@
 """The admin's operator actions: resume, abandon and signal, through the engine's public
-API, each recorded in the run's history with the Django user who took it."""
+API, each recorded in the run's history (by the engine) with the Django user who took it."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ from django.http import HttpRequest
 
 from celery_saga.contrib.django.app import project_engine
 from celery_saga.errors import SagaError
-from celery_saga.runtime.clock import get_clock
-from celery_saga.store import history
 from celery_saga.worker.engine import SagaEngine
 
 #: What the history's ``detail`` says of where an action came from.
@@ -43,48 +41,36 @@ def actor_of(request: HttpRequest) -> str:
     return str(request.user.get_username())
 
 
-def record(engine: SagaEngine, execution_id: str, kind: str, actor: str, detail: str) -> None:
-    """The history row of an operator action that the engine carried out."""
-    entry = history.HistoryEntry(at=get_clock().now(), kind=kind, actor=actor, detail=detail)
-    history.append(engine.db, execution_id, entry)
+Act = Callable[[SagaEngine, str, str], None]
 
 
-Act = Callable[[SagaEngine, str], str]
-
-
-def carry_out(
-    run_ids: Iterable[str], act: Act, kind: str, actor: str
-) -> tuple[list[str], list[str]]:
-    """``act`` on each run, then its history row; (what was done, what was refused)."""
+def carry_out(run_ids: Iterable[str], act: Act, actor: str) -> tuple[list[str], list[str]]:
+    """``act`` on each run as ``actor`` (the engine records it in the run's history, in the
+    transaction of the action); (what was done, what was refused)."""
     engine = project_engine()
     if engine is None:
         return [], ["no saga engine: set SAGA_CELERY_APP to the Celery app that has one"]
     done, refused = [], []
     for execution_id in run_ids:
         try:
-            said = act(engine, execution_id)
+            act(engine, execution_id, actor)
         except SagaError as error:
             refused.append(f"{execution_id}: {error}")
             continue
-        record(engine, execution_id, kind, actor, said)
         done.append(execution_id)
     return done, refused
 
 
-def resume(engine: SagaEngine, execution_id: str) -> str:
-    engine.resume_compensation(execution_id)
-    return FROM_ADMIN
+def resume(engine: SagaEngine, execution_id: str, actor: str) -> None:
+    engine.resume_compensation(execution_id, actor=actor)
 
 
-def abandon(engine: SagaEngine, execution_id: str) -> str:
-    skipped = engine.abandon_compensation(execution_id)
-    return f"{FROM_ADMIN}: {skipped} step(s) marked compensation_skipped"
+def abandon(engine: SagaEngine, execution_id: str, actor: str) -> None:
+    engine.abandon_compensation(execution_id, actor=actor, reason=FROM_ADMIN)
 
 
 def signal(event: str, payload: Any) -> Act:
-    def send(engine: SagaEngine, execution_id: str) -> str:
-        resumed = engine.signal(execution_id, event, payload)
-        then = "the run resumed" if resumed else "the run takes it at its gate"
-        return f"{FROM_ADMIN}: event {event!r}, {then}"
+    def send(engine: SagaEngine, execution_id: str, actor: str) -> None:
+        engine.signal(execution_id, event, payload, actor=actor)
 
     return send

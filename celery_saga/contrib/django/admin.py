@@ -237,11 +237,11 @@ class RunAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
         self,
         request: HttpRequest,
         queryset: QuerySet[Any],
-        act: Callable[..., str],
+        act: run_actions.Act,
         kind: str,
     ) -> None:
         run_ids = list(queryset.values_list("id", flat=True))
-        done, refused = run_actions.carry_out(run_ids, act, kind, run_actions.actor_of(request))
+        done, refused = run_actions.carry_out(run_ids, act, run_actions.actor_of(request))
         if done:
             self.message_user(request, f"{kind}: {', '.join(done)}", messages.SUCCESS)
         for reason in refused:
