@@ -234,3 +234,24 @@ def test_saga_web_refuses_actions_without_authentication_and_serves_with_it(
     finally:
         served.terminate()
         served.wait(timeout=15)
+
+
+@on_postgres
+def test_values_the_saga_marks_sensitive_are_on_no_page_and_found_by_no_search(
+    harness: Harness, site: str, browser: Any
+) -> None:
+    from celery_saga.redaction import REDACTED
+    from tests.redaction_sagas import token_of
+
+    card, address = "4111-1111-1111-5501", "5501 Hidden Lane"
+    run = harness.start("private", {"order": 5501, "card": card, "address": address})
+    assert run.wait(30).state is ExecutionState.FAILED, harness.worker_logs()
+    browser.get(f"{site}/runs/{run.id}")
+    page = browser.page_source
+    for secret in (card, address, token_of(5501)):
+        assert secret not in page
+    assert REDACTED in page and "5501" in page
+    browser.get(f"{site}/?saga=private&text={card}")
+    assert _ids(browser, "runs") == [], "a search must not confirm a marked value"
+    browser.get(f"{site}/?saga=private&text=5501")
+    assert _ids(browser, "runs") == [run.id]
