@@ -6,7 +6,7 @@ import click
 
 from celery_saga.cli.commands import engine_of, operator_command, saga
 
-_EXTRA = "the web view needs the web extra: pip install 'celery-saga-engine[web]'"
+_EXTRA = "the web view needs the package's web extra (celery-saga-engine[web])"
 
 
 @saga.command()
