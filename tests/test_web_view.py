@@ -255,3 +255,49 @@ def test_values_the_saga_marks_sensitive_are_on_no_page_and_found_by_no_search(
     assert _ids(browser, "runs") == [], "a search must not confirm a marked value"
     browser.get(f"{site}/?saga=private&text=5501")
     assert _ids(browser, "runs") == [run.id]
+
+
+def _kinds(harness: Harness, run_id: str) -> dict[str, list[str | None]]:
+    found: dict[str, list[str | None]] = {}
+    for entry in history.load(harness.engine.db, run_id):
+        found.setdefault(entry.kind, []).append(entry.actor)
+    return found
+
+
+@on_postgres
+def test_signal_cancel_and_abandon_buttons_act_and_record_the_user_and_a_refusal_records_nothing(
+    harness: Harness, site: str, browser: Any
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    signalled = harness.start("gate_only", {"order": 5601})
+    assert signalled.wait(30, states={ExecutionState.WAITING}).state is ExecutionState.WAITING
+    browser.get(f"{site}/runs/{signalled.id}")
+    assert _statuses(browser)["wait for 'go'"] == "waiting"
+    browser.find_element(By.NAME, "event").send_keys("no-such-event")
+    browser.find_element(By.ID, "signal").click()
+    assert "no-such-event" in browser.find_element(By.ID, "refused").text
+    assert "signalled" not in _kinds(harness, signalled.id)
+    browser.find_element(By.NAME, "event").send_keys("go")
+    browser.find_element(By.NAME, "payload").send_keys('{"by": "maria"}')
+    browser.find_element(By.ID, "signal").click()
+    assert "Signal recorded" in browser.find_element(By.ID, "done").text
+    assert signalled.wait(30).state is ExecutionState.COMPLETED, harness.worker_logs()
+    assert _kinds(harness, signalled.id)["signalled"] == [f"web:{USER}"]
+    browser.get(f"{site}/runs/{signalled.id}")
+    assert '"by": "maria"' in browser.find_element(By.ID, "signals").text
+
+    cancelled = harness.start("gate_only", {"order": 5602})
+    assert cancelled.wait(30, states={ExecutionState.WAITING}).state is ExecutionState.WAITING
+    browser.get(f"{site}/runs/{cancelled.id}")
+    browser.find_element(By.NAME, "reason").send_keys("customer called")
+    browser.find_element(By.ID, "cancel").click()
+    assert cancelled.wait(30).state is ExecutionState.CANCELLED, harness.worker_logs()
+    assert _kinds(harness, cancelled.id)["cancelled"] == [f"web:{USER}"]
+
+    parked, _ = _parked(harness, 5603)
+    browser.get(f"{site}/runs/{parked.id}")
+    browser.find_element(By.ID, "abandon").click()
+    assert "Abandoned" in browser.find_element(By.ID, "done").text
+    assert parked.get().state is ExecutionState.FAILED
+    assert _kinds(harness, parked.id)["abandoned"] == [f"web:{USER}"]

@@ -69,5 +69,10 @@ def create_app(engine: SagaEngine, settings: WebSettings) -> Flask:
     def shared() -> dict[str, Any]:
         return {"actions_enabled": settings.actions, "user": g.get("user")}
 
+    @app.template_filter("when")
+    def when(iso: str | None) -> str:
+        """An ISO time to the millisecond, as the timeline's offsets are."""
+        return "" if not iso else iso[:23].replace("T", " ")
+
     app.register_blueprint(pages)
     return app
