@@ -12,7 +12,7 @@ import pytest
 from celery_saga import Saga, SagaEngine
 from celery_saga.encryption import new_key
 from celery_saga.store.codec import use_codec
-from celery_saga.web import Credentials, WebSettings, create_app
+from celery_saga.web import Credentials, WebSettings, create_app, csrf
 from tests.conftest import unconsumed_app
 
 AUTH = ("ops", "pw")
@@ -66,3 +66,26 @@ def test_actions_without_credentials_are_refused_before_serving(store: str) -> N
         create_app(_engine(store), WebSettings(actions=True))
     open_view = create_app(_engine(store), WebSettings()).test_client()
     assert open_view.get("/").status_code == 200, "read-only without credentials: open"
+
+
+def test_archived_runs_are_listed_on_request_and_read_only(store: str) -> None:
+    from celery_saga.worker.embedded import embedded_worker
+
+    engine = _engine(store)
+    engine.register(Saga("quick").step("reserve", _reserve))
+    app = engine.app
+    app.conf.broker_transport_options = {"polling_interval": 0.01}
+    with embedded_worker(app, concurrency=1):
+        run = engine.start("quick", {})
+        assert run.wait(30).state.value == "completed"
+    assert engine.archive(0) == 1
+    settings = WebSettings(Credentials(*AUTH), actions=True, secret="s")
+    client = create_app(engine, settings).test_client()
+    assert run.id not in client.get("/", auth=AUTH).get_data(as_text=True)
+    assert run.id in client.get("/?archived=1", auth=AUTH).get_data(as_text=True)
+    page = client.get(f"/runs/{run.id}", auth=AUTH).get_data(as_text=True)
+    assert "(read-only)" in page and 'id="cancel"' not in page
+    token = csrf.token_for(AUTH[0], "s")
+    refused = client.post(f"/runs/{run.id}/cancel", auth=AUTH, data={"csrf_token": token})
+    assert refused.status_code == 409
+    assert "archived runs are read-only" in refused.get_data(as_text=True)

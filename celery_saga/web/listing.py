@@ -29,10 +29,12 @@ class ListQuery:
     newer_than: str = ""
     text: str = ""
     cursor: str = ""
+    #: "1": the archived runs instead of the live ones.
+    archived: str = ""
 
     @classmethod
     def from_args(cls, args: Mapping[str, str]) -> ListQuery:
-        fields = ("saga", "state", "version", "older_than", "newer_than", "text", "cursor")
+        fields = ListQuery.__dataclass_fields__
         return cls(**{name: str(args.get(name, "")).strip() for name in fields})
 
     def with_cursor(self, cursor: str) -> dict[str, str]:

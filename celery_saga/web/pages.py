@@ -71,7 +71,11 @@ def runs() -> ResponseReturnValue:
         hashes = version_hashes(engine, [query.version] if query.version else [])
         filters = filters_of(query, get_clock().now(), hashes)
         page = inspection.list_runs(
-            engine.db, filters, archived=False, limit=limit, cursor=query.cursor or None
+            engine.db,
+            filters,
+            archived=query.archived == "1",
+            limit=limit,
+            cursor=query.cursor or None,
         )
     except (ValueError, UnicodeDecodeError):
         problem = f"{query.cursor!r} is not a cursor of this page"
