@@ -89,3 +89,25 @@ def test_archived_runs_are_listed_on_request_and_read_only(store: str) -> None:
     refused = client.post(f"/runs/{run.id}/cancel", auth=AUTH, data={"csrf_token": token})
     assert refused.status_code == 409
     assert "archived runs are read-only" in refused.get_data(as_text=True)
+
+
+def test_filters_by_version_and_age_and_a_bad_filter_is_named_not_a_crash(store: str) -> None:
+    engine = _engine(store)
+    run = engine.start("vaulted", {"card": "x"})
+    client = create_app(engine, WebSettings(Credentials(*AUTH))).test_client()
+    version = engine.definition("vaulted").hash
+
+    def listed(query: str) -> tuple[int, str]:
+        response = client.get(f"/?{query}", auth=AUTH)
+        return response.status_code, response.get_data(as_text=True)
+
+    assert run.id in listed(f"version={version}")[1]
+    assert run.id in listed("newer_than=1h")[1]
+    assert run.id not in listed("older_than=1h")[1]
+    for query, said in [
+        ("version=nope", "no version &#39;nope&#39; is known"),
+        ("older_than=soon", "is not a duration"),
+        ("cursor=garbage", "is not a cursor"),
+    ]:
+        status, page = listed(query)
+        assert status == 400 and said in page, query

@@ -57,12 +57,12 @@ def runs() -> ResponseReturnValue:
     engine = _engine()
     query = ListQuery.from_args(request.args)
     limit = _settings().page_size
-    engine.ensure_schema()
     problem: str | None = None
     page = parked = Page((), None)
     counts: dict[str, int] = {}
     known: list[Any] = []
     try:
+        engine.ensure_schema()
         known = engine.versions()
         for (_, state), number in inspection.run_counts(engine.db).items():
             counts[state] = counts.get(state, 0) + number
