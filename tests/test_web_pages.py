@@ -111,3 +111,19 @@ def test_filters_by_version_and_age_and_a_bad_filter_is_named_not_a_crash(store:
     ]:
         status, page = listed(query)
         assert status == 400 and said in page, query
+
+
+def test_credentials_are_read_whole_and_a_malformed_header_proves_no_one() -> None:
+    from celery_saga.web.auth import authenticated_user
+    from celery_saga.web.settings import parse_basic_auth
+
+    assert parse_basic_auth("ops:pa:ss") == ("ops", "pa:ss")
+    for bad in ("ops", ":pw", "ops:"):
+        with pytest.raises(ValueError, match="user:password"):
+            parse_basic_auth(bad)
+    both = Credentials("ops", "pw", "tok")
+    for header in (None, "", "Basic !!!", "Basic b3Bz", "Bearer", "Digest x", "Bearer tok2"):
+        assert authenticated_user(header, both) is None, header
+    assert authenticated_user("bearer tok", both) == "token"
+    assert authenticated_user("Basic b3BzOnB3", both) == "ops"  # ops:pw
+    assert authenticated_user("Basic b3BzOnB3", Credentials(token="tok")) is None
