@@ -220,7 +220,12 @@ def test_saga_web_refuses_actions_without_authentication_and_serves_with_it(
         "PYTHONPATH": str(ROOT),
     }
     refused = _saga_web("--enable-actions", "--port", "0", env=env)
-    output, _ = refused.communicate(timeout=60)
+    try:
+        output, _ = refused.communicate(timeout=60)
+    finally:  # a view that started anyway serves until stopped
+        if refused.poll() is None:
+            refused.kill()
+            refused.wait(timeout=15)
     assert refused.returncode == 1
     assert "--enable-actions needs authentication" in output
     served = _saga_web("--enable-actions", "--port", "0", "--basic-auth", "a:b", env=env)
