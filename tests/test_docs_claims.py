@@ -15,7 +15,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 _CHECKED_BY = re.compile(r"^<!--\s*checked by\s+(.*?)\s*-->", re.DOTALL | re.MULTILINE)
 _TEST = re.compile(r"(tests/[\w/]+\.py)::(test_\w+)")
 #: The pages whose claims about Flower, logs and the CLI must name their tests.
-CLAIMING = ["operations.md", "celery-tasks.md", "getting-started.md", "metrics.md"]
+CLAIMING = ["operations.md", "celery-tasks.md", "getting-started.md", "metrics.md", "web.md"]
 
 
 def checked_by(page: Path) -> list[str]:

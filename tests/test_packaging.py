@@ -97,6 +97,8 @@ def test_the_wheel_ships_the_library_and_its_licence_only(wheel: Path) -> None:
     assert "celery_saga/store/migrations/env.py" in names
     assert "celery_saga/py.typed" in names
     assert "celery_saga/contrib/django/templates/admin/celery_saga/run/action.html" in names
+    for page in ("base", "runs", "run"):  # the web view's templates (the web extra)
+        assert f"celery_saga/web/templates/saga_web/{page}.html" in names
 
 
 def _importable(bin_dir: Path, module: str) -> bool:

@@ -1,0 +1,78 @@
+"""The view's operator actions: signal, resume, abandon and cancel, through the engine's
+public API, each recorded by the engine in the run's history as taken by ``web:<user>``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from celery_saga.decisions.cancel import CancelVerdict
+from celery_saga.errors import SagaError
+from celery_saga.worker.engine import SagaEngine
+from celery_saga.worker.run_commands import NO_OP
+
+FROM_WEB = "from the web view"
+
+#: (engine, run id, the form's fields, actor) -> what the page says; raises SagaError.
+Act = Callable[[SagaEngine, str, Mapping[str, str], str], str]
+
+
+def actor(user: str) -> str:
+    """Who the history names for an action a user of this view took."""
+    return f"web:{user}"
+
+
+def _resume(engine: SagaEngine, execution_id: str, form: Mapping[str, str], by: str) -> str:
+    engine.resume_compensation(execution_id, actor=by)
+    return FROM_WEB
+
+
+def _abandon(engine: SagaEngine, execution_id: str, form: Mapping[str, str], by: str) -> str:
+    skipped = engine.abandon_compensation(execution_id, actor=by, reason=FROM_WEB)
+    return f"{FROM_WEB}: {skipped} step(s) marked compensation_skipped"
+
+
+def _cancel(engine: SagaEngine, execution_id: str, form: Mapping[str, str], by: str) -> str:
+    reason = form.get("reason", "").strip() or None
+    verdict = engine.cancel(execution_id, reason, actor=by)
+    if verdict is not CancelVerdict.CANCEL:
+        raise SagaError(f"execution {execution_id} {NO_OP[verdict]}")
+    return FROM_WEB + (f": {reason}" if reason else "")
+
+
+def payload_of(text: str) -> Any:
+    """The signal's payload from the form: JSON, or None when left empty."""
+    if not text.strip():
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise SagaError(f"the payload is not valid JSON: {error}") from None
+
+
+def _signal(engine: SagaEngine, execution_id: str, form: Mapping[str, str], by: str) -> str:
+    event = form.get("event", "").strip()
+    if not event:
+        raise SagaError("a signal needs an event")
+    resumed = engine.signal(execution_id, event, payload_of(form.get("payload", "")), actor=by)
+    then = "the run resumed" if resumed else "the run takes it at its gate"
+    return f"{FROM_WEB}: event {event!r}, {then}"
+
+
+#: action name in the URL -> (history kind, what it does)
+ACTIONS: dict[str, tuple[str, Act]] = {
+    "resume": ("resumed", _resume),
+    "abandon": ("abandoned", _abandon),
+    "cancel": ("cancelled", _cancel),
+    "signal": ("signalled", _signal),
+}
+
+
+def carry_out(
+    engine: SagaEngine, execution_id: str, action: str, form: Mapping[str, str], user: str
+) -> str:
+    """Take ``action`` on the run as ``web:<user>`` (the engine records it); returns what
+    the page says. Raises ``SagaError`` (and records nothing) when the engine refuses."""
+    _kind, act = ACTIONS[action]
+    return act(engine, execution_id, form, actor(user))

@@ -1,0 +1,78 @@
+"""The web view's Flask application: who may ask (``auth``), which forms are genuine
+(``csrf``), and the headers that keep the pages to themselves; the pages are in ``pages``."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from flask import Flask, Response, g, request
+
+from celery_saga.web import auth, csrf
+from celery_saga.web.pages import pages
+from celery_saga.web.settings import WebSettings, refusal
+from celery_saga.worker.engine import SagaEngine
+
+#: Nothing is loaded from elsewhere, nothing runs but the page, no other site frames it.
+_POLICY = (
+    "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+
+
+def _challenge(settings: WebSettings) -> Response:
+    schemes = []
+    if settings.credentials.user is not None:
+        schemes.append('Basic realm="celery saga", charset="UTF-8"')
+    if settings.credentials.token is not None:
+        schemes.append('Bearer realm="celery saga"')
+    response = Response("authentication required\n", 401, mimetype="text/plain")
+    for scheme in schemes:
+        response.headers.add("WWW-Authenticate", scheme)
+    return response
+
+
+def create_app(engine: SagaEngine, settings: WebSettings) -> Flask:
+    """The view over ``engine``'s store; raises ``ValueError`` when ``settings`` may not
+    serve (actions without authentication)."""
+    refused = refusal(settings)
+    if refused is not None:
+        raise ValueError(refused)
+    app = Flask(__name__)
+    app.config["SAGA_ENGINE"] = engine
+    app.config["SAGA_WEB"] = settings
+    secret = settings.secret or secrets.token_urlsafe(32)
+
+    @app.before_request
+    def authenticate() -> Response | None:
+        user = auth.authenticated_user(request.headers.get("Authorization"), settings.credentials)
+        if user is None:
+            return _challenge(settings)
+        g.user = user
+        g.csrf_token = csrf.token_for(user, secret)
+        if request.method == "POST":
+            if not settings.actions:
+                return Response("actions are off in this view\n", 403, mimetype="text/plain")
+            if not csrf.valid(request.form.get("csrf_token"), user, secret):
+                return Response("missing or invalid CSRF token\n", 403, mimetype="text/plain")
+        return None
+
+    @app.after_request
+    def harden(response: Response) -> Response:
+        response.headers["Content-Security-Policy"] = _POLICY
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["Referrer-Policy"] = "no-referrer"
+        response.headers["Cache-Control"] = "no-store"
+        return response
+
+    @app.context_processor
+    def shared() -> dict[str, Any]:
+        return {"actions_enabled": settings.actions, "user": g.get("user")}
+
+    @app.template_filter("when")
+    def when(iso: str | None) -> str:
+        """An ISO time to the millisecond, as the timeline's offsets are."""
+        return "" if not iso else iso[:23].replace("T", " ")
+
+    app.register_blueprint(pages)
+    return app

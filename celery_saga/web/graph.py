@@ -1,0 +1,160 @@
+"""A run's definition as boxes coloured by status: pure, from the definition and the run as
+``timeline.describe`` gives it (redacted), for the run page's template to draw."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from celery_saga.definition.builder import SagaDefinition
+from celery_saga.definition.nodes import (
+    BranchNode,
+    ForEachNode,
+    LoopNode,
+    Node,
+    ParallelNode,
+    PivotNode,
+    StepNode,
+    StepSpec,
+    SubSagaNode,
+    WaitNode,
+)
+
+NOT_REACHED = "not_reached"
+#: The status a group shows: the first of these any box inside it has (what needs an eye
+#: first), else ``NOT_REACHED``.
+_GROUP_ORDER = (
+    "compensation_failed",
+    "failed",
+    "running",
+    "pending",
+    "waiting",
+    "compensated",
+    "compensation_skipped",
+    "completed",
+)
+
+
+@dataclass(frozen=True)
+class Box:
+    """One node or step. ``kind``: step, parallel, branch, path, loop, for_each, wait,
+    pivot or sub_saga; ``children`` are drawn inside it (side by side for ``parallel`` and
+    ``branch``, in order otherwise); ``link``: the child run of a sub-saga."""
+
+    kind: str
+    label: str
+    status: str
+    detail: str = ""
+    children: tuple[Box, ...] = ()
+    link: str | None = None
+
+    @property
+    def side_by_side(self) -> bool:
+        return self.kind in ("parallel", "branch")
+
+
+def step_status(step: Mapping[str, Any] | None) -> str:
+    """A step record's colour: its reversal's outcome once it has one, else its own."""
+    if step is None:
+        return NOT_REACHED
+    reversal = step.get("compensation")
+    if reversal and reversal.get("status"):
+        return str(reversal["status"])
+    return str(step["status"])
+
+
+def group_status(statuses: Iterable[str]) -> str:
+    seen = set(statuses)
+    return next((status for status in _GROUP_ORDER if status in seen), NOT_REACHED)
+
+
+def _attempts(step: Mapping[str, Any] | None) -> str:
+    if step is None:
+        return ""
+    parts = []
+    if step["attempts"] > 1:
+        parts.append(f"{step['attempts']} attempts")
+    reversal = step.get("compensation")
+    if reversal and reversal.get("attempts", 0) > 1:
+        parts.append(f"{reversal['attempts']} reversal attempts")
+    return ", ".join(parts)
+
+
+def _step(spec: StepSpec, steps: Mapping[str, Mapping[str, Any]]) -> Box:
+    record = steps.get(spec.name)
+    return Box("step", spec.name, step_status(record), _attempts(record))
+
+
+def _repeated(spec: StepSpec, iterations: Mapping[str, list[Mapping[str, Any]]]) -> Box:
+    """A loop body step: the colour of its latest iteration, and how many ran."""
+    runs = iterations.get(spec.name, [])
+    latest = runs[-1] if runs else None
+    detail = f"{len(runs)} iteration(s)" if runs else ""
+    return Box("step", spec.name, step_status(latest), detail)
+
+
+def _group(kind: str, label: str, children: tuple[Box, ...], detail: str = "") -> Box:
+    return Box(kind, label, group_status(c.status for c in children), detail, children)
+
+
+def _node(
+    index: int,
+    node: Node,
+    run: Mapping[str, Any],
+    steps: Mapping[str, Mapping[str, Any]],
+    iterations: Mapping[str, list[Mapping[str, Any]]],
+) -> Box:
+    if isinstance(node, StepNode):
+        return _step(node.step, steps)
+    if isinstance(node, ParallelNode):
+        return _group("parallel", node.name, tuple(_step(s, steps) for s in node.steps))
+    if isinstance(node, BranchNode):
+        paths = []
+        for name, path in node.paths.items():
+            inner = tuple(_step(s, steps) for s in path)
+            taken = any(box.status != NOT_REACHED for box in inner)
+            paths.append(_group("path", name, inner, "taken" if taken else ""))
+        return _group("branch", node.name, tuple(paths))
+    if isinstance(node, LoopNode):
+        body = tuple(_repeated(s, iterations) for s in node.steps)
+        return _group("loop", node.name, body, f"{node.kind.value}, at most {node.max_iterations}")
+    if isinstance(node, ForEachNode):
+        body = (_repeated(node.step, iterations),)
+        return _group("for_each", node.name, body, f"at most {node.max_iterations}")
+    if isinstance(node, WaitNode):
+        return _wait(index, node, run)
+    if isinstance(node, SubSagaNode):
+        record = steps.get(node.name)
+        child = record.get("child") if record else None
+        link = str(child["id"]) if child else None
+        return Box("sub_saga", node.name, step_status(record), f"saga {node.saga}", (), link)
+    assert isinstance(node, PivotNode)
+    return Box("pivot", "pivot", "completed" if run.get("committed_at") else NOT_REACHED)
+
+
+def _wait(index: int, node: WaitNode, run: Mapping[str, Any]) -> Box:
+    received = {signal["event"] for signal in run["signals"]}
+    deadline = "" if node.timeout is None else f"timeout {node.timeout:g} s"
+    if node.event in received:
+        status = "completed"
+    elif run["state"] == "waiting" and run.get("cursor") == index:
+        status = "waiting"
+    else:
+        status = NOT_REACHED
+    return Box("wait", f"wait for {node.event!r}", status, deadline)
+
+
+def draw(definition: SagaDefinition, run: Mapping[str, Any]) -> tuple[Box, ...]:
+    """The boxes of ``definition``'s nodes, in order, coloured by ``run`` (a described run
+    with ``cursor`` added: the node it stands at)."""
+    steps = {step["name"]: step for step in run["steps"]}
+    iterations: dict[str, list[Mapping[str, Any]]] = {}
+    for step in run["steps"]:
+        if step["iteration"] is not None:
+            iterations.setdefault(step["step"], []).append(step)
+    for runs in iterations.values():
+        runs.sort(key=lambda step: step["iteration"])
+    return tuple(
+        _node(index, node, run, steps, iterations) for index, node in enumerate(definition.nodes)
+    )

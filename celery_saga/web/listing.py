@@ -1,0 +1,82 @@
+"""The runs page's query: filters from the URL's arguments, the page read through
+``inspection.list_runs`` (as ``celery saga list``), and the text search over that page."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from celery_saga.cli.durations import parse_duration
+from celery_saga.cli.output import as_json
+from celery_saga.cli.redacted import FindDefinition
+from celery_saga.definition.sensitivity import Sensitivity
+from celery_saga.errors import SagaError
+from celery_saga.records import ExecutionRecord, ExecutionState
+from celery_saga.redaction import redact
+from celery_saga.store import inspection
+
+
+@dataclass(frozen=True)
+class ListQuery:
+    """What the operator typed into the filter form; empty strings mean "any"."""
+
+    saga: str = ""
+    state: str = ""
+    version: str = ""
+    older_than: str = ""
+    newer_than: str = ""
+    text: str = ""
+    cursor: str = ""
+    #: "1": the archived runs instead of the live ones.
+    archived: str = ""
+
+    @classmethod
+    def from_args(cls, args: Mapping[str, str]) -> ListQuery:
+        fields = ListQuery.__dataclass_fields__
+        return cls(**{name: str(args.get(name, "")).strip() for name in fields})
+
+    def with_cursor(self, cursor: str) -> dict[str, str]:
+        """The URL arguments of the next page."""
+        kept = {k: v for k, v in self.__dict__.items() if v and k != "cursor"}
+        return {**kept, "cursor": cursor}
+
+
+def filters_of(query: ListQuery, now: datetime, hashes: Sequence[str]) -> inspection.Filters:
+    """The store's filters for ``query`` (``hashes``: what its version named); raises
+    ``SagaError`` for a state or an age it cannot read."""
+    states: list[ExecutionState] = []
+    if query.state:
+        try:
+            states = [ExecutionState(query.state)]
+        except ValueError:
+            raise SagaError(f"{query.state!r} is not a state") from None
+    return inspection.Filters(
+        saga_names=[query.saga] if query.saga else [],
+        states=states,
+        created_before=now - parse_duration(query.older_than) if query.older_than else None,
+        created_after=now - parse_duration(query.newer_than) if query.newer_than else None,
+        definition_hashes=hashes,
+    )
+
+
+def _marks(record: ExecutionRecord, find: FindDefinition) -> Sensitivity:
+    definition = find(record.saga_name, record.definition_hash) or find(record.saga_name, None)
+    return definition.sensitive if definition is not None else Sensitivity()
+
+
+def shown_input(record: ExecutionRecord, find: FindDefinition) -> Any:
+    """The run's input as an operator may see it: what its saga marks sensitive redacted."""
+    return redact(record.input, ("input",), _marks(record, find))
+
+
+def matches_text(record: ExecutionRecord, text: str, find: FindDefinition) -> bool:
+    """``text`` in the run's id or in its redacted input (never in what the saga marks
+    sensitive: a search would tell those values one guess at a time)."""
+    if not text:
+        return True
+    needle = text.lower()
+    if needle in record.id.lower():
+        return True
+    return needle in as_json(shown_input(record, find)).lower()
