@@ -87,21 +87,22 @@ def test_runs_page_counts_states_lists_parked_runs_first_and_filters(
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
+    began = time.monotonic()
     done = harness.start("five", {"order": 5101})
     compensated = _compensated(harness, 5102)
     parked, _ = _parked(harness, 5103)
     assert done.wait(30).state is ExecutionState.COMPLETED
     browser.get(site + "/")
     assert parked.id in _ids(browser, "parked")
-    # The harness's store holds the earlier tests' runs too: this test's are the newest.
-    browser.get(site + "/?newer_than=3m")
+    # The harness's store holds the earlier tests' runs too: show those of this test only.
+    browser.get(site + f"/?newer_than={int(time.monotonic() - began) + 2}s")
     assert {done.id, compensated.id, parked.id} <= set(_ids(browser, "runs"))
     counts = browser.find_element(By.ID, "counts").text
     assert "compensation_stuck" in counts
 
     Select(browser.find_element(By.NAME, "state")).select_by_visible_text("failed")
     browser.find_element(By.NAME, "newer_than").clear()
-    browser.find_element(By.NAME, "newer_than").send_keys("10m")
+    browser.find_element(By.NAME, "newer_than").send_keys(f"{int(time.monotonic() - began) + 2}s")
     browser.find_element(By.CSS_SELECTOR, "form.filters button").click()
     WebDriverWait(browser, 15).until(lambda b: "state=failed" in b.current_url)
     listed = _ids(browser, "runs")
