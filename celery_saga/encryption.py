@@ -39,6 +39,7 @@ class AESGCMCodec:
 
     def __init__(self, keys: Mapping[str, bytes | str], current: str | None = None) -> None:
         try:
+            from cryptography.exceptions import InvalidTag
             from cryptography.hazmat.primitives.ciphers.aead import AESGCM
         except ImportError:  # pragma: no cover - the extra is missing
             raise ImportError(
@@ -46,6 +47,7 @@ class AESGCMCodec:
             ) from None
         if not keys:
             raise ValueError("saga_payload_keys is empty: give at least one key id and key")
+        self._refused = InvalidTag  # imported once, not on every payload read
         self._ciphers = {key_id: AESGCM(_key_bytes(key_id, key)) for key_id, key in keys.items()}
         for key_id in self._ciphers:
             _check_key_id(key_id)
@@ -66,8 +68,6 @@ class AESGCMCodec:
         return self.current, nonce + sealed
 
     def open(self, key_id: str, sealed: bytes) -> bytes:
-        from cryptography.exceptions import InvalidTag
-
         cipher = self._ciphers.get(key_id)
         if cipher is None:
             raise PayloadKeyError(
@@ -77,7 +77,7 @@ class AESGCMCodec:
             )
         try:
             return cipher.decrypt(sealed[:_NONCE_BYTES], sealed[_NONCE_BYTES:], key_id.encode())
-        except InvalidTag:
+        except self._refused:
             raise PayloadKeyError(
                 key_id,
                 f"a payload sealed with key {key_id!r} does not open with the key configured "

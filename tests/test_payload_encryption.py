@@ -214,7 +214,7 @@ def _drive(engine: Any) -> tuple[list[Any], list[str]]:
     for fail in (False, True):
         saga_input = {"card": SECRET, "items": [SECRET, "b"], "fail": fail}
         run = engine.start("vault_parent", saga_input)
-        _wait_state(engine, run.id, ExecutionState.WAITING)
+        assert run.wait(60, states={ExecutionState.WAITING}).state is ExecutionState.WAITING
         assert engine.signal(run.id, "paid", {"card": SECRET})
         ids.append(run.id)
     for execution_id in ids:
@@ -284,15 +284,6 @@ def _logged(lines: list[str]) -> Iterator[None]:
         for logger, level in zip(loggers, levels, strict=True):
             logger.removeHandler(handler)
             logger.setLevel(level)
-
-
-def _wait_state(engine: Any, execution_id: str, state: ExecutionState) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if engine.get(execution_id).state is state:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{execution_id} never reached {state}")
 
 
 # -- a worker without the key ---------------------------------------------------------------
