@@ -1,7 +1,8 @@
 """Filling a PostgreSQL store with a realistic history, in bulk, server side.
 
 Finished five-step runs: 80% completed, 20% failed with every step reversed (one in a
-thousand of those abandoned, rollback ``stuck``). Beside them: runs waiting for a signal
+thousand of those abandoned, rollback ``stuck``), each with its history as the engine
+writes it: the ``started`` row and one row per step attempt. Beside them: runs waiting for a signal
 with a deadline in a day, live runs moving now, and a few parked ones. Rows are written by
 ``INSERT ... SELECT generate_series(...)`` in chunks, not through the engine: a million runs
 take a minute, not hours. Ids are random hex, as the engine's are.
@@ -60,6 +61,26 @@ WHERE e.id IN (
     AND k <= e.cursor
 """
 
+HISTORY_SQL = """
+INSERT INTO saga_history (execution_id, at, kind, step, attempt, holder, started_at, detail)
+SELECT e.id, e.created_at, 'started', NULL, NULL, NULL, NULL, NULL
+FROM saga_executions AS e
+WHERE e.id IN (
+        SELECT md5(:prefix || g::text)
+        FROM generate_series(CAST(:first AS bigint), CAST(:last AS bigint)) AS g
+    )
+UNION ALL
+SELECT s.execution_id, s.completed_at,
+    CASE WHEN s.status = 'failed' THEN 'step-failed' ELSE 'step-completed' END,
+    s.name, 1, 'celery@worker-1/4242/' || md5(s.execution_id || s.name), s.started_at, s.error
+FROM saga_steps AS s
+WHERE s.execution_id IN (
+        SELECT md5(:prefix || g::text)
+        FROM generate_series(CAST(:first AS bigint), CAST(:last AS bigint)) AS g
+    )
+    AND s.completed_at IS NOT NULL
+"""
+
 
 def _insert(
     connection: Connection,
@@ -88,6 +109,7 @@ def _insert(
     }
     connection.execute(text(RUNS_SQL), values)
     connection.execute(text(STEPS_SQL), values)
+    connection.execute(text(HISTORY_SQL), values)
 
 
 def fill(engine: Engine, runs: int, waiting: int, live: int, parked: int, now: datetime) -> float:
@@ -149,7 +171,9 @@ def vacuum(engine: Engine) -> None:
         for table in (
             "saga_executions",
             "saga_steps",
+            "saga_history",
             "saga_executions_archive",
             "saga_steps_archive",
+            "saga_history_archive",
         ):
             connection.execute(text(f"VACUUM ANALYZE {table}"))

@@ -108,6 +108,8 @@ class StepAttempt:
     node: int
     sub: int
     attempt: int
+    #: When the attempt began (its history row's start); None where it is not known.
+    claimed_at: datetime | None = None
 
 
 @dataclass(frozen=True)

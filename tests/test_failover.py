@@ -263,7 +263,8 @@ def test_history_keeps_the_outcome_of_a_body_whose_claim_was_taken_over(
     run = engine.start(name, {})
     entries = [e for e in history.load(engine.db, run.id) if e.kind != "started"]
     assert [(e.kind, e.step, e.attempt, e.data) for e in entries] == [
-        ("late-outcome", "slow", 1, "first body's result")
+        ("step-lost", "slow", 1, None),
+        ("late-outcome", "slow", 1, "first body's result"),
     ]
     assert run.get().step("slow").status.value == "running", "not failed, not completed"
     stored = inspection.load_run(engine.db, run.id)

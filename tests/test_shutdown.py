@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from celery_saga import ExecutionState, RollbackStatus
+from celery_saga.store import history
 from tests.test_crash_recovery import (
     CrashRig,
     crash_rig,
@@ -75,6 +76,11 @@ def test_sigterm_mid_step_is_no_failure_and_the_step_runs_again_at_once(rig: Cra
     forward = Counter(e.key for e in entries if e.direction == "forward")
     assert forward == {f"{run.id}:s{n}:0:forward": 1 for n in range(1, 6)}
     assert [e.detail for e in entries if e.step == "s3"] == ["attempt=2"]
+    s3_rows = [h for h in history.load(rig.client.engine.db, run.id) if h.step == "s3"]
+    assert [(h.kind, h.attempt, h.detail) for h in s3_rows] == [
+        ("step-released", 1, "its worker is shutting down"),
+        ("step-completed", 2, None),
+    ], "the released attempt is recorded once, not also as lost"
 
 
 def test_sigterm_mid_reversal_is_no_failure_and_the_reversal_runs_again_at_once(

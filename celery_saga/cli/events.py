@@ -67,10 +67,43 @@ def _history_text(run: dict[str, Any], row: dict[str, Any]) -> str:
     return detail
 
 
+#: Attempt rows the step's own line already tells (its final outcome).
+_TOLD_BY_THE_STEP = ("step-completed", "step-failed")
+#: Attempt rows that end an attempt without ending the step: each gets its line.
+_ATTEMPT_ENDS = ("step-retrying", "step-lost", "step-released")
+
+
+def _attempt_text(row: dict[str, Any]) -> str:
+    where = f" on {row['holder']}" if row["holder"] else ""
+    detail = f": {row['detail']}" if row["detail"] else ""
+    return f"{row['step']} attempt {row['attempt']}{where}{detail}"
+
+
+def _final_holders(run: dict[str, Any]) -> dict[tuple[str, int], str]:
+    """(step, attempt) -> the worker, process and task that settled it."""
+    return {
+        (row["step"], row["attempt"]): row["holder"]
+        for row in run["history"]
+        if row["kind"] in _TOLD_BY_THE_STEP and row["holder"]
+    }
+
+
 def _history(run: dict[str, Any]) -> list[Entry]:
     entries: list[Entry] = []
     opened: dict[str, str] = {}
     for row in run["history"]:
+        if row["kind"] in _TOLD_BY_THE_STEP:
+            continue
+        if row["kind"] in _ATTEMPT_ENDS:
+            seconds = _between(row["started_at"], row["at"])
+            took = None if seconds is None else f"took {span(seconds)}"
+            text = _attempt_text(row)
+            entries.append(
+                _entry(
+                    row["at"], row["kind"], text, step=row["step"], took=took, history_id=row["id"]
+                )
+            )
+            continue
         took = None
         closes = _SPANS.get(row["kind"])
         if closes is not None and closes[0] in opened:
@@ -95,6 +128,7 @@ def _history(run: dict[str, Any]) -> list[Entry]:
 
 def _steps(run: dict[str, Any]) -> list[Entry]:
     entries = []
+    holders = _final_holders(run)
     for step in run["steps"]:
         name, within = step["name"], step["within"]
         where = f"  [{within['kind']} {within['name']}]" if within else ""
@@ -105,7 +139,9 @@ def _steps(run: dict[str, Any]) -> list[Entry]:
             tries = f"  after {step['attempts']} attempts" if step["attempts"] > 1 else ""
             seconds = _between(step["started_at"], step["completed_at"])
             took = None if seconds is None else f"took {span(seconds)}"
-            text = f"{name}{tries}{error}"
+            holder = holders.get((name, step["attempts"]))
+            on = f"  on {holder}" if holder else ""
+            text = f"{name}{tries}{error}{on}"
             entries.append(_entry(step["completed_at"], step["status"], text, step=name, took=took))
         entries.extend(_reversal(step))
         child = step["child"]

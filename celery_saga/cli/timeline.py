@@ -145,6 +145,7 @@ def describe(run: StoredRun, load: LoadRun, find: FindDefinition, depth: int = 0
                 "actor": h.actor,
                 "detail": h.detail,
                 "data": h.data,
+                "started_at": _time(h.started_at),
             }
             for h in run.history
         ],

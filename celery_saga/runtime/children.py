@@ -184,5 +184,10 @@ class Children:
 def _held(message: NodeMessage, record: StepRecord) -> StepAttempt:
     """The parent's claim on its sub-saga node, as the node's message names it."""
     return StepAttempt(
-        message.execution_id, record.name, message.node, message.sub, record.attempts
+        message.execution_id,
+        record.name,
+        message.node,
+        message.sub,
+        record.attempts,
+        record.started_at,
     )

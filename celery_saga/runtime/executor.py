@@ -356,7 +356,9 @@ class Executor(Progress):
         spec = position.spec
         assert spec is not None
         execution_id, name = message.execution_id, position.record_name
-        held = StepAttempt(execution_id, name, message.node, message.sub, attempt)
+        held = StepAttempt(
+            execution_id, name, message.node, message.sub, attempt, get_clock().now()
+        )
         key = record_key(execution_id, name, "forward")
         fields = {
             "execution_id": execution_id,

@@ -190,7 +190,9 @@ class StepFailures(RuntimeParts):
         what = f"step {held.name!r} attempt {held.attempt}"
         where = f"saga {definition.name!r} execution {held.execution_id}"
         description = give_up(
-            lambda: forward.give_up_step_claim(self.db, held, now=get_clock().now()),
+            lambda: forward.give_up_step_claim(
+                self.db, held, now=get_clock().now(), why="its worker is shutting down"
+            ),
             lambda: self.publisher.publish_node(
                 definition.name, spec, message, countdown=RESEND_AFTER, version=definition.hash
             ),
@@ -228,7 +230,12 @@ class StepFailures(RuntimeParts):
             return True
         logger.warning("saga %r execution %s: %s", definition.name, message.execution_id, reason)
         step = StepAttempt(
-            message.execution_id, position.record_name, message.node, message.sub, taken
+            message.execution_id,
+            position.record_name,
+            message.node,
+            message.sub,
+            taken,
+            get_clock().now(),
         )
         self.settle_failure(definition, step, _members(definition, step), reason, None)
         return True
@@ -264,7 +271,7 @@ class StepFailures(RuntimeParts):
         False: the claim was no longer ours."""
         spec = position.spec
         assert spec is not None
-        if forward.record_step_retry(self.db, step, error=reason):
+        if forward.record_step_retry(self.db, step, error=reason, now=get_clock().now()):
             self.emit("saga-step-retry", {**fields, "countdown": delay})
             following = replace(message, attempt=step.attempt + 1)
             self.publisher.publish_node(
@@ -279,7 +286,9 @@ class StepFailures(RuntimeParts):
         execution = queries.load_execution(self.db, step.execution_id)
         if execution is None or execution.state is not ExecutionState.CANCELLING:
             return False
-        forward.give_up_step_claim(self.db, step, now=get_clock().now())
+        forward.give_up_step_claim(
+            self.db, step, now=get_clock().now(), why="it ended after the run's cancel"
+        )
         logger.info(
             "execution %s: step %r attempt %d ended after the run's cancel; not recorded",
             step.execution_id,

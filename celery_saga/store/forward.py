@@ -13,8 +13,9 @@ from sqlalchemy.exc import IntegrityError
 from celery_saga.decisions.cursor import Advance
 from celery_saga.decisions.unwind import UnwindKind, UnwindStep, next_unwind_step
 from celery_saga.records import ExecutionState, StepAttempt, StepRecord, StepStatus
-from celery_saga.store import prepared
+from celery_saga.store import history, prepared
 from celery_saga.store.database import Database, to_db_time
+from celery_saga.store.history import Kind
 from celery_saga.store.queries import load_execution_row, load_steps
 from celery_saga.store.tables import executions, step_records
 
@@ -48,40 +49,54 @@ def claim_step(
     ``holder`` names the claiming process (``runtime/holders.py``).
     """
     lease = None if lease_expires_at is None else to_db_time(lease_expires_at)
-    stamp = to_db_time(now)
     at = {"run_id": execution_id, "run_node": node, "run_sub": sub, "run_hash": definition_hash}
+    if existing is not None:
+        return _claim_again(db, existing, lease, holder, at, now)
+    new = {
+        "execution_id": execution_id,
+        "name": name,
+        "node": node,
+        "sub": sub,
+        "status": StepStatus.RUNNING.value,
+        "attempts": 1,
+        "idempotency_key": idempotency_key,
+        "compensatable": compensatable,
+        "lease_expires_at": lease,
+        "started_at": to_db_time(now),
+        "compensation_attempts": 0,
+        "child_execution_id": child_execution_id,
+        "holder": holder,
+    }
+    params = {**at, **{f"new_{k}": v for k, v in new.items()}}
     with db.single_statement() as connection:
-        if existing is None:
-            new = {
-                "execution_id": execution_id,
-                "name": name,
-                "node": node,
-                "sub": sub,
-                "status": StepStatus.RUNNING.value,
-                "attempts": 1,
-                "idempotency_key": idempotency_key,
-                "compensatable": compensatable,
-                "lease_expires_at": lease,
-                "started_at": stamp,
-                "compensation_attempts": 0,
-                "child_execution_id": child_execution_id,
-                "holder": holder,
-            }
-            params = {**at, **{f"new_{k}": v for k, v in new.items()}}
-            try:
-                return 1 if _inserted_one(db, connection, params) else None
-            except IntegrityError:
-                return None
-        guard = (
-            (step_records.c.execution_id == execution_id)
-            & (step_records.c.name == name)
-            & (step_records.c.status == existing.status.value)
-            & (step_records.c.attempts == existing.attempts)
-        )
-        if existing.lease_expires_at is not None:
-            guard &= step_records.c.lease_expires_at == to_db_time(existing.lease_expires_at)
-        if not db.durable_claims:
-            guard &= prepared.commit_without_flush_wait()
+        try:
+            return 1 if _inserted_one(db, connection, params) else None
+        except IntegrityError:
+            return None
+
+
+def _claim_again(
+    db: Database,
+    existing: StepRecord,
+    lease: datetime | None,
+    holder: str | None,
+    at: dict[str, Any],
+    now: datetime,
+) -> int | None:
+    """A retry's claim, or a takeover of a claim whose attempt never settled (its
+    ``step-lost`` history row is written with it): a compare-and-set on ``existing``."""
+    guard = (
+        (step_records.c.execution_id == existing.execution_id)
+        & (step_records.c.name == existing.name)
+        & (step_records.c.status == existing.status.value)
+        & (step_records.c.attempts == existing.attempts)
+    )
+    if existing.lease_expires_at is not None:
+        guard &= step_records.c.lease_expires_at == to_db_time(existing.lease_expires_at)
+    if not db.durable_claims:
+        guard &= prepared.commit_without_flush_wait()
+    lost = existing.status is StepStatus.RUNNING and existing.lease_expires_at is not None
+    with db.transaction() if lost else db.single_statement() as connection:
         result = connection.execute(
             update(step_records)
             .where(guard, prepared.run_live_here_locked())
@@ -93,7 +108,11 @@ def claim_step(
             ),
             at,
         )
-        return existing.attempts + 1 if result.rowcount == 1 else None
+        if result.rowcount != 1:
+            return None
+        if lost:
+            history.write_lost(connection, existing, now)
+        return existing.attempts + 1
 
 
 def _inserted_one(db: Database, connection: Connection, params: dict[str, Any]) -> bool:
@@ -157,14 +176,18 @@ def renew_step_lease(db: Database, step: StepAttempt, *, lease_expires_at: datet
         return bool(result.rowcount == 1)
 
 
-def give_up_step_claim(db: Database, step: StepAttempt, *, now: datetime) -> bool:
+def give_up_step_claim(db: Database, step: StepAttempt, *, now: datetime, why: str) -> bool:
     """End the lease of a step this attempt still holds, keeping the attempt counted: its
-    worker is shutting down, so the next message may claim it at once (guarantee 27)."""
-    with db.single_statement() as connection:
+    worker is shutting down (or its run is being cancelled), so the next message may claim
+    it at once (guarantee 27). ``why`` goes to the attempt's history row."""
+    with db.transaction() as connection:
         result = connection.execute(
             update(step_records).where(_held_by(step)).values(lease_expires_at=to_db_time(now))
         )
-        return bool(result.rowcount == 1)
+        if result.rowcount != 1:
+            return False
+        write_attempt_row(connection, step, Kind.STEP_RELEASED, now, why)
+        return True
 
 
 def advance_values(advance: Advance, now: datetime) -> dict[str, Any]:
@@ -186,10 +209,12 @@ def record_step_completed(
     advance: Advance,
     now: datetime,
 ) -> bool:
-    """Outcome and cursor move in one transaction; False if someone else owns the step now.
+    """Outcome, cursor move and the attempt's history row in one transaction; False if
+    someone else owns the step now.
 
-    On PostgreSQL and MySQL/MariaDB both rows change in ONE statement (a data-modifying CTE,
-    a multi-table UPDATE); SQLite runs in-process and takes two.
+    On PostgreSQL it is ONE statement (data-modifying CTEs); MySQL/MariaDB change both rows
+    in one multi-table UPDATE and add the row after it; SQLite runs in-process and takes
+    three.
     """
     stamp = to_db_time(now)
     combined = prepared.complete_in_one(db.dialect, advance.finished, advance.passes_pivot)
@@ -205,6 +230,7 @@ def record_step_completed(
                     result=result_blob,
                     completed_at=stamp,
                 )
+                write_attempt_row(connection, step, Kind.STEP_COMPLETED, now)
             return True
         params = {
             **held_step_params(step, stamp),
@@ -214,17 +240,48 @@ def record_step_completed(
             "step_result": result_blob,
         }
         statement, expected = combined
-        with db.single_statement() as connection:
-            return db.rowcount(connection, statement, params) == expected
+        if db.dialect == "postgresql":
+            with db.single_statement() as connection:
+                return db.rowcount(connection, statement, params) == expected
+        with db.transaction() as connection:
+            if connection.execute(statement, params).rowcount != expected:
+                raise Conflict(step.execution_id)
+            write_attempt_row(connection, step, Kind.STEP_COMPLETED, now)
+            return True
     except Conflict:
         return False
 
 
-def record_step_retry(db: Database, step: StepAttempt, *, error: str) -> bool:
+def write_attempt_row(
+    connection: Connection,
+    step: StepAttempt,
+    ended: Kind,
+    now: datetime,
+    detail: str | None = None,
+) -> None:
+    """Add the history row of ``step``'s attempt, ended as ``ended`` at ``now``, inside
+    the caller's transaction (the one that records how it ended)."""
+    params = {
+        "step_run": step.execution_id,
+        "step_name": step.name,
+        "attempt_at": to_db_time(now),
+        "attempt_started": claimed_at(step),
+        "attempt_detail": detail,
+    }
+    connection.execute(prepared.attempt_row(ended), params)
+
+
+def claimed_at(step: StepAttempt) -> datetime | None:
+    """When ``step``'s attempt began, as stored (None where it is not known)."""
+    return None if step.claimed_at is None else to_db_time(step.claimed_at)
+
+
+def record_step_retry(db: Database, step: StepAttempt, *, error: str, now: datetime) -> bool:
     """Release the claim; the next attempt's message will claim it again."""
     try:
-        with db.single_statement() as connection:
+        with db.transaction() as connection:
             settle_step(connection, step, status=StepStatus.PENDING.value, error=error)
+            write_attempt_row(connection, step, Kind.STEP_RETRYING, now, error)
         return True
     except Conflict:
         return False
@@ -298,6 +355,7 @@ def held_step_params(step: StepAttempt, stamp: datetime) -> dict[str, Any]:
         "step_name": step.name,
         "step_attempt": step.attempt,
         "step_completed_at": stamp,
+        "step_claimed_at": claimed_at(step),
     }
 
 

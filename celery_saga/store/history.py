@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import Connection, insert, select
 
+from celery_saga.records import StepRecord
 from celery_saga.store.codec import pack, unpack_or_sealed
 from celery_saga.store.database import Database, from_db_time, to_db_time
 from celery_saga.store.tables import history, history_archive
@@ -38,6 +39,27 @@ class Kind(str, Enum):
     UPGRADED = "upgraded"
     #: A body's outcome that arrived after its claim had been taken over.
     LATE_OUTCOME = "late-outcome"
+    #: How a step attempt ended (one row per attempt, written with its outcome).
+    STEP_COMPLETED = "step-completed"
+    STEP_FAILED = "step-failed"
+    STEP_RETRYING = "step-retrying"
+    #: Its claim was taken over (its worker died, or its body outlived the lease).
+    STEP_LOST = "step-lost"
+    #: Its worker gave the claim up (a shutdown, a cancel): the attempt counts, no outcome.
+    STEP_RELEASED = "step-released"
+
+
+#: The kinds a step attempt's end writes.
+ATTEMPT_KINDS = frozenset(
+    k.value
+    for k in (
+        Kind.STEP_COMPLETED,
+        Kind.STEP_FAILED,
+        Kind.STEP_RETRYING,
+        Kind.STEP_LOST,
+        Kind.STEP_RELEASED,
+    )
+)
 
 
 @dataclass(frozen=True)
@@ -55,6 +77,8 @@ class HistoryEntry:
     data: Any = None
     #: The row's id (set when read back): increasing in the order rows were written.
     id: int | None = None
+    #: A step attempt's start (its end is ``at``).
+    started_at: datetime | None = None
 
 
 def _values(execution_id: str, entry: HistoryEntry, blob: bytes | None) -> dict[str, Any]:
@@ -69,6 +93,7 @@ def _values(execution_id: str, entry: HistoryEntry, blob: bytes | None) -> dict[
         "actor": actor,
         "detail": entry.detail,
         "data": blob,
+        "started_at": None if entry.started_at is None else to_db_time(entry.started_at),
     }
 
 
@@ -95,6 +120,33 @@ def write_parked(
     write(connection, execution_id, entry)
 
 
+def write_lost(connection: Connection, lost: StepRecord, now: datetime) -> None:
+    """The ``step-lost`` row of the attempt ``lost`` (a step record read before its
+    takeover), unless that attempt's worker gave its claim up (``step-released``): the
+    attempt's end is then already recorded."""
+    released = connection.execute(
+        select(history.c.id).where(
+            history.c.execution_id == lost.execution_id,
+            history.c.kind == Kind.STEP_RELEASED.value,
+            history.c.step == lost.name,
+            history.c.attempt == lost.attempts,
+        )
+    ).first()
+    if released is not None:
+        return
+    lapsed = lost.lease_expires_at is not None and lost.lease_expires_at <= now
+    why = "its lease lapsed" if lapsed else "its holder was found gone"
+    entry = HistoryEntry(
+        now,
+        Kind.STEP_LOST.value,
+        step=lost.name,
+        attempt=lost.attempts,
+        holder=lost.holder,
+        detail=f"never settled; taken over ({why})",
+    )
+    write(connection, lost.execution_id, entry)
+
+
 def append(
     db: Database,
     execution_id: str,
@@ -117,6 +169,7 @@ def _entry(row: Any) -> HistoryEntry:
         detail=row["detail"],
         data=unpack_or_sealed(row["data"]),
         id=row["id"],
+        started_at=from_db_time(row["started_at"]),
     )
 
 

@@ -26,6 +26,7 @@ from celery_saga.records import StepAttempt, StepStatus
 from celery_saga.store import forward, prepared
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.forward import Conflict, GroupResult
+from celery_saga.store.history import Kind
 from celery_saga.store.queries import load_execution_row, load_steps
 from celery_saga.store.tables import executions
 
@@ -61,6 +62,8 @@ def record_step_settled(
             else:
                 counts = _count_member(connection, step, now, failed=error is not None)
             forward.settle_step(connection, step, **changes)
+            ended = Kind.STEP_COMPLETED if error is None else Kind.STEP_FAILED
+            forward.write_attempt_row(connection, step, ended, now, error)
             if counts is None or (not alone and counts[0] >= len(members)):
                 # no counts yet (a run stored before them), or they say the group is
                 # complete: the records decide, so counts left by a release that did not

@@ -10,7 +10,17 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sqlalchemy import and_, bindparam, case, insert, literal, literal_column, select, update
+from sqlalchemy import (
+    and_,
+    bindparam,
+    case,
+    insert,
+    literal,
+    literal_column,
+    null,
+    select,
+    update,
+)
 
 from celery_saga.records import ExecutionState, StepStatus
 from celery_saga.store.history import Kind
@@ -134,22 +144,76 @@ def _completion_values(finished: bool, pivot: bool) -> tuple[dict[str, Any], dic
 
 
 def run_and_step_in_one(
-    run_guard: Any, step_guard: Any, run: dict[str, Any], step: dict[str, Any]
+    run_guard: Any,
+    step_guard: Any,
+    run: dict[str, Any],
+    step: dict[str, Any],
+    ended: Kind | None = None,
 ) -> Any:
     """PostgreSQL: change the run matching ``run_guard`` and the step matching
-    ``step_guard`` in ONE statement, whose rowcount is 1 only if both changed. The run is
+    ``step_guard`` in ONE statement, whose rowcount is 1 only if both changed, and add the
+    attempt's history row (``ended``: its kind; None: no row) when they do. The run is
     locked first: the step row may only change together with it (a CTE's UPDATE commits
-    even when the outer UPDATE then matches nothing)."""
+    even when the outer UPDATE then matches nothing). Params for the row:
+    ``step_completed_at`` (the end), ``step_claimed_at`` (the start), and ``step_error``
+    when ``step`` sets the error."""
     run_here = select(executions.c.id).where(run_guard).with_for_update().cte("run")
     settled = (
         update(step_records)
         .where(step_guard, step_records.c.execution_id.in_(select(run_here.c.id)))
         .values(**step)
-        .returning(step_records.c.execution_id)
+        .returning(
+            step_records.c.execution_id,
+            step_records.c.name,
+            step_records.c.attempts,
+            step_records.c.holder,
+        )
         .cte("settled")
     )
     owner = executions.c.id == select(settled.c.execution_id).scalar_subquery()
-    return update(executions).where(run_guard, owner).values(**run)
+    statement = update(executions).where(run_guard, owner).values(**run)
+    if ended is None:
+        return statement
+    row = select(
+        settled.c.execution_id,
+        _param("step_completed_at", history.c.at),
+        literal(ended.value),
+        settled.c.name,
+        settled.c.attempts,
+        settled.c.holder,
+        _param("step_claimed_at", history.c.started_at),
+        step.get("error", null()),
+    )
+    recorded = insert(history).from_select(list(ATTEMPT_ROW_COLUMNS), row).cte("recorded")
+    return statement.add_cte(recorded)
+
+
+#: The columns of a step attempt's history row, in ``attempt_row``'s order.
+ATTEMPT_ROW_COLUMNS = (
+    *("execution_id", "at", "kind", "step", "attempt", "holder"),
+    *("started_at", "detail"),
+)
+
+
+@functools.cache
+def attempt_row(ended: Any) -> Any:
+    """The history row of the attempt that holds a step record (its number and holder as
+    the record says), ending as ``ended`` (a ``Kind``). Params: ``step_run``, ``step_name``,
+    ``attempt_at`` (the end), ``attempt_started`` and ``attempt_detail``."""
+    row = select(
+        step_records.c.execution_id,
+        _param("attempt_at", history.c.at),
+        literal(ended.value),
+        step_records.c.name,
+        step_records.c.attempts,
+        step_records.c.holder,
+        _param("attempt_started", history.c.started_at),
+        _param("attempt_detail", history.c.detail),
+    ).where(
+        step_records.c.execution_id == _param("step_run", step_records.c.execution_id),
+        step_records.c.name == _param("step_name", step_records.c.name),
+    )
+    return insert(history).from_select(list(ATTEMPT_ROW_COLUMNS), row)
 
 
 @functools.cache
@@ -163,7 +227,9 @@ def fail_in_one(changes: tuple[str, ...]) -> Any:
         "completed_at": _param("step_completed_at", step_records.c.completed_at),
         "lease_expires_at": None,
     }
-    return run_and_step_in_one(run_at_cursor(), step_held(), bumped_run(changes), step)
+    return run_and_step_in_one(
+        run_at_cursor(), step_held(), bumped_run(changes), step, Kind.STEP_FAILED
+    )
 
 
 @functools.cache
@@ -183,7 +249,7 @@ def member_in_one() -> Any:
         "members_settled": executions.c.members_settled + 1,
     }
     guard = run_at_cursor() & (executions.c.members_settled + 1 < size)
-    statement = run_and_step_in_one(guard, step_held(), run, step)
+    statement = run_and_step_in_one(guard, step_held(), run, step, Kind.STEP_COMPLETED)
     return statement.returning(executions.c.members_settled)
 
 
@@ -193,7 +259,10 @@ def complete_in_one(dialect: str, finished: bool, pivot: bool) -> tuple[Any, int
     both rows changed; None where the dialect has no such statement (SQLite)."""
     run, step = _completion_values(finished, pivot)
     if dialect == "postgresql":
-        return run_and_step_in_one(run_at_cursor(), step_held(), run, step), 1
+        statement = run_and_step_in_one(
+            run_at_cursor(), step_held(), run, step, Kind.STEP_COMPLETED
+        )
+        return statement, 1
     if dialect in ("mysql", "mariadb"):
         joined = step_records.c.execution_id == executions.c.id
         both = {

@@ -180,6 +180,8 @@ history = Table(
     Column("actor", String(200)),
     Column("detail", Text),
     Column("data", Blob),
+    # A step attempt's row: when the attempt began (``at`` is when it ended).
+    Column("started_at", Timestamp),
     Index("ix_saga_history_execution", "execution_id", "id"),
 )
 
