@@ -22,6 +22,12 @@ latency p50/p95 during the catch-up beside the same stream without it (``history
 ``--mysql`` measures the same on MariaDB, in the database of ``--mysql-url``, with the plans
 of ``ANALYZE FORMAT=JSON`` (``history_mysql.py``).
 
+``--interleave`` fills one database per ``--runs`` N first, then times the operations on all
+of them in one interleaved run (``history_compare.py``): every round calls each operation on
+every store in turn, so the stores share the machine's noise and the ratio of the largest
+to the smallest is what the history costs. It prints the server's planning plus execution
+time of each operation's statements beside the wall time, and skips the catch-up.
+
 ``--check`` re-plans every statement with sequential scans off (a small store would be
 scanned whole, a big one would not) and exits 1 when one of them reads more rows of
 ``saga_executions`` than the unfinished runs and a batch: it reads history.
@@ -29,6 +35,7 @@ scanned whole, a big one would not) and exits 1 when one of them reads more rows
     python benchmarks/history.py --runs 0 100000 1000000
     python benchmarks/history.py --runs 10000 --waiting 100 --live 20 --check --retire-runs 0
     python benchmarks/history.py --runs 1000000 --retire-runs 500000 --live-rate 10
+    python benchmarks/history.py --runs 0 3000000 --interleave --repeats 200
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
+import history_compare
 import history_mysql
 from celery import Celery
 from history_fill import fill, vacuum
@@ -231,6 +239,47 @@ def _measure(url: str, args: argparse.Namespace, runs: int) -> int:
     return _sweeps(engine, bulk, url, args, runs, now, plans)
 
 
+def _filled(url: str, args: argparse.Namespace, runs: int) -> history_compare.Store:
+    engine, bulk = _store(url, args)
+    now = datetime.now(UTC)
+    seconds = fill(bulk, runs, args.waiting, args.live, args.parked, now)
+    vacuum(bulk)
+    history_compare.analyze(bulk)
+    bulk.dispose()
+    print(f"filled {runs:,} finished runs in {seconds:.1f} s", flush=True)
+    calls = _operations(engine, now)
+    return history_compare.Store(f"{runs:,}", engine.db.engine, calls)
+
+
+def interleave(admin_url: str, args: argparse.Namespace) -> int:
+    """Fill a database per ``--runs``, then time them all in one interleaved run."""
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    names = [f"saga_history_{runs}_{uuid.uuid4().hex[:6]}" for runs in args.runs]
+    stores = []
+    try:
+        for runs, name in zip(args.runs, names, strict=True):
+            with admin.connect() as connection:
+                connection.execute(text(f"CREATE DATABASE {name}"))
+            stores.append(_filled(admin_url.rsplit("/", 1)[0] + "/" + name, args, runs))
+        history_compare.interleaved(stores, args.repeats)
+        names_timed = list(stores[0].calls)
+        server = {s.label: history_compare.server_times(s, names_timed) for s in stores}
+        print(
+            f"\n{args.repeats} interleaved rounds, medians (wall: the call; server: "
+            "planning + execution of its statements):"
+        )
+        for line in history_compare.report(stores, server):
+            print(line)
+    finally:
+        for store in stores:
+            store.engine.dispose()
+        with admin.connect() as connection:
+            for name in names:
+                connection.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        admin.dispose()
+    return 0
+
+
 def _measure_mysql(url: str, args: argparse.Namespace, runs: int) -> int:
     engine, bulk = _store(url, args)
     now = datetime.now(UTC)
@@ -290,6 +339,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--retire-runs", type=int, default=100_000)
     parser.add_argument("--check", action="store_true")
+    parser.add_argument("--interleave", action="store_true")
     parser.add_argument("--live-rate", type=float, default=0.0)
     parser.add_argument("--live-seconds", type=float, default=30.0)
     parser.add_argument("--rest", type=float, nargs="+", default=[retention.REST])
@@ -303,6 +353,8 @@ def main() -> int:
             for runs in args.runs
         )
     admin_url = os.environ.get("BENCH_ADMIN_URL", DEFAULT_ADMIN_URL)
+    if args.interleave:
+        return interleave(admin_url, args)
     return max(measure(admin_url, args, runs) for runs in args.runs)
 
 
