@@ -13,7 +13,7 @@ from sqlalchemy.exc import IntegrityError
 from celery_saga.decisions.cursor import Advance
 from celery_saga.decisions.unwind import UnwindKind, UnwindStep, next_unwind_step
 from celery_saga.records import ExecutionState, StepAttempt, StepRecord, StepStatus
-from celery_saga.store import history, prepared
+from celery_saga.store import attempts, history, prepared
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.history import Kind
 from celery_saga.store.queries import load_execution_row, load_steps
@@ -186,7 +186,7 @@ def give_up_step_claim(db: Database, step: StepAttempt, *, now: datetime, why: s
         )
         if result.rowcount != 1:
             return False
-        write_attempt_row(connection, step, Kind.STEP_RELEASED, now, why)
+        attempts.write_row(connection, step, Kind.STEP_RELEASED, now, why)
         return True
 
 
@@ -230,7 +230,7 @@ def record_step_completed(
                     result=result_blob,
                     completed_at=stamp,
                 )
-                write_attempt_row(connection, step, Kind.STEP_COMPLETED, now)
+                attempts.write_row(connection, step, Kind.STEP_COMPLETED, now)
             return True
         params = {
             **held_step_params(step, stamp),
@@ -246,34 +246,10 @@ def record_step_completed(
         with db.transaction() as connection:
             if connection.execute(statement, params).rowcount != expected:
                 raise Conflict(step.execution_id)
-            write_attempt_row(connection, step, Kind.STEP_COMPLETED, now)
+            attempts.write_row(connection, step, Kind.STEP_COMPLETED, now)
             return True
     except Conflict:
         return False
-
-
-def write_attempt_row(
-    connection: Connection,
-    step: StepAttempt,
-    ended: Kind,
-    now: datetime,
-    detail: str | None = None,
-) -> None:
-    """Add the history row of ``step``'s attempt, ended as ``ended`` at ``now``, inside
-    the caller's transaction (the one that records how it ended)."""
-    params = {
-        "step_run": step.execution_id,
-        "step_name": step.name,
-        "attempt_at": to_db_time(now),
-        "attempt_started": claimed_at(step),
-        "attempt_detail": detail,
-    }
-    connection.execute(prepared.attempt_row(ended), params)
-
-
-def claimed_at(step: StepAttempt) -> datetime | None:
-    """When ``step``'s attempt began, as stored (None where it is not known)."""
-    return None if step.claimed_at is None else to_db_time(step.claimed_at)
 
 
 def record_step_retry(db: Database, step: StepAttempt, *, error: str, now: datetime) -> bool:
@@ -281,7 +257,7 @@ def record_step_retry(db: Database, step: StepAttempt, *, error: str, now: datet
     try:
         with db.transaction() as connection:
             settle_step(connection, step, status=StepStatus.PENDING.value, error=error)
-            write_attempt_row(connection, step, Kind.STEP_RETRYING, now, error)
+            attempts.write_row(connection, step, Kind.STEP_RETRYING, now, error)
         return True
     except Conflict:
         return False
@@ -355,7 +331,7 @@ def held_step_params(step: StepAttempt, stamp: datetime) -> dict[str, Any]:
         "step_name": step.name,
         "step_attempt": step.attempt,
         "step_completed_at": stamp,
-        "step_claimed_at": claimed_at(step),
+        "step_claimed_at": attempts.claimed_at(step),
     }
 
 

@@ -23,7 +23,7 @@ from sqlalchemy import Connection, bindparam, select, update
 
 from celery_saga.decisions.cursor import Advance, group_outcome
 from celery_saga.records import StepAttempt, StepStatus
-from celery_saga.store import forward, prepared
+from celery_saga.store import attempts, forward, prepared
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.forward import Conflict, GroupResult
 from celery_saga.store.history import Kind
@@ -63,7 +63,7 @@ def record_step_settled(
                 counts = _count_member(connection, step, now, failed=error is not None)
             forward.settle_step(connection, step, **changes)
             ended = Kind.STEP_COMPLETED if error is None else Kind.STEP_FAILED
-            forward.write_attempt_row(connection, step, ended, now, error)
+            attempts.write_row(connection, step, ended, now, error)
             if counts is None or (not alone and counts[0] >= len(members)):
                 # no counts yet (a run stored before them), or they say the group is
                 # complete: the records decide, so counts left by a release that did not
