@@ -27,6 +27,8 @@ of them in one interleaved run (``history_compare.py``): every round calls each 
 every store in turn, so the stores share the machine's noise and the ratio of the largest
 to the smallest is what the history costs. It prints the server's planning plus execution
 time of each operation's statements beside the wall time, and skips the catch-up.
+``--reuse DB ...`` times databases a run filled before (one per ``--runs`` N, in order; a
+3M fill takes a quarter of an hour) and keeps them; ``new`` in their place fills one.
 
 ``--check`` re-plans every statement with sequential scans off (a small store would be
 scanned whole, a big one would not) and exits 1 when one of them reads more rows of
@@ -239,28 +241,50 @@ def _measure(url: str, args: argparse.Namespace, runs: int) -> int:
     return _sweeps(engine, bulk, url, args, runs, now, plans)
 
 
-def _filled(url: str, args: argparse.Namespace, runs: int) -> history_compare.Store:
+def _filled(url: str, args: argparse.Namespace, runs: int, reuse: bool) -> history_compare.Store:
     engine, bulk = _store(url, args)
     now = datetime.now(UTC)
-    seconds = fill(bulk, runs, args.waiting, args.live, args.parked, now)
-    vacuum(bulk)
-    history_compare.analyze(bulk)
+    if not reuse:
+        seconds = fill(bulk, runs, args.waiting, args.live, args.parked, now)
+        vacuum(bulk)
+        history_compare.analyze(bulk)
+        print(f"filled {runs:,} finished runs in {seconds:.1f} s", flush=True)
     bulk.dispose()
-    print(f"filled {runs:,} finished runs in {seconds:.1f} s", flush=True)
     calls = _operations(engine, now)
     return history_compare.Store(f"{runs:,}", engine.db.engine, calls)
 
 
+def _moving(stores: list[history_compare.Store]) -> None:
+    """The live runs are moving: none is stale for the recovery sweep after a long fill."""
+    for store in stores:
+        with store.engine.begin() as connection:
+            connection.execute(
+                text(
+                    "UPDATE saga_executions SET updated_at = now() AT TIME ZONE 'UTC' "
+                    "WHERE state = 'running'"
+                )
+            )
+
+
 def interleave(admin_url: str, args: argparse.Namespace) -> int:
-    """Fill a database per ``--runs``, then time them all in one interleaved run."""
+    """Fill a database per ``--runs`` (or take the ``--reuse`` ones, kept afterwards; ``new``
+    among them fills one), then time them all in one interleaved run."""
     admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    names = [f"saga_history_{runs}_{uuid.uuid4().hex[:6]}" for runs in args.runs]
+    given = args.reuse or ["new"] * len(args.runs)
+    names = [
+        f"saga_history_{runs}_{uuid.uuid4().hex[:6]}" if name == "new" else name
+        for runs, name in zip(args.runs, given, strict=True)
+    ]
+    made = [name for name, was in zip(names, given, strict=True) if was == "new"]
     stores = []
     try:
         for runs, name in zip(args.runs, names, strict=True):
-            with admin.connect() as connection:
-                connection.execute(text(f"CREATE DATABASE {name}"))
-            stores.append(_filled(admin_url.rsplit("/", 1)[0] + "/" + name, args, runs))
+            if name in made:
+                with admin.connect() as connection:
+                    connection.execute(text(f"CREATE DATABASE {name}"))
+            url = admin_url.rsplit("/", 1)[0] + "/" + name
+            stores.append(_filled(url, args, runs, reuse=name not in made))
+        _moving(stores)
         history_compare.interleaved(stores, args.repeats)
         names_timed = list(stores[0].calls)
         server = {s.label: history_compare.server_times(s, names_timed) for s in stores}
@@ -274,7 +298,7 @@ def interleave(admin_url: str, args: argparse.Namespace) -> int:
         for store in stores:
             store.engine.dispose()
         with admin.connect() as connection:
-            for name in names:
+            for name in made:
                 connection.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
         admin.dispose()
     return 0
@@ -340,6 +364,7 @@ def main() -> int:
     parser.add_argument("--retire-runs", type=int, default=100_000)
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--interleave", action="store_true")
+    parser.add_argument("--reuse", nargs="+", default=[], help="filled databases, as --runs")
     parser.add_argument("--live-rate", type=float, default=0.0)
     parser.add_argument("--live-seconds", type=float, default=30.0)
     parser.add_argument("--rest", type=float, nargs="+", default=[retention.REST])

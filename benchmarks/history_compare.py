@@ -84,6 +84,8 @@ def report(stores: Sequence[Store], server: dict[str, dict[str, float]]) -> list
             cells.append(f"{wall:.2f} / {server[store.label].get(name, 0.0):.2f} ms")
         ratio = statistics.median(last.times[name]) / statistics.median(first.times[name])
         lines.append(f"| `{name}` | {' | '.join(cells)} | {ratio:.2f}x |")
+    if len(stores) > 2:
+        lines.append(f"(last column: {last.label} against {first.label})")
     return lines
 
 
