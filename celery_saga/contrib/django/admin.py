@@ -136,6 +136,7 @@ class HistoryInline(ReadOnly, admin.TabularInline):  # type: ignore[misc]
         "kind",
         "step",
         "attempt",
+        "started_at",
         "actor",
         "holder",
         "detail",

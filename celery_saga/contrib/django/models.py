@@ -129,6 +129,8 @@ class HistoryRow(models.Model):  # type: ignore[misc]
     actor = models.CharField(max_length=200, null=True)
     detail = models.TextField(null=True)
     data = models.BinaryField(null=True)
+    #: A step attempt's start (its end is ``at``).
+    started_at = StoredTime("attempt started", null=True)
 
     objects = SagaManager()
 
