@@ -21,6 +21,8 @@ import pytest
 
 from celery_saga import ExecutionState, RollbackStatus, SagaError
 from celery_saga.errors import StoreUnavailableError
+from celery_saga.store import history
+from celery_saga.store.history import ATTEMPT_KINDS
 from tests.conftest import (
     BROKERS,
     PORTS,
@@ -141,6 +143,10 @@ def test_a_cut_as_a_step_fails_records_the_failure_once_and_unwinds(
     undone = rig.ledger(run.id, "compensate")
     assert undone == {f"{run.id}:s{n}:0:compensate": 1 for n in (1, 2, 3)}
     assert rig.proxy.cuts, "the failing step did cut the store"
+    assert _attempt_rows(rig, run.id) == [
+        *(("step-completed", f"s{n}") for n in (1, 2, 3)),
+        ("step-failed", "s4"),
+    ], "the failure's history row is written once, with it"
 
 
 def test_a_cut_during_a_step_outcome_write_runs_the_step_once(rig: FaultRig) -> None:
@@ -148,6 +154,13 @@ def test_a_cut_during_a_step_outcome_write_runs_the_step_once(rig: FaultRig) -> 
     execution = rig.wait_terminal(run.id)
     assert execution.state is ExecutionState.COMPLETED
     assert rig.ledger(run.id, "forward") == {f"{run.id}:s{n}:0:forward": 1 for n in range(1, 6)}
+    completed = [("step-completed", f"s{n}") for n in range(1, 6)]
+    assert _attempt_rows(rig, run.id) == completed, "each outcome's row is written once"
+
+
+def _attempt_rows(rig: FaultRig, execution_id: str) -> list[tuple[str, str | None]]:
+    rows = history.load(rig.client.engine.db, execution_id)
+    return [(r.kind, r.step) for r in rows if r.kind in ATTEMPT_KINDS]
 
 
 def test_public_api_raises_a_saga_error_past_its_budget_then_works_after_the_outage(

@@ -14,7 +14,7 @@ from sqlalchemy.exc import OperationalError
 
 from celery_saga import ExecutionState, RollbackStatus
 from celery_saga.runtime.store_retry import write_outcome
-from celery_saga.store import forward, joins, reversal, unwind
+from celery_saga.store import forward, history, joins, reversal, unwind
 from tests.conftest import Harness
 
 
@@ -198,3 +198,6 @@ def test_a_step_result_whose_reply_was_lost_is_not_recorded_or_run_again(
         e.step for e in sqlite_harness.test_app.entries(run.id) if e.direction == "forward"
     ]
     assert forward_entries == ["s1", "s2", "s3", "s4", "s5"]
+    rows = history.load(sqlite_harness.engine.db, run.id)
+    completed = [r.step for r in rows if r.kind == "step-completed"]
+    assert completed == forward_entries, "the write that landed wrote its row, once"
