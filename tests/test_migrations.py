@@ -20,7 +20,7 @@ from celery_saga.store import queries
 from celery_saga.store.codec import pack
 from celery_saga.store.database import _MIGRATIONS, VERSION_TABLE, Database
 from celery_saga.store.tables import executions, metadata
-from tests.conftest import MARIADB, PG_ADMIN, PORTS, require_services
+from tests.conftest import _MARIADB_SHARED, PG_ADMIN, PORTS, require_services
 
 
 @pytest.fixture(params=["sqlite", "postgres", "mariadb"])
@@ -35,7 +35,9 @@ def empty_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]
         admin_url, url = PG_ADMIN, PG_ADMIN.rsplit("/", 1)[0] + "/" + name
     else:
         require_services(3306)
-        admin_url, url = MARIADB, MARIADB.rsplit("/", 1)[0] + "/" + name
+        # the shared database: this process's own may not exist yet
+        admin_url = _MARIADB_SHARED
+        url = _MARIADB_SHARED.rsplit("/", 1)[0] + "/" + name
     admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as connection:
         connection.execute(text(f"CREATE DATABASE {name}"))
