@@ -174,42 +174,43 @@ def run_and_step_in_one(
     statement = update(executions).where(run_guard, owner).values(**run)
     if ended is None:
         return statement
-    row = select(
-        settled.c.execution_id,
-        _param("step_completed_at", history.c.at),
-        literal(ended.value),
-        settled.c.name,
-        settled.c.attempts,
-        settled.c.holder,
-        _param("step_claimed_at", history.c.started_at),
-        step.get("error", null()),
+    row = _attempt_row_from(
+        settled.c, ended, "step_completed_at", "step_claimed_at", step.get("error", null())
     )
     recorded = insert(history).from_select(list(ATTEMPT_ROW_COLUMNS), row).cte("recorded")
     return statement.add_cte(recorded)
 
 
-#: The columns of a step attempt's history row, in ``attempt_row``'s order.
+#: The columns of a step attempt's history row, in ``_attempt_row_from``'s order.
 ATTEMPT_ROW_COLUMNS = (
     *("execution_id", "at", "kind", "step", "attempt", "holder"),
     *("started_at", "detail"),
 )
 
 
+def _attempt_row_from(record: Any, ended: Kind, end: str, start: str, detail: Any) -> Any:
+    """SELECT the history row of the attempt holding ``record`` (the step record's columns:
+    its number and holder), ended as ``ended``; ``end`` and ``start`` name the params of
+    its times."""
+    return select(
+        record.execution_id,
+        _param(end, history.c.at),
+        literal(ended.value),
+        record.name,
+        record.attempts,
+        record.holder,
+        _param(start, history.c.started_at),
+        detail,
+    )
+
+
 @functools.cache
-def attempt_row(ended: Any) -> Any:
+def attempt_row(ended: Kind) -> Any:
     """The history row of the attempt that holds a step record (its number and holder as
     the record says), ending as ``ended`` (a ``Kind``). Params: ``step_run``, ``step_name``,
     ``attempt_at`` (the end), ``attempt_started`` and ``attempt_detail``."""
-    row = select(
-        step_records.c.execution_id,
-        _param("attempt_at", history.c.at),
-        literal(ended.value),
-        step_records.c.name,
-        step_records.c.attempts,
-        step_records.c.holder,
-        _param("attempt_started", history.c.started_at),
-        _param("attempt_detail", history.c.detail),
-    ).where(
+    detail = _param("attempt_detail", history.c.detail)
+    row = _attempt_row_from(step_records.c, ended, "attempt_at", "attempt_started", detail).where(
         step_records.c.execution_id == _param("step_run", step_records.c.execution_id),
         step_records.c.name == _param("step_name", step_records.c.name),
     )
