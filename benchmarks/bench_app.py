@@ -13,6 +13,9 @@ It defines the two workloads compared by ``chain_vs_saga.py``:
     ends ``failed``. The fifth step has no compensation: exactly 4 reversals.
 (D) ``bench.fail``: a plain Celery task that does the INSERT of (A), then raises: the
     baseline of a failure's cost in Celery itself (the RSS phase).
+(E) the plain analog of (C): a ``celery.chain`` of 4 ``bench.write`` and a ``bench.fail``,
+    with ``link_error`` into a chain of 4 ``bench.write`` (the compensations, rows 5 to 8).
+    The row of the last compensation (``seq = UNDO_LAST_SEQ``) marks its end.
 
 Everything a run must isolate comes from the environment, which the driver sets before
 importing this module and passes on to the worker:
@@ -149,6 +152,20 @@ def chain_signature(run_id: str, batch: str) -> Any:
     from celery import chain
 
     return chain(*(bench_write.si(run_id, batch, seq) for seq in range(STEPS_PER_RUN)))
+
+
+#: The row the last compensation of the plain unwind writes (rows 5 to 8: four of them).
+UNDO_LAST_SEQ = 2 * STEPS_PER_RUN - 2
+
+
+def chain_unwind_signature(run_id: str, batch: str) -> Any:
+    """4 writes and a failing task; the failure's ``link_error`` runs 4 compensating writes
+    as a chain, as a plain Celery application would wire an unwind."""
+    from celery import chain
+
+    forward = (bench_write.si(run_id, batch, seq) for seq in range(STEPS_PER_RUN - 1))
+    undo = (bench_write.si(run_id, batch, seq) for seq in range(STEPS_PER_RUN, UNDO_LAST_SEQ + 1))
+    return chain(*forward, bench_fail.si(run_id, batch)).on_error(chain(*undo))
 
 
 # --- (B) the saga: five no-op plain-function steps -----------------------------------------

@@ -4,6 +4,8 @@
 - ``SagaSide``: ``bench_five``, 5 no-op steps; it must end ``completed``.
 - ``UnwindSide``: ``bench_unwind``, whose 5th step fails; it must end ``failed`` with 4
   reversals done.
+- ``ChainUnwindSide``: its plain analog, a chain of 4 writes and a failing task whose
+  ``link_error`` runs a chain of 4 compensating writes.
 
 Each side offers ``one()`` (submit one run and wait for it: latency), ``submit()`` /
 ``finished()`` / ``verify()`` (a batch in flight: throughput) and remembers the ids of its
@@ -37,7 +39,7 @@ class ChainSide:
         self.bench, self.poll = bench, poll
         self.submit_times: list[float] = []
         self.single_ids: list[str] = []
-        last = bench.STEPS_PER_RUN - 1
+        last = self.last_seq()
         self.marker_sql = (
             f"SELECT count(*) FROM {bench.WRITES_TABLE} WHERE run_id = :r AND seq = {last}"
         )
@@ -45,10 +47,17 @@ class ChainSide:
             f"SELECT count(*) FROM {bench.WRITES_TABLE} WHERE batch = :b AND seq = {last}"
         )
 
+    def last_seq(self) -> int:
+        """The row whose write ends one run."""
+        return int(self.bench.STEPS_PER_RUN - 1)
+
+    def signature(self, run_id: str, batch: str) -> Any:
+        return self.bench.chain_signature(run_id, batch)
+
     def one(self, timeout: float) -> float:
         run_id, bench = uuid.uuid4().hex, self.bench
         started = time.perf_counter()
-        bench.chain_signature(run_id, "latency").apply_async()
+        self.signature(run_id, "latency").apply_async()
         self.submit_times.append(time.perf_counter() - started)
         wait_until(
             lambda: scalar(bench, self.marker_sql, r=run_id) > 0,
@@ -61,7 +70,7 @@ class ChainSide:
 
     def submit(self, batch: str, count: int) -> None:
         for index in range(count):
-            self.bench.chain_signature(f"{batch}-{index}", batch).apply_async()
+            self.signature(f"{batch}-{index}", batch).apply_async()
 
     def finished(self, batch: str) -> int:
         return int(scalar(self.bench, self.batch_sql, b=batch))
@@ -71,6 +80,26 @@ class ChainSide:
         written = scalar(self.bench, sql, b=batch)
         if written != count * self.bench.STEPS_PER_RUN:
             raise BenchError(f"chain batch {batch}: {written} writes, expected {count * 5}")
+
+
+class ChainUnwindSide(ChainSide):
+    """The unwind's plain analog: 4 writes, a failing task, its ``link_error`` chain of 4
+    compensating writes (``bench_app.chain_unwind_signature``); 9 rows per run."""
+
+    label = "chain_unwind"
+
+    def last_seq(self) -> int:
+        return int(self.bench.UNDO_LAST_SEQ)
+
+    def signature(self, run_id: str, batch: str) -> Any:
+        return self.bench.chain_unwind_signature(run_id, batch)
+
+    def verify(self, batch: str, count: int) -> None:
+        sql = f"SELECT count(*) FROM {self.bench.WRITES_TABLE} WHERE batch = :b"
+        written = scalar(self.bench, sql, b=batch)
+        rows_per_run = self.bench.UNDO_LAST_SEQ + 1
+        if written != count * rows_per_run:
+            raise BenchError(f"chain unwind batch {batch}: {written} writes, expected {count * 9}")
 
 
 class FailingTaskSide(ChainSide):
