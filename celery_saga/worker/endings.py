@@ -21,6 +21,9 @@ backend see the truth:
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+from types import FrameType
 from typing import Any
 
 from celery.exceptions import Ignore, Retry
@@ -113,6 +116,52 @@ def as_raised_by_user_code(error: BaseException) -> BaseException:
     if tb is None or last is not end_task.__code__:
         return error
     return error.with_traceback(tb)
+
+
+#: Frames that ``frame.clear()`` would finalize (a suspended generator or coroutine).
+_SUSPENDABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+
+def release_engine_frames(error: BaseException, upto: FrameType) -> None:
+    """Clear the locals of the engine's finished frames between ``upto`` (the running step
+    task's frame) and the user's code that raised ``error``. Those frames stay reachable
+    after the task from the user's frames (``f_back``), which Celery's traceback keeps in a
+    reference cycle until a full garbage collection: without this, every failed attempt kept
+    the engine's frames, the body's error and what they referenced for thousands of tasks
+    (tests/test_failure_memory.py). The frames the user's traceback shows keep theirs: Celery
+    reads them for its log and ``task_failure``, then clears them itself."""
+    tb = error.__traceback__
+    while tb is not None and _engine_frame(tb.tb_frame):
+        tb = tb.tb_next
+    shown, innermost = set(), None
+    while tb is not None:
+        shown.add(id(tb.tb_frame))
+        innermost, tb = tb.tb_frame, tb.tb_next
+    frame = None if innermost is None else innermost.f_back
+    while frame is not None and frame is not upto:
+        if (
+            id(frame) not in shown
+            and _engine_frame(frame)
+            and not frame.f_code.co_flags & _SUSPENDABLE
+        ):
+            with contextlib.suppress(RuntimeError):  # still running (a body's own thread)
+                frame.clear()
+        frame = frame.f_back
+
+
+def let_traceback_go(error: BaseException) -> None:
+    """Drop the tracebacks of ``error`` and of the exceptions it was raised from, once its
+    task has ended (``task_postrun``: Celery has logged, signalled, stored and copied it).
+    Celery's tracer keeps the task's ``ExceptionInfo`` in its own frame, which that
+    traceback holds: a cycle that only a full garbage collection frees, so each failed
+    attempt kept its frames, request and message for thousands of tasks and the pool
+    processes grew (tests/test_failure_memory.py)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        current.__traceback__ = None
+        current = current.__cause__ or current.__context__
 
 
 def _engine_frame(frame: Any) -> bool:

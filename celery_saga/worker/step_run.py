@@ -11,6 +11,7 @@ a held redelivery, a loop that passed) ends with ``Ignore``.
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 from celery.exceptions import Retry
@@ -20,7 +21,7 @@ from celery_saga.runtime.invoke import RunningBody, running_body
 from celery_saga.runtime.outcomes import Outcome
 from celery_saga.store.transient import describe_store_error
 from celery_saga.worker.delivery import handle_message
-from celery_saga.worker.endings import end_task
+from celery_saga.worker.endings import end_task, release_engine_frames
 from celery_saga.worker.saga_header import HEADER, REVERSES, node_message, version_of
 from celery_saga.worker.step_tasks import GENERATED_FROM
 
@@ -53,8 +54,16 @@ class StepRun:
             )
         finally:
             running_body.reset(token)
+        if body.error is not None:
+            release_engine_frames(body.error, sys._getframe())
+            body.error = None
         send_events = self.engine.events.send_to_celery
-        return end_task(task, outcome, own_body=True, send_events=send_events)
+        try:
+            return end_task(task, outcome, own_body=True, send_events=send_events)
+        finally:
+            # This frame outlives the task as a caller of the user's frames: it must not
+            # keep the error (``release_engine_frames``).
+            del outcome, body
 
     def _handle(self, header: dict[str, Any], redelivered: bool) -> Outcome:
         executor = self.engine.executor
