@@ -21,7 +21,9 @@ from bench_sides import (
     ChainSide,
     ChainUnwindSide,
     FailingTaskSide,
+    LoopSide,
     SagaSide,
+    SignalSide,
     UnwindSide,
     chain_hops,
     hops,
@@ -152,6 +154,8 @@ def rss(bench: Any, args: argparse.Namespace) -> dict[str, dict[str, float]]:
         "unwind": UnwindSide,
         "fail": FailingTaskSide,
         "chain_unwind": ChainUnwindSide,
+        "signal": SignalSide,
+        "loop": LoopSide,
     }
     result: dict[str, dict[str, float]] = {}
     for name in args.rss_sides.split(","):

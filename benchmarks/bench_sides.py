@@ -123,6 +123,7 @@ class SagaSide:
     def __init__(self, bench: Any, poll: float) -> None:
         self.bench, self.poll = bench, poll
         self.saga_name = bench.SAGA_NAME
+        self.run_input: dict[str, Any] = {}
         self.submit_times: list[float] = []
         self.single_ids: list[str] = []
         states = ", ".join(f"'{s}'" for s in DONE_STATES)
@@ -137,7 +138,7 @@ class SagaSide:
 
     def one(self, timeout: float) -> float:
         started = time.perf_counter()
-        handle = self.bench.engine.start(self.saga_name, {})
+        handle = self.bench.engine.start(self.saga_name, self.run_input)
         self.submit_times.append(time.perf_counter() - started)
         # One indexed read per poll, as the chain's marker: ``handle.wait()`` reads the
         # whole run with its steps at each poll, which took 1-2 ms of the driver's CPU
@@ -160,7 +161,7 @@ class SagaSide:
 
     def submit(self, batch: str, count: int) -> None:
         for index in range(count):
-            self.bench.engine.start(self.saga_name, {}, execution_id=f"{batch}-{index}")
+            self.bench.engine.start(self.saga_name, self.run_input, execution_id=f"{batch}-{index}")
 
     def finished(self, batch: str) -> int:
         return int(
@@ -196,6 +197,46 @@ class UnwindSide(SagaSide):
         reversed_steps = scalar(self.bench, sql, i=execution_id)
         if reversed_steps != self.bench.STEPS_PER_RUN - 1:
             raise BenchError(f"unwind {execution_id}: {reversed_steps} reversals, expected 4")
+
+
+class LoopSide(SagaSide):
+    """``bench_loop``: a ``for_each`` of 3 steps, then a ``do_until`` of 2 (5 step records)."""
+
+    label = "loop"
+
+    def __init__(self, bench: Any, poll: float) -> None:
+        super().__init__(bench, poll)
+        self.saga_name, self.run_input = bench.LOOP_NAME, {"items": bench.LOOP_ITEMS}
+
+
+class SignalSide(SagaSide):
+    """``bench_signal``: each run parks at its gate (``waiting``), then gets its signal."""
+
+    label = "signal"
+
+    def __init__(self, bench: Any, poll: float) -> None:
+        super().__init__(bench, poll)
+        self.saga_name = bench.SIGNAL_NAME
+
+    def submit(self, batch: str, count: int) -> None:
+        super().submit(batch, count)
+        sql = (
+            "SELECT count(*) FROM saga_executions WHERE id >= :lo AND id < :hi "
+            "AND id LIKE :p AND state = 'waiting'"
+        )
+        wait_until(
+            lambda: (
+                scalar(self.bench, sql, lo=f"{batch}-", hi=f"{batch}.", p=f"{batch}-%") >= count
+            ),
+            180,
+            0.05,
+            f"signal batch {batch} parked",
+        )
+        for index in range(count):
+            self.bench.engine.signal(f"{batch}-{index}", self.bench.SIGNAL_EVENT)
+
+    def verify_one(self, execution_id: str) -> None:
+        """Checked by ``verify``: every run of the batch ``completed``."""
 
 
 def throughput_round(
