@@ -135,7 +135,6 @@ def counted(bench: Any, args: argparse.Namespace) -> dict[str, dict[str, float]]
     worker = Worker(bench, f"{bench.QUEUE[-10:]}-count", profile=True)
     with running(worker, args.keep):
         sides = make_sides(bench, args.poll)
-        del sides["chain_unwind"]  # its writes would count as the chain's tasks
         for _ in range(3):  # connections opened, statements prepared: not counted
             for side in sides.values():
                 side.one(args.run_timeout)

@@ -10,6 +10,7 @@ from bench_infra import CPU_GROUPS, cpu_means
 ORDER = ("chain", "saga", "chain_unwind", "unwind")
 COUNT_KINDS = (
     ("chain", "chain task (bench.write)"),
+    ("chain-fail", "plain failing task (bench.fail)"),
     ("saga", "saga forward node"),
     ("unwind-fwd", "forward node of an unwinding run"),
     ("unwind-fail", "failing node (starts the unwind)"),
@@ -161,17 +162,21 @@ def _print_hops(result: dict[str, Any], s: dict[str, float]) -> None:
 
 def print_counts(counts: dict[str, dict[str, float]]) -> None:
     print("\n== per task, counted on a profiled worker (means; durable = waits for a WAL flush)")
-    print(f"  {'task':<34} {'tasks':>6} {'stmts':>6} {'COMMIT':>6} {'durable':>7} {'wall ms':>8}")
+    print(
+        f"  {'task':<34} {'tasks':>6} {'stmts':>6} {'COMMIT':>6} {'durable':>7} {'wall ms':>8} "
+        f"{'CPU ms':>7}"
+    )
     for kind, label in COUNT_KINDS:
         m = counts.get(kind)
         if m is None:
             continue
         print(
             f"  {label:<34} {m['tasks']:>6} {m['statements']:6.2f} {m['commits']:6.2f} "
-            f"{m['durable']:7.2f} {m['wall_ms']:8.2f}"
+            f"{m['durable']:7.2f} {m['wall_ms']:8.2f} {m['cpu_ms']:7.2f}"
         )
     print("  (a statement in autocommit is its own transaction: durable if it writes, except")
-    print("   a claim, which sets synchronous_commit off for itself)")
+    print("   a claim, which sets synchronous_commit off for itself; CPU: the pool process's,")
+    print("   from task_prerun to task_postrun, which includes Celery's handling of a failure)")
 
 
 def print_rss(rss: dict[str, dict[str, float]] | None) -> None:
