@@ -87,3 +87,26 @@ def test_a_failed_compensations_exception_is_freed_without_a_garbage_collection(
         assert run.state is ExecutionState.FAILED
         assert len(raised) == 1
         assert _freed(raised), "a failed compensation's exception is still referenced"
+
+
+def test_the_exceptions_a_failure_was_raised_from_are_freed_too() -> None:
+    raised: list[weakref.ref[CardRefused]] = []
+
+    def charge() -> None:
+        try:
+            cause = CardRefused("the bank said no")
+            raised.append(weakref.ref(cause))
+            raise cause
+        except CardRefused as bank:
+            error = CardRefused("card refused")
+            raised.append(weakref.ref(error))
+            raise error from bank
+
+    saga = Saga(f"mem{uuid.uuid4().hex[:6]}")
+    saga.step("reserve", lambda: None, compensate=lambda: None)
+    saga.step("charge", charge, retry=1)
+    with in_process_pg_engine("mem", saga) as engine, _without_cycle_collection():
+        run = engine.start(saga.name, {}).wait(timeout=30)
+        assert run.state is ExecutionState.FAILED
+        assert len(raised) == 2
+        assert _freed(raised), "an exception of the failure's chain is still referenced"

@@ -157,11 +157,13 @@ def let_traceback_go(error: BaseException) -> None:
     attempt kept its frames, request and message for thousands of tasks and the pool
     processes grew (tests/test_failure_memory.py)."""
     seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        current.__traceback__ = None
-        current = current.__cause__ or current.__context__
+    pending: list[BaseException | None] = [error]
+    while pending:
+        current = pending.pop()
+        if current is not None and id(current) not in seen:
+            seen.add(id(current))
+            current.__traceback__ = None
+            pending += (current.__cause__, current.__context__)
 
 
 def _engine_frame(frame: Any) -> bool:
