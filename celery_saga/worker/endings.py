@@ -124,12 +124,11 @@ _SUSPENDABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GE
 
 def release_engine_frames(error: BaseException, upto: FrameType) -> None:
     """Clear the locals of the engine's finished frames between ``upto`` (the running step
-    task's frame) and the user's code that raised ``error``. Those frames stay reachable
-    after the task from the user's frames (``f_back``), which Celery's traceback keeps in a
-    reference cycle until a full garbage collection: without this, every failed attempt kept
-    the engine's frames, the body's error and what they referenced for thousands of tasks
-    (tests/test_failure_memory.py). The frames the user's traceback shows keep theirs: Celery
-    reads them for its log and ``task_failure``, then clears them itself."""
+    task's frame) and the user's code that raised ``error``. The user's frames keep them
+    alive (``f_back``), and their locals hold ``error`` (an outcome, the running body): a
+    reference cycle left for a full garbage collection, also when the task itself ends
+    without raising (tests/test_failure_memory.py). The frames the user's traceback shows
+    keep theirs: Celery reads them for its log and ``task_failure``, then clears them."""
     tb = error.__traceback__
     while tb is not None and _engine_frame(tb.tb_frame):
         tb = tb.tb_next
@@ -153,8 +152,8 @@ def let_traceback_go(error: BaseException) -> None:
     """Drop the tracebacks of ``error`` and of the exceptions it was raised from, once its
     task has ended (``task_postrun``: Celery has logged, signalled, stored and copied it).
     Celery's tracer keeps the task's ``ExceptionInfo`` in its own frame, which that
-    traceback holds: a cycle that only a full garbage collection frees, so each failed
-    attempt kept its frames, request and message for thousands of tasks and the pool
+    traceback holds: a cycle that only a full garbage collection frees, rare in a pool
+    process, so each failed attempt kept its frames, request and message and the pool
     processes grew (tests/test_failure_memory.py)."""
     seen: set[int] = set()
     pending: list[BaseException | None] = [error]
