@@ -12,10 +12,18 @@ import uuid
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
-from celery_saga import Saga
+from celery_saga import Saga, SagaEngine
 from celery_saga.records import ExecutionState
-from tests.conftest import in_process_pg_engine
+from celery_saga.worker.embedded import embedded_worker
+from tests.conftest import (
+    PORTS,
+    _test_database_url,
+    in_process_pg_engine,
+    require_services,
+    unconsumed_app,
+)
 
 
 class CardRefused(Exception):
@@ -32,7 +40,7 @@ def _without_cycle_collection() -> Iterator[None]:
         gc.enable()
 
 
-def _freed(refs: list[weakref.ref[CardRefused]], timeout: float = 5.0) -> bool:
+def _freed(refs: list[weakref.ref[Any]], timeout: float = 5.0) -> bool:
     """Whether every exception of ``refs`` was freed; the task ends (``task_postrun``)
     right after the outcome it recorded, so this waits a little for it."""
     deadline = time.monotonic() + timeout
@@ -110,3 +118,38 @@ def test_the_exceptions_a_failure_was_raised_from_are_freed_too() -> None:
         assert run.state is ExecutionState.FAILED
         assert len(raised) == 2
         assert _freed(raised), "an exception of the failure's chain is still referenced"
+
+
+class Basket:
+    """A user's object that only the body's own frame holds."""
+
+
+def test_a_step_that_retried_itself_leaves_its_frames_to_be_freed_at_once() -> None:
+    """``self.retry()``: the task ends with Celery's ``Retry``, not with what the body
+    raised, so the engine's frames between the task and the body, which hold it, are what
+    must not keep the body's frame (and its locals) in a cycle."""
+    require_services(PORTS["postgres"])
+    held: list[weakref.ref[Basket]] = []
+    app = unconsumed_app("mem")
+    app.conf.broker_transport_options = {"polling_interval": 0.01}
+
+    @app.task(name=f"mem.charge.{uuid.uuid4().hex[:6]}", bind=True, shared=False)
+    def charge(self: Any) -> str:
+        if not held:
+            basket = Basket()
+            held.append(weakref.ref(basket))
+            raise self.retry(countdown=0.01, exc=ConnectionError("gateway busy"))
+        return "charged"
+
+    saga = Saga(f"mem{uuid.uuid4().hex[:6]}").step("charge", charge)
+    engine = SagaEngine(app, store_url=_test_database_url())
+    engine.register(saga)
+    engine.ensure_schema()
+    try:
+        with embedded_worker(app, concurrency=1), _without_cycle_collection():
+            run = engine.start(saga.name, {}).wait(timeout=30)
+            assert run.state is ExecutionState.COMPLETED
+            assert len(held) == 1
+            assert _freed(held), "the frame of an attempt that retried itself is still referenced"
+    finally:
+        engine.db.dispose()
