@@ -21,9 +21,6 @@ backend see the truth:
 
 from __future__ import annotations
 
-import contextlib
-import inspect
-from types import FrameType
 from typing import Any
 
 from celery.exceptions import Ignore, Retry
@@ -116,36 +113,6 @@ def as_raised_by_user_code(error: BaseException) -> BaseException:
     if tb is None or last is not end_task.__code__:
         return error
     return error.with_traceback(tb)
-
-
-#: Frames that ``frame.clear()`` would finalize (a suspended generator or coroutine).
-_SUSPENDABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
-
-
-def release_engine_frames(error: BaseException, upto: FrameType) -> None:
-    """Clear the locals of the engine's finished frames between ``upto`` (the running step
-    task's frame) and the user's code that raised ``error``. The user's frames keep them
-    alive (``f_back``), and their locals hold ``error`` (an outcome, the running body): a
-    reference cycle left for a full garbage collection, also when the task itself ends
-    without raising (tests/test_failure_memory.py). The frames the user's traceback shows
-    keep theirs: Celery reads them for its log and ``task_failure``, then clears them."""
-    tb = error.__traceback__
-    while tb is not None and _engine_frame(tb.tb_frame):
-        tb = tb.tb_next
-    shown, innermost = set(), None
-    while tb is not None:
-        shown.add(id(tb.tb_frame))
-        innermost, tb = tb.tb_frame, tb.tb_next
-    frame = None if innermost is None else innermost.f_back
-    while frame is not None and frame is not upto:
-        if (
-            id(frame) not in shown
-            and _engine_frame(frame)
-            and not frame.f_code.co_flags & _SUSPENDABLE
-        ):
-            with contextlib.suppress(RuntimeError):  # still running (a body's own thread)
-                frame.clear()
-        frame = frame.f_back
 
 
 def let_traceback_go(error: BaseException) -> None:

@@ -11,7 +11,6 @@ a held redelivery, a loop that passed) ends with ``Ignore``.
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING, Any
 
 from celery.exceptions import Retry
@@ -21,7 +20,7 @@ from celery_saga.runtime.invoke import RunningBody, running_body
 from celery_saga.runtime.outcomes import Outcome
 from celery_saga.store.transient import describe_store_error
 from celery_saga.worker.delivery import handle_message
-from celery_saga.worker.endings import end_task, release_engine_frames
+from celery_saga.worker.endings import end_task
 from celery_saga.worker.saga_header import HEADER, REVERSES, node_message, version_of
 from celery_saga.worker.step_tasks import GENERATED_FROM
 
@@ -54,15 +53,14 @@ class StepRun:
             )
         finally:
             running_body.reset(token)
-        if body.error is not None:
-            release_engine_frames(body.error, sys._getframe())
-            body.error = None
+        # The body's frames may outlive the task (a traceback keeps them), and they keep
+        # this frame as their caller: it must not keep what the body raised, or both stay
+        # in a cycle until a full garbage collection (tests/test_failure_memory.py).
+        body.error = None
         send_events = self.engine.events.send_to_celery
         try:
             return end_task(task, outcome, own_body=True, send_events=send_events)
         finally:
-            # This frame outlives the task as a caller of the user's frames: it must not
-            # keep the error (``release_engine_frames``).
             del outcome, body
 
     def _handle(self, header: dict[str, Any], redelivered: bool) -> Outcome:
