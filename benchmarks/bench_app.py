@@ -13,6 +13,12 @@ It defines the two workloads compared by ``chain_vs_saga.py``:
     ends ``failed``. The fifth step has no compensation: exactly 4 reversals.
 (D) ``bench.fail``: a plain Celery task that does the INSERT of (A), then raises: the
     baseline of a failure's cost in Celery itself (the RSS phase).
+(F) ``bench_signal`` (two no-op steps around ``wait_for("go")``) and ``bench_loop`` (a
+    ``for_each`` over three items with compensations, then a ``do_until`` of two
+    iterations): the RSS phase's signal and loop paths.
+(E) the plain analog of (C): a ``celery.chain`` of 4 ``bench.write`` and a ``bench.fail``,
+    with ``link_error`` into a chain of 4 ``bench.write`` (the compensations, rows 5 to 8).
+    The row of the last compensation (``seq = UNDO_LAST_SEQ``) marks its end.
 
 Everything a run must isolate comes from the environment, which the driver sets before
 importing this module and passes on to the worker:
@@ -40,7 +46,7 @@ from celery import Celery
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
-from celery_saga import Saga, SagaEngine
+from celery_saga import Saga, SagaContext, SagaEngine, step
 
 DEFAULT_BROKER_URL = "amqp://guest:guest@127.0.0.1:5672//"
 DEFAULT_STORE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -54,6 +60,10 @@ PROFILE = os.environ.get("BENCH_PROFILE", "0") == "1"
 
 SAGA_NAME = "bench_five"
 UNWIND_NAME = "bench_unwind"
+SIGNAL_NAME = "bench_signal"
+LOOP_NAME = "bench_loop"
+SIGNAL_EVENT = "go"
+LOOP_ITEMS = ["a", "b", "c"]
 STEPS_PER_RUN = 5
 WRITES_TABLE = "bench_writes"
 
@@ -151,6 +161,20 @@ def chain_signature(run_id: str, batch: str) -> Any:
     return chain(*(bench_write.si(run_id, batch, seq) for seq in range(STEPS_PER_RUN)))
 
 
+#: The row the last compensation of the plain unwind writes (rows 5 to 8: four of them).
+UNDO_LAST_SEQ = 2 * STEPS_PER_RUN - 2
+
+
+def chain_unwind_signature(run_id: str, batch: str) -> Any:
+    """4 writes and a failing task; the failure's ``link_error`` runs 4 compensating writes
+    as a chain, as a plain Celery application would wire an unwind."""
+    from celery import chain
+
+    forward = (bench_write.si(run_id, batch, seq) for seq in range(STEPS_PER_RUN - 1))
+    undo = (bench_write.si(run_id, batch, seq) for seq in range(STEPS_PER_RUN, UNDO_LAST_SEQ + 1))
+    return chain(*forward, bench_fail.si(run_id, batch)).on_error(chain(*undo))
+
+
 # --- (B) the saga: five no-op plain-function steps -----------------------------------------
 def noop() -> None:
     return None
@@ -175,6 +199,24 @@ for _index in range(1, STEPS_PER_RUN):
     unwind_saga.step(f"s{_index}", noop, compensate=undo)
 unwind_saga.step(f"s{STEPS_PER_RUN}", fail, retry=1)
 engine.register(unwind_saga)
+
+# --- (F) the signal and loop paths of the RSS phase ------------------------------------------
+engine.register(Saga(SIGNAL_NAME).step("s1", noop).wait_for(SIGNAL_EVENT).step("s2", noop))
+
+
+def poll(ctx: SagaContext) -> str:
+    return "ready" if ctx.iteration >= 1 else "pending"
+
+
+def polled_ready(ctx: SagaContext) -> bool:
+    return bool(ctx.results["poll"] == "ready")
+
+
+engine.register(
+    Saga(LOOP_NAME)
+    .for_each(lambda ctx: ctx.input["items"], step("pick", noop, compensate=undo))
+    .do_until(polled_ready, step("poll", poll), max_iterations=5)
+)
 
 if PROFILE:
     bench_profile.install(sys.modules[__name__])

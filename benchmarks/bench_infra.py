@@ -379,4 +379,8 @@ def print_environment(bench: Any, broker: str) -> None:
         f"  unwind: {bench.UNWIND_NAME}, 4 no-op steps with no-op compensations, the 5th fails:"
         " 4 reversals, ends `failed`"
     )
+    print(
+        "  chain_unwind: 4 x bench.write, then bench.fail (INSERT, raise) whose link_error runs"
+        " a chain of 4 x bench.write; done = the last one's row"
+    )
     print(f"  queue={bench.QUEUE}  schema={bench.SCHEMA}")

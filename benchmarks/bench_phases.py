@@ -1,6 +1,7 @@
 """The measured phases of ``chain_vs_saga.py``, each on a worker of its own.
 
-1. ``timed``: warm-up, then latency (single runs, chain / saga / unwind interleaved) and
+1. ``timed``: warm-up, then latency (single runs, chain / saga / chain unwind / unwind
+   interleaved) and
    throughput (batches in flight, interleaved the same way) on one uninstrumented worker;
    the step timestamps of the single runs give the forward and reversal hops.
 2. ``counted``: a fresh worker with ``bench_profile`` loaded counts SQL statements, COMMITs
@@ -18,21 +19,27 @@ from typing import Any
 from bench_infra import Deadline, Worker, running, vacuum, worker_rss_mb
 from bench_sides import (
     ChainSide,
+    ChainUnwindSide,
     FailingTaskSide,
+    LoopSide,
     SagaSide,
+    SignalSide,
     UnwindSide,
     chain_hops,
     hops,
     throughput_round,
 )
 
-ORDER = ("chain", "saga", "unwind")
+ORDER = ("chain", "saga", "chain_unwind", "unwind")
+#: Sides whose runs fail and unwind: ``--unwinds`` of them per round.
+UNWINDING = ("chain_unwind", "unwind")
 
 
 def make_sides(bench: Any, poll: float) -> dict[str, Any]:
     return {
         "chain": ChainSide(bench, poll),
         "saga": SagaSide(bench, poll),
+        "chain_unwind": ChainUnwindSide(bench, poll),
         "unwind": UnwindSide(bench, poll),
     }
 
@@ -59,7 +66,7 @@ def _latency(sides: dict[str, Any], args: argparse.Namespace, worker: Worker, de
 
 
 def _batch_size(name: str, args: argparse.Namespace) -> int:
-    return args.unwinds if name == "unwind" else args.batch
+    return args.unwinds if name in UNWINDING else args.batch
 
 
 def _throughput(
@@ -81,7 +88,7 @@ def _throughput(
             rounds[name].append(result)
             before = "" if vacuumed is None else f", after a {vacuumed:.2f} s VACUUM ANALYZE"
             print(
-                f"  round {name:<6}: {result['runs_per_s']:7.1f} runs/s "
+                f"  round {name:<12}: {result['runs_per_s']:7.1f} runs/s "
                 f"({result['steps_per_s']:.1f} steps/s{before})",
                 flush=True,
             )
@@ -141,7 +148,14 @@ def counted(bench: Any, args: argparse.Namespace) -> dict[str, dict[str, float]]
 def rss(bench: Any, args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """Worker RSS (MB) after 1,000 and after 10,000 runs (``--rss-at``) of each workload of
     ``--rss-sides``, each on a fresh worker; keys ``<side>:<runs>``."""
-    sides = {"saga": SagaSide, "unwind": UnwindSide, "fail": FailingTaskSide}
+    sides = {
+        "saga": SagaSide,
+        "unwind": UnwindSide,
+        "fail": FailingTaskSide,
+        "chain_unwind": ChainUnwindSide,
+        "signal": SignalSide,
+        "loop": LoopSide,
+    }
     result: dict[str, dict[str, float]] = {}
     for name in args.rss_sides.split(","):
         side = sides[name](bench, args.poll)

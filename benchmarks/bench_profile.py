@@ -66,7 +66,7 @@ COLUMNS = (
     *(f"t_{field}_{edge}" for field in ("claim", "record", "publish") for edge in ("in", "out")),
 )
 TIMED = ("snapshot_ms", "claim_ms", "record_ms", "publish_ms", "body_ms", "emit_ms")
-KINDS = {"bench.write": "chain", "bench_unwind.s5": "unwind-fail"}
+KINDS = {"bench.write": "chain", "bench.fail": "chain-fail", "bench_unwind.s5": "unwind-fail"}
 #: Every saga step is a task of its own, named ``<saga>.<step>``; a reversal adds
 #: ``.compensate``.
 PREFIXES = (("bench_five.", "saga"), ("bench_unwind.", "unwind-fwd"))
@@ -286,7 +286,7 @@ def _counting_ping(do_ping: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-ALL_KINDS = ("chain", "saga", "unwind-fwd", "unwind-fail", "reversal")
+ALL_KINDS = ("chain", "chain-fail", "saga", "unwind-fwd", "unwind-fail", "reversal")
 _MEANS = ("wall_ms", "cpu_ms", "statements", "commits", "durable", "pings", *TIMED)
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from bench_infra import cpu_means
+from bench_infra import CPU_GROUPS, cpu_means
 
-ORDER = ("chain", "saga", "unwind")
+ORDER = ("chain", "saga", "chain_unwind", "unwind")
 COUNT_KINDS = (
     ("chain", "chain task (bench.write)"),
+    ("chain-fail", "plain failing task (bench.fail)"),
     ("saga", "saga forward node"),
     ("unwind-fwd", "forward node of an unwinding run"),
     ("unwind-fail", "failing node (starts the unwind)"),
@@ -47,6 +48,12 @@ def summary(result: dict[str, Any]) -> dict[str, float]:
     out["throughput_ratio"] = out["saga_steps_per_s"] / out["chain_steps_per_s"]
     pairs = _round_ratios(rounds)
     out["throughput_ratio_low"], out["throughput_ratio_high"] = min(pairs), max(pairs)
+    out["unwind_ratio"] = out["unwind_runs_per_s"] / out["chain_unwind_runs_per_s"]
+    pairs = _round_ratios(rounds, "chain_unwind", "unwind")
+    out["unwind_ratio_low"], out["unwind_ratio_high"] = min(pairs), max(pairs)
+    if "cpu_worker" in rounds["unwind"][0]:
+        for name in ("chain_unwind", "unwind"):
+            out[f"{name}_cpu_per_run"] = _cpu_per_run(result, name)
     out["reversal_ratio"] = out["reversal_hop"] / out["forward_hop"]
     out["first_ratio"] = out["first_reversal_hop"] / out["forward_hop"]
     out["later_ratio"] = out["later_reversal_hop"] / out["forward_hop"]
@@ -70,23 +77,34 @@ def rss_growth(rss: dict[str, dict[str, float]]) -> dict[str, tuple[float, float
     return growth
 
 
-def _round_ratios(rounds: dict[str, list[dict[str, float]]]) -> list[float]:
-    """saga/chain steps/s of each round: a saga round runs right after its chain round, so
-    a ratio per round shows how much the machine moved between rounds."""
-    pairs = zip(rounds["chain"], rounds["saga"], strict=True)
-    return [saga["steps_per_s"] / chain["steps_per_s"] for chain, saga in pairs]
+def _round_ratios(
+    rounds: dict[str, list[dict[str, float]]], base: str = "chain", side: str = "saga"
+) -> list[float]:
+    """side/base steps/s of each round (saga/chain by default): a round of ``side`` runs
+    right after its round of ``base``, so a ratio per round shows how much the machine
+    moved between rounds."""
+    pairs = zip(rounds[base], rounds[side], strict=True)
+    return [ours["steps_per_s"] / theirs["steps_per_s"] for theirs, ours in pairs]
+
+
+def _cpu_per_run(result: dict[str, Any], name: str) -> float:
+    """CPU ms of all four groups per run of ``name`` (mean of its rounds)."""
+    rounds = result["throughput"][name]
+    per_step = sum(r[f"cpu_{g}"] for r in rounds for g in CPU_GROUPS) / len(rounds)
+    return float(per_step * result.get("steps_per_run", 5))
 
 
 def _print_latency(result: dict[str, Any], s: dict[str, float]) -> None:
     print("\n== latency of one 5-step run, end to end (ms), interleaved chain / saga / unwind")
-    print(f"  {'':<7} {'median':>8} {'p95':>8} {'min':>8} {'max':>8} {'submit':>8}")
+    print(f"  {'':<12} {'median':>8} {'p95':>8} {'min':>8} {'max':>8} {'submit':>8}")
     for name in ORDER:
         values, submit = result["latency"][name], result["submit"][name]
         print(
-            f"  {name:<7} {s[name + '_latency_median']:8.1f} {s[name + '_latency_p95']:8.1f} "
+            f"  {name:<12} {s[name + '_latency_median']:8.1f} {s[name + '_latency_p95']:8.1f} "
             f"{min(values):8.1f} {max(values):8.1f} {_median(submit):8.2f}"
         )
-    print("  (unwind = 4 forward steps, the failing 5th, 4 reversals, until `failed`)")
+    print("  (unwind = 4 forward steps, the failing 5th, 4 reversals, until `failed`;")
+    print("   chain_unwind = 4 writes, a failing task, its link_error chain of 4 writes)")
 
 
 def _print_throughput(result: dict[str, Any], s: dict[str, float]) -> None:
@@ -95,16 +113,25 @@ def _print_throughput(result: dict[str, Any], s: dict[str, float]) -> None:
         rounds = result["throughput"][name]
         detail = "  ".join(f"{r['runs_per_s']:.1f} ({r['seconds']:.2f}s)" for r in rounds)
         print(
-            f"  {name:<7} median {s[name + '_runs_per_s']:7.1f} runs/s  "
+            f"  {name:<12} median {s[name + '_runs_per_s']:7.1f} runs/s  "
             f"{s[name + '_steps_per_s']:7.1f} steps/s   rounds (runs/s): {detail}"
         )
     print(f"  unwinds/s (failing sagas fully unwound per second): {s['unwind_runs_per_s']:.1f}")
     ratios = "  ".join(f"{r:.2f}" for r in _round_ratios(result["throughput"]))
     print(f"  saga/chain steps/s per round (each saga round right after its chain round): {ratios}")
+    ratios = "  ".join(
+        f"{r:.2f}" for r in _round_ratios(result["throughput"], "chain_unwind", "unwind")
+    )
+    print(f"  unwind/chain_unwind runs/s per round: {ratios}")
     if "cpu_worker" in result["throughput"]["chain"][0]:
         print("  CPU ms per step (mean; postgres/broker include other load on those servers):")
         for name in ORDER:
-            print(f"    {name:<7} " + cpu_means(result["throughput"][name], prefix="cpu_"))
+            print(f"    {name:<12} " + cpu_means(result["throughput"][name], prefix="cpu_"))
+        print(
+            "  CPU ms per unwound run, all four groups: "
+            f"chain_unwind {s['chain_unwind_cpu_per_run']:.1f}, "
+            f"unwind {s['unwind_cpu_per_run']:.1f}"
+        )
 
 
 def _print_hops(result: dict[str, Any], s: dict[str, float]) -> None:
@@ -135,17 +162,21 @@ def _print_hops(result: dict[str, Any], s: dict[str, float]) -> None:
 
 def print_counts(counts: dict[str, dict[str, float]]) -> None:
     print("\n== per task, counted on a profiled worker (means; durable = waits for a WAL flush)")
-    print(f"  {'task':<34} {'tasks':>6} {'stmts':>6} {'COMMIT':>6} {'durable':>7} {'wall ms':>8}")
+    print(
+        f"  {'task':<34} {'tasks':>6} {'stmts':>6} {'COMMIT':>6} {'durable':>7} {'wall ms':>8} "
+        f"{'CPU ms':>7}"
+    )
     for kind, label in COUNT_KINDS:
         m = counts.get(kind)
         if m is None:
             continue
         print(
             f"  {label:<34} {m['tasks']:>6} {m['statements']:6.2f} {m['commits']:6.2f} "
-            f"{m['durable']:7.2f} {m['wall_ms']:8.2f}"
+            f"{m['durable']:7.2f} {m['wall_ms']:8.2f} {m['cpu_ms']:7.2f}"
         )
     print("  (a statement in autocommit is its own transaction: durable if it writes, except")
-    print("   a claim, which sets synchronous_commit off for itself)")
+    print("   a claim, which sets synchronous_commit off for itself; CPU: the pool process's,")
+    print("   from task_prerun to task_postrun, which includes Celery's handling of a failure)")
 
 
 def print_rss(rss: dict[str, dict[str, float]] | None) -> None:
@@ -177,6 +208,14 @@ def print_ratios(s: dict[str, float]) -> None:
         # A reversal's own hop runs from one reversal's outcome to the next's; the first
         # hop runs from the failing step's record instead (see the README).
         ("reversal hop / forward hop", s["later_ratio"], "<= 1.1x", s["later_ratio"] <= 1.1),
+        (
+            "unwinds/s unwind/chain_unwind",
+            s["unwind_ratio"],
+            ">= 0.8x",
+            s["unwind_ratio"] >= 0.8,
+        ),
+        ("  lowest round", s["unwind_ratio_low"], "", None),
+        ("  highest round", s["unwind_ratio_high"], "", None),
         ("  first hop (failure) / fwd", s["first_ratio"], "", None),
         ("  all reversal hops / fwd", s["reversal_ratio"], "", None),
     )
@@ -207,6 +246,10 @@ def print_both(results: dict[str, dict[str, Any]]) -> None:
         ("saga latency median / p95 (ms)", "saga_latency_median", "saga_latency_p95"),
         ("chain / saga steps/s", "chain_steps_per_s", "saga_steps_per_s"),
         ("unwinds/s", "unwind_runs_per_s", None),
+        ("chain_unwind / unwind runs/s", "chain_unwind_runs_per_s", "unwind_runs_per_s"),
+        ("unwind ratio (lowest / highest)", "unwind_ratio_low", "unwind_ratio_high"),
+        ("  unwind / chain_unwind", "unwind_ratio", None),
+        ("CPU ms per run chain_unwind / unwind", "chain_unwind_cpu_per_run", "unwind_cpu_per_run"),
         ("chain hop / forward hop (ms)", "chain_hop", "forward_hop"),
         ("forward hop / reversal hop (ms)", "forward_hop", "later_reversal_hop"),
         ("first hop (failure) / all hops (ms)", "first_reversal_hop", "reversal_hop"),

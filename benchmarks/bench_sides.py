@@ -4,6 +4,8 @@
 - ``SagaSide``: ``bench_five``, 5 no-op steps; it must end ``completed``.
 - ``UnwindSide``: ``bench_unwind``, whose 5th step fails; it must end ``failed`` with 4
   reversals done.
+- ``ChainUnwindSide``: its plain analog, a chain of 4 writes and a failing task whose
+  ``link_error`` runs a chain of 4 compensating writes.
 
 Each side offers ``one()`` (submit one run and wait for it: latency), ``submit()`` /
 ``finished()`` / ``verify()`` (a batch in flight: throughput) and remembers the ids of its
@@ -37,7 +39,7 @@ class ChainSide:
         self.bench, self.poll = bench, poll
         self.submit_times: list[float] = []
         self.single_ids: list[str] = []
-        last = bench.STEPS_PER_RUN - 1
+        last = self.last_seq()
         self.marker_sql = (
             f"SELECT count(*) FROM {bench.WRITES_TABLE} WHERE run_id = :r AND seq = {last}"
         )
@@ -45,10 +47,17 @@ class ChainSide:
             f"SELECT count(*) FROM {bench.WRITES_TABLE} WHERE batch = :b AND seq = {last}"
         )
 
+    def last_seq(self) -> int:
+        """The row whose write ends one run."""
+        return int(self.bench.STEPS_PER_RUN - 1)
+
+    def signature(self, run_id: str, batch: str) -> Any:
+        return self.bench.chain_signature(run_id, batch)
+
     def one(self, timeout: float) -> float:
         run_id, bench = uuid.uuid4().hex, self.bench
         started = time.perf_counter()
-        bench.chain_signature(run_id, "latency").apply_async()
+        self.signature(run_id, "latency").apply_async()
         self.submit_times.append(time.perf_counter() - started)
         wait_until(
             lambda: scalar(bench, self.marker_sql, r=run_id) > 0,
@@ -61,7 +70,7 @@ class ChainSide:
 
     def submit(self, batch: str, count: int) -> None:
         for index in range(count):
-            self.bench.chain_signature(f"{batch}-{index}", batch).apply_async()
+            self.signature(f"{batch}-{index}", batch).apply_async()
 
     def finished(self, batch: str) -> int:
         return int(scalar(self.bench, self.batch_sql, b=batch))
@@ -71,6 +80,26 @@ class ChainSide:
         written = scalar(self.bench, sql, b=batch)
         if written != count * self.bench.STEPS_PER_RUN:
             raise BenchError(f"chain batch {batch}: {written} writes, expected {count * 5}")
+
+
+class ChainUnwindSide(ChainSide):
+    """The unwind's plain analog: 4 writes, a failing task, its ``link_error`` chain of 4
+    compensating writes (``bench_app.chain_unwind_signature``); 9 rows per run."""
+
+    label = "chain_unwind"
+
+    def last_seq(self) -> int:
+        return int(self.bench.UNDO_LAST_SEQ)
+
+    def signature(self, run_id: str, batch: str) -> Any:
+        return self.bench.chain_unwind_signature(run_id, batch)
+
+    def verify(self, batch: str, count: int) -> None:
+        sql = f"SELECT count(*) FROM {self.bench.WRITES_TABLE} WHERE batch = :b"
+        written = scalar(self.bench, sql, b=batch)
+        rows_per_run = self.bench.UNDO_LAST_SEQ + 1
+        if written != count * rows_per_run:
+            raise BenchError(f"chain unwind batch {batch}: {written} writes, expected {count * 9}")
 
 
 class FailingTaskSide(ChainSide):
@@ -94,6 +123,7 @@ class SagaSide:
     def __init__(self, bench: Any, poll: float) -> None:
         self.bench, self.poll = bench, poll
         self.saga_name = bench.SAGA_NAME
+        self.run_input: dict[str, Any] = {}
         self.submit_times: list[float] = []
         self.single_ids: list[str] = []
         states = ", ".join(f"'{s}'" for s in DONE_STATES)
@@ -108,7 +138,7 @@ class SagaSide:
 
     def one(self, timeout: float) -> float:
         started = time.perf_counter()
-        handle = self.bench.engine.start(self.saga_name, {})
+        handle = self.bench.engine.start(self.saga_name, self.run_input)
         self.submit_times.append(time.perf_counter() - started)
         # One indexed read per poll, as the chain's marker: ``handle.wait()`` reads the
         # whole run with its steps at each poll, which took 1-2 ms of the driver's CPU
@@ -131,7 +161,7 @@ class SagaSide:
 
     def submit(self, batch: str, count: int) -> None:
         for index in range(count):
-            self.bench.engine.start(self.saga_name, {}, execution_id=f"{batch}-{index}")
+            self.bench.engine.start(self.saga_name, self.run_input, execution_id=f"{batch}-{index}")
 
     def finished(self, batch: str) -> int:
         return int(
@@ -167,6 +197,46 @@ class UnwindSide(SagaSide):
         reversed_steps = scalar(self.bench, sql, i=execution_id)
         if reversed_steps != self.bench.STEPS_PER_RUN - 1:
             raise BenchError(f"unwind {execution_id}: {reversed_steps} reversals, expected 4")
+
+
+class LoopSide(SagaSide):
+    """``bench_loop``: a ``for_each`` of 3 steps, then a ``do_until`` of 2 (5 step records)."""
+
+    label = "loop"
+
+    def __init__(self, bench: Any, poll: float) -> None:
+        super().__init__(bench, poll)
+        self.saga_name, self.run_input = bench.LOOP_NAME, {"items": bench.LOOP_ITEMS}
+
+
+class SignalSide(SagaSide):
+    """``bench_signal``: each run parks at its gate (``waiting``), then gets its signal."""
+
+    label = "signal"
+
+    def __init__(self, bench: Any, poll: float) -> None:
+        super().__init__(bench, poll)
+        self.saga_name = bench.SIGNAL_NAME
+
+    def submit(self, batch: str, count: int) -> None:
+        super().submit(batch, count)
+        sql = (
+            "SELECT count(*) FROM saga_executions WHERE id >= :lo AND id < :hi "
+            "AND id LIKE :p AND state = 'waiting'"
+        )
+        wait_until(
+            lambda: (
+                scalar(self.bench, sql, lo=f"{batch}-", hi=f"{batch}.", p=f"{batch}-%") >= count
+            ),
+            180,
+            0.05,
+            f"signal batch {batch} parked",
+        )
+        for index in range(count):
+            self.bench.engine.signal(f"{batch}-{index}", self.bench.SIGNAL_EVENT)
+
+    def verify_one(self, execution_id: str) -> None:
+        """Checked by ``verify``: every run of the batch ``completed``."""
 
 
 def throughput_round(

@@ -14,7 +14,8 @@ For each broker (``--broker rabbitmq|redis|both``) one run of this script:
      schema's tables (what autovacuum does on a default server; ``--no-vacuum`` skips it),
 3. on a fresh, profiled worker, counts statements and commits per node of each kind,
 4. with ``--rss``, on a fresh worker per workload (``--rss-sides``: the saga, the unwind,
-   and the baseline of a plain Celery task that fails):
+   and the baseline of a plain Celery task that fails; also ``signal``, ``loop`` and
+   ``chain_unwind``):
    its RSS after 1,000 and after 10,000 of them (``--rss-only``: this phase alone),
 5. prints the figures and the saga/chain ratios, stops every worker it started, purges and
    deletes its queue and exchange and drops its schema -- also on errors and Ctrl-C.
@@ -64,7 +65,10 @@ def _parse_args() -> argparse.Namespace:
     add(
         "--rss-sides",
         default="saga,unwind,fail",
-        help="workloads --rss runs, each on a fresh worker (fail: a plain failing task)",
+        help=(
+            "workloads --rss runs, each on a fresh worker, of saga, unwind, fail (a plain "
+            "failing task), chain_unwind, signal, loop"
+        ),
     )
     add("--rss-only", action="store_true", help="skip the timed and counting phases")
     add("--poll", type=float, default=0.005, help="poll interval, one latency sample (s)")

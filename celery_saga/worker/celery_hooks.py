@@ -23,6 +23,9 @@ it is given, ``CeleryHooks.install()``:
   table, ``celery.worker.control.Panel.data``, is only read;
 - connects ``worker_ready`` (Celery has no per-app signal for it), acting only for a worker
   of this app: one recovery sweep when a ``celery worker`` of the app is ready;
+- connects ``task_postrun``, acting only for a saga message of this app that ended with an
+  exception: once Celery has logged, signalled and stored it, its traceback is let go
+  (``endings.let_traceback_go``), so a failed attempt's frames are freed at once;
 - connects ``import_modules`` for this app once ``engine.autodiscover_sagas()`` asks: a
   worker, beat or ``celery shell`` of the app imports the sagas modules with its tasks.
 """
@@ -37,12 +40,12 @@ from typing import TYPE_CHECKING, Any
 
 from billiard.exceptions import WorkerLostError
 from celery import Celery, bootsteps
-from celery.signals import import_modules, worker_ready
+from celery.signals import import_modules, task_postrun, worker_ready
 from celery.utils.imports import symbol_by_name
 from celery.worker.consumer.control import Control
 
 from celery_saga.errors import StepRetryRequested
-from celery_saga.worker.endings import as_raised_by_user_code
+from celery_saga.worker.endings import as_raised_by_user_code, let_traceback_go
 from celery_saga.worker.events import EventHub
 from celery_saga.worker.publisher import RECOVER_TASK
 from celery_saga.worker.saga_header import read_header
@@ -82,6 +85,15 @@ class CeleryHooks:
         self.app.steps["worker"].add(_worker_step(self))
         self.app.steps["consumer"].add(_consumer_step(self))
         worker_ready.connect(self._request_sweep, weak=False)
+        task_postrun.connect(self._task_ended, weak=False)
+
+    def _task_ended(self, sender: Any = None, retval: Any = None, **_: Any) -> None:
+        if (
+            isinstance(retval, BaseException)
+            and getattr(sender, "app", None) is self.app
+            and read_header(sender.request) is not None
+        ):
+            let_traceback_go(retval)
 
     def when_worker_starts(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` in the main process of each worker of this app, as it starts."""

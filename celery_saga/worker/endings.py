@@ -115,5 +115,22 @@ def as_raised_by_user_code(error: BaseException) -> BaseException:
     return error.with_traceback(tb)
 
 
+def let_traceback_go(error: BaseException) -> None:
+    """Drop the tracebacks of ``error`` and of the exceptions it was raised from, once its
+    task has ended (``task_postrun``: Celery has logged, signalled, stored and copied it).
+    Celery's tracer keeps the task's ``ExceptionInfo`` in its own frame, which that
+    traceback holds: a cycle that only a full garbage collection frees, rare in a pool
+    process, so each failed attempt kept its frames, request and message and the pool
+    processes grew (tests/test_failure_memory.py)."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [error]
+    while pending:
+        current = pending.pop()
+        if current is not None and id(current) not in seen:
+            seen.add(id(current))
+            current.__traceback__ = None
+            pending += (current.__cause__, current.__context__)
+
+
 def _engine_frame(frame: Any) -> bool:
     return str(frame.f_globals.get("__name__", "")).startswith("celery_saga.")

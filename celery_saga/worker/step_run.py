@@ -53,8 +53,15 @@ class StepRun:
             )
         finally:
             running_body.reset(token)
+        # The body's frames may outlive the task (a traceback keeps them), and they keep
+        # this frame as their caller: it must not keep what the body raised, or both stay
+        # in a cycle until a full garbage collection (tests/test_failure_memory.py).
+        body.error = None
         send_events = self.engine.events.send_to_celery
-        return end_task(task, outcome, own_body=True, send_events=send_events)
+        try:
+            return end_task(task, outcome, own_body=True, send_events=send_events)
+        finally:
+            del outcome, body
 
     def _handle(self, header: dict[str, Any], redelivered: bool) -> Outcome:
         executor = self.engine.executor
