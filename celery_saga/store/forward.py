@@ -117,9 +117,11 @@ def _claim_again(
 
 def _inserted_one(db: Database, connection: Connection, params: dict[str, Any]) -> bool:
     # PostgreSQL reports no rowcount for INSERT ... SELECT once SQLAlchemy adds its implicit
-    # RETURNING; count the returned rows wherever SQLAlchemy runs it and can return them.
+    # RETURNING; count the returned rows wherever SQLAlchemy runs it there (or on MySQL's
+    # kin that return). SQLite's rowcount is exact and costs no result to fetch.
     durable = db.durable_claims
-    if connection.dialect.insert_returning and not db.direct_writes(connection):
+    returning = connection.dialect.insert_returning and db.dialect != "sqlite"
+    if returning and not db.direct_writes(connection):
         statement = prepared.first_claim(returning=True, durable=durable)
         return len(connection.execute(statement, params).all()) == 1
     statement = prepared.first_claim(returning=False, durable=durable)
