@@ -134,6 +134,19 @@ def _server_connect_args(parsed: URL) -> tuple[URL, dict[str, Any]]:
     return parsed, connect_args
 
 
+#: Each store engine's statement counter, for ``rowcount_in``.
+_COUNTERS: weakref.WeakKeyDictionary[Engine, Any] = weakref.WeakKeyDictionary()
+
+
+def rowcount_in(connection: Connection, statement: Any, params: dict[str, Any]) -> int:
+    """``Database.rowcount`` for a write of the hot path inside a transaction, where only
+    the transaction's connection is at hand (SQLite sends it to the driver directly)."""
+    own = _COUNTERS.get(connection.engine)
+    if own is None:
+        return int(connection.execute(statement, params).rowcount)
+    return direct.rowcount(connection, statement, params, own)
+
+
 def _after_fork(reference: weakref.ref[Engine]) -> None:
     engine = reference()
     if engine is not None:
@@ -186,6 +199,7 @@ class Database:
         self._counter = self._count
         # retval: registered as it is (not wrapped), so ``direct`` can tell it from others.
         event.listen(self.engine, "before_cursor_execute", self._counter, retval=True)
+        _COUNTERS[self.engine] = self._counter
         reference = weakref.ref(self.engine)
         os.register_at_fork(after_in_child=lambda: _after_fork(reference))
         self._migrated = False
@@ -221,13 +235,13 @@ class Database:
                 connection.close()
 
     def rowcount(self, connection: Connection, statement: Any, params: dict[str, Any]) -> int:
-        """Run one autocommit write of the hot path (see ``direct``); its changed rows."""
+        """Run one write of the hot path (see ``direct``); its changed rows."""
         return direct.rowcount(connection, statement, params, self._counter)
 
     def rows(
         self, connection: Connection, statement: Any, params: dict[str, Any]
     ) -> Sequence[Mapping[Any, Any]]:
-        """Run one autocommit statement of the hot path that returns rows (see ``direct``)."""
+        """Run one statement of the hot path that returns rows (see ``direct``)."""
         return direct.rows(connection, statement, params, self._counter)
 
     def direct_writes(self, connection: Connection) -> bool:

@@ -14,7 +14,7 @@ from celery_saga.decisions.cursor import Advance
 from celery_saga.decisions.unwind import UnwindKind, UnwindStep, next_unwind_step
 from celery_saga.records import ExecutionState, StepAttempt, StepRecord, StepStatus
 from celery_saga.store import history, prepared
-from celery_saga.store.database import Database, to_db_time
+from celery_saga.store.database import Database, rowcount_in, to_db_time
 from celery_saga.store.history import Kind
 from celery_saga.store.queries import load_execution_row, load_steps
 from celery_saga.store.tables import executions, step_records
@@ -140,7 +140,7 @@ def lock_execution(
         **prefixed("set_", changes),
     }
     statement = prepared.lock_run_at_cursor(tuple(sorted(changes)))
-    if connection.execute(statement, params).rowcount != 1:
+    if rowcount_in(connection, statement, params) != 1:
         raise Conflict(execution_id)
 
 
@@ -153,7 +153,7 @@ def settle_step(connection: Connection, step: StepAttempt, **changes: Any) -> No
         **prefixed("set_", changes),
     }
     statement = prepared.settle_held_step(tuple(sorted(changes)))
-    if connection.execute(statement, params).rowcount != 1:
+    if rowcount_in(connection, statement, params) != 1:
         raise Conflict(step.execution_id)
 
 
@@ -270,7 +270,7 @@ def write_attempt_row(
         "attempt_started": claimed_at(step),
         "attempt_detail": detail,
     }
-    connection.execute(prepared.attempt_row(ended), params)
+    rowcount_in(connection, prepared.attempt_row(ended), params)
 
 
 def claimed_at(step: StepAttempt) -> datetime | None:
