@@ -147,6 +147,16 @@ def rowcount_in(connection: Connection, statement: Any, params: dict[str, Any]) 
     return direct.rowcount(connection, statement, params, own)
 
 
+def rows_in(
+    connection: Connection, statement: Any, params: dict[str, Any]
+) -> Sequence[Mapping[Any, Any]]:
+    """``Database.rows`` inside a transaction, as ``rowcount_in``."""
+    own = _COUNTERS.get(connection.engine)
+    if own is None:
+        return list(connection.execute(statement, params).mappings())
+    return direct.rows(connection, statement, params, own)
+
+
 def _after_fork(reference: weakref.ref[Engine]) -> None:
     engine = reference()
     if engine is not None:
@@ -320,6 +330,8 @@ class Database:
 
     def migrate(self) -> None:
         """Bring the schema to the newest revision; safe to call from many processes."""
+        if self._migrated:  # every public call checks: no lock once it is done
+            return
         with self._migrate_lock:
             if self._migrated:
                 return
