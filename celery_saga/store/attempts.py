@@ -10,7 +10,7 @@ from sqlalchemy import Connection
 
 from celery_saga.records import StepAttempt
 from celery_saga.store import prepared
-from celery_saga.store.database import to_db_time
+from celery_saga.store.database import rowcount_in, to_db_time
 from celery_saga.store.history import Kind
 
 
@@ -30,7 +30,7 @@ def write_row(
         "attempt_started": claimed_at(step),
         "attempt_detail": detail,
     }
-    connection.execute(prepared.attempt_row(ended), params)
+    rowcount_in(connection, prepared.attempt_row(ended), params)
 
 
 def claimed_at(step: StepAttempt) -> datetime | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -18,6 +19,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import DBAPIError, NoSuchModuleError
 from sqlalchemy.pool import StaticPool
 
+from celery_saga.errors import StoreConfigurationError
 from celery_saga.store import direct, url_errors
 
 VERSION_TABLE = "celery_saga_alembic_version"
@@ -34,29 +36,57 @@ def from_db_time(value: datetime | None) -> datetime | None:
     return None if value is None else value.replace(tzinfo=timezone.utc)
 
 
-def _configure_sqlite(engine: Engine) -> None:
+#: Execution option: this connection runs single statements, each committing on its own.
+_AUTOCOMMIT = "saga_autocommit"
+
+
+#: ``PRAGMA synchronous`` values a SQLite store may run with (``saga_sqlite_synchronous``).
+#: In WAL mode NORMAL syncs at checkpoints only: a commit survives a crash of the process,
+#: not of the machine (power loss, kernel panic), which may undo the last commits. FULL
+#: syncs the WAL at every commit; EXTRA syncs its directory too (docs/storage.md).
+SQLITE_SYNCHRONOUS = ("NORMAL", "FULL", "EXTRA")
+
+
+def checked_synchronous(value: Any) -> str:
+    """The validated ``PRAGMA synchronous`` value (case-insensitive) of a setting."""
+    chosen = str(value).upper()
+    if chosen not in SQLITE_SYNCHRONOUS:
+        choices = ", ".join(SQLITE_SYNCHRONOUS)
+        raise StoreConfigurationError(
+            f"saga_sqlite_synchronous must be one of {choices}, not {value!r}"
+        )
+    return chosen
+
+
+def _configure_sqlite(engine: Engine, synchronous: str) -> None:
     @event.listens_for(engine, "connect")
     def _connect(dbapi_connection: Any, _record: Any) -> None:
-        # Let SQLAlchemy's "begin" event issue BEGIN IMMEDIATE instead of pysqlite's BEGIN.
+        # Let the "begin" event below issue BEGIN IMMEDIATE instead of pysqlite's BEGIN.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         for pragma in (
             "journal_mode=WAL",
             "busy_timeout=30000",
             "foreign_keys=ON",
-            "synchronous=NORMAL",
+            f"synchronous={synchronous}",
         ):
             cursor.execute(f"PRAGMA {pragma}")
         cursor.close()
 
     @event.listens_for(engine, "begin")
     def _begin(connection: Connection) -> None:
+        if connection.get_execution_options().get(_AUTOCOMMIT, False):
+            return  # a single statement: see ``Database.single_statement``
         # Writers are serialised up front: a deferred transaction that later upgrades to a
-        # write lock can fail with SQLITE_BUSY regardless of the busy timeout.
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
-
-
-_AUTOCOMMIT = "saga_autocommit"
+        # write lock can fail with SQLITE_BUSY regardless of the busy timeout. Sent to the
+        # driver itself: SQLAlchemy's execution of it cost more CPU than SQLite's work.
+        driver = connection.connection.dbapi_connection
+        try:
+            driver.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
+        except sqlite3.Error as error:  # "database is locked": transient, as SQLAlchemy says
+            raise DBAPIError.instance(
+                "BEGIN IMMEDIATE", None, error, sqlite3.Error, dialect=connection.dialect
+            ) from error
 
 
 def _retried_once(read: Callable[[], Sequence[Mapping[Any, Any]]]) -> Sequence[Mapping[Any, Any]]:
@@ -104,6 +134,29 @@ def _server_connect_args(parsed: URL) -> tuple[URL, dict[str, Any]]:
     return parsed, connect_args
 
 
+#: Each store engine's statement counter, for ``rowcount_in``.
+_COUNTERS: weakref.WeakKeyDictionary[Engine, Any] = weakref.WeakKeyDictionary()
+
+
+def rowcount_in(connection: Connection, statement: Any, params: dict[str, Any]) -> int:
+    """``Database.rowcount`` for a write of the hot path inside a transaction, where only
+    the transaction's connection is at hand (SQLite sends it to the driver directly)."""
+    own = _COUNTERS.get(connection.engine)
+    if own is None:
+        return int(connection.execute(statement, params).rowcount)
+    return direct.rowcount(connection, statement, params, own)
+
+
+def rows_in(
+    connection: Connection, statement: Any, params: dict[str, Any]
+) -> Sequence[Mapping[Any, Any]]:
+    """``Database.rows`` inside a transaction, as ``rowcount_in``."""
+    own = _COUNTERS.get(connection.engine)
+    if own is None:
+        return list(connection.execute(statement, params).mappings())
+    return direct.rows(connection, statement, params, own)
+
+
 def _after_fork(reference: weakref.ref[Engine]) -> None:
     engine = reference()
     if engine is not None:
@@ -120,7 +173,7 @@ class Database:
     ``task_connection()`` every statement of the task reuses one checked-out connection.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, sqlite_synchronous: str = "NORMAL") -> None:
         parsed = url_errors.parse(url)
         self.url = url
         self.dialect = parsed.get_backend_name()
@@ -150,12 +203,13 @@ class Database:
         except ImportError as error:  # the driver the URL names is not installed
             raise url_errors.driver_missing(parsed, error) from error
         if self.dialect == "sqlite":
-            _configure_sqlite(self.engine)
+            _configure_sqlite(self.engine, checked_synchronous(sqlite_synchronous))
         else:
             event.listen(self.engine, "begin", _on_begin)
         self._counter = self._count
         # retval: registered as it is (not wrapped), so ``direct`` can tell it from others.
         event.listen(self.engine, "before_cursor_execute", self._counter, retval=True)
+        _COUNTERS[self.engine] = self._counter
         reference = weakref.ref(self.engine)
         os.register_at_fork(after_in_child=lambda: _after_fork(reference))
         self._migrated = False
@@ -177,8 +231,8 @@ class Database:
         """Use one connection for everything the calling task does on this thread: a pool
         checkout and its return cost more CPU than a hot-path statement. It is checked out
         at the first statement (a store outage fails there, inside the caller's retries) and
-        returned at the end. Nested calls and SQLite keep the per-statement checkout."""
-        if self.dialect == "sqlite" or self._held.get() is not None:
+        returned at the end. Nested calls keep the per-statement checkout."""
+        if self.single_connection or self._held.get() is not None:
             yield
             return
         slot: list[Connection] = []
@@ -191,13 +245,13 @@ class Database:
                 connection.close()
 
     def rowcount(self, connection: Connection, statement: Any, params: dict[str, Any]) -> int:
-        """Run one autocommit write of the hot path (see ``direct``); its changed rows."""
+        """Run one write of the hot path (see ``direct``); its changed rows."""
         return direct.rowcount(connection, statement, params, self._counter)
 
     def rows(
         self, connection: Connection, statement: Any, params: dict[str, Any]
     ) -> Sequence[Mapping[Any, Any]]:
-        """Run one autocommit statement of the hot path that returns rows (see ``direct``)."""
+        """Run one statement of the hot path that returns rows (see ``direct``)."""
         return direct.rows(connection, statement, params, self._counter)
 
     def direct_writes(self, connection: Connection) -> bool:
@@ -230,19 +284,21 @@ class Database:
 
     @contextmanager
     def single_statement(self) -> Iterator[Connection]:
-        """A connection for exactly one statement: autocommit where that saves round trips."""
+        """A connection for exactly one statement, which commits on its own (autocommit):
+        against a server that saves the round trips of BEGIN and COMMIT; on SQLite the lock
+        a write statement needs is taken when it starts, waiting out the busy timeout (only
+        a transaction that reads before it writes can fail to upgrade, which is why
+        ``transaction`` begins IMMEDIATE), and a read takes no write lock at all."""
         held = self._idle_held()
-        if self.dialect == "sqlite":
-            with self.transaction() as connection:
-                yield connection
-        elif held is not None:
+        if held is not None:
             try:
                 yield held
             finally:
                 held.rollback()  # ends SQLAlchemy's autobegun block; nothing is sent
+        elif self.single_connection:  # in-memory SQLite: one connection, used in turn
+            with self.transaction() as connection:
+                yield connection
         else:
-            # A single statement is atomic on its own: against a server, running it outside
-            # BEGIN/COMMIT saves two round trips.
             with self.engine.connect() as connection:
                 yield connection.execution_options(**{_AUTOCOMMIT: True})
 
@@ -274,6 +330,8 @@ class Database:
 
     def migrate(self) -> None:
         """Bring the schema to the newest revision; safe to call from many processes."""
+        if self._migrated:  # every public call checks: no lock once it is done
+            return
         with self._migrate_lock:
             if self._migrated:
                 return

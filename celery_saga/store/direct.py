@@ -1,4 +1,5 @@
-"""The hot path's statements sent straight to the driver (PostgreSQL through psycopg).
+"""The hot path's statements sent straight to the driver (PostgreSQL through psycopg;
+SQLite through sqlite3 in ``direct_sqlite``).
 
 For the few statements every step runs, SQLAlchemy's execution (an execution context,
 parameter processing, a result object, events) cost more CPU than psycopg's own call and
@@ -28,6 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Engine, exc
+
+from celery_saga.store import direct_sqlite
 
 #: Events that see or change statement execution: with a listener on any (but the store's
 #: own counter), SQLAlchemy runs them.
@@ -61,20 +64,30 @@ def _observed(engine: Engine, own: Any) -> bool:
 
 
 def applies(connection: Connection, own: Any) -> bool:
-    """Whether a write on ``connection`` now would go to the driver directly."""
+    """Whether a write on ``connection`` now would go to the driver directly: psycopg
+    outside a transaction, sqlite3 anywhere (see ``direct_sqlite``)."""
     engine = connection.engine
-    return (
-        engine.dialect.driver == "psycopg"
-        and not connection.in_transaction()
-        and not _observed(engine, own)
-    )
+    driver = engine.dialect.driver
+    if driver == "psycopg" and connection.in_transaction():
+        return False
+    return driver in ("psycopg", "pysqlite") and not _observed(engine, own)
+
+
+def _sqlite(connection: Connection, statement: Any) -> direct_sqlite.Prepared | None:
+    if connection.engine.dialect.driver != "pysqlite":
+        return None
+    return direct_sqlite.prepare(statement, connection.engine)
 
 
 def rowcount(connection: Connection, statement: Any, params: dict[str, Any], own: Any) -> int:
-    """Run one autocommit write and return its row count (the rows it changed). ``own``:
-    the store's ``before_cursor_execute`` listener, told of a statement run directly.
-    ``statement`` must be built once (with bind parameters) and reused: it is compiled once."""
+    """Run one write and return its row count (the rows it changed). ``own``: the store's
+    ``before_cursor_execute`` listener, told of a statement run directly. ``statement``
+    must be built once (with bind parameters) and reused: it is compiled once."""
     if not applies(connection, own):
+        return int(connection.execute(statement, params).rowcount)
+    if (prepared := _sqlite(connection, statement)) is not None:
+        return direct_sqlite.rowcount(connection, prepared, params, own)
+    if connection.engine.dialect.driver != "psycopg":
         return int(connection.execute(statement, params).rowcount)
     return int(_run(connection, statement, params, own, lambda cursor: cursor.rowcount))
 
@@ -82,8 +95,12 @@ def rowcount(connection: Connection, statement: Any, params: dict[str, Any], own
 def rows(
     connection: Connection, statement: Any, params: dict[str, Any], own: Any
 ) -> Sequence[Mapping[Any, Any]]:
-    """Run one autocommit statement that returns rows; each row maps column to value."""
+    """Run one statement that returns rows; each row maps column to value."""
     if not applies(connection, own):
+        return list(connection.execute(statement, params).mappings())
+    if (prepared := _sqlite(connection, statement)) is not None:
+        return direct_sqlite.rows(connection, prepared, params, own)
+    if connection.engine.dialect.driver != "psycopg":
         return list(connection.execute(statement, params).mappings())
     result: Sequence[Mapping[Any, Any]] = _run(connection, statement, params, own, _mappings)
     return result

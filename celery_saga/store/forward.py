@@ -14,7 +14,7 @@ from celery_saga.decisions.cursor import Advance
 from celery_saga.decisions.unwind import UnwindKind, UnwindStep, next_unwind_step
 from celery_saga.records import ExecutionState, StepAttempt, StepRecord, StepStatus
 from celery_saga.store import attempts, history, prepared
-from celery_saga.store.database import Database, to_db_time
+from celery_saga.store.database import Database, rowcount_in, to_db_time
 from celery_saga.store.history import Kind
 from celery_saga.store.queries import load_execution_row, load_steps
 from celery_saga.store.tables import executions, step_records
@@ -117,9 +117,11 @@ def _claim_again(
 
 def _inserted_one(db: Database, connection: Connection, params: dict[str, Any]) -> bool:
     # PostgreSQL reports no rowcount for INSERT ... SELECT once SQLAlchemy adds its implicit
-    # RETURNING; count the returned rows wherever SQLAlchemy runs it and can return them.
+    # RETURNING; count the returned rows wherever SQLAlchemy runs it there (or on MySQL's
+    # kin that return). SQLite's rowcount is exact and costs no result to fetch.
     durable = db.durable_claims
-    if connection.dialect.insert_returning and not db.direct_writes(connection):
+    returning = connection.dialect.insert_returning and db.dialect != "sqlite"
+    if returning and not db.direct_writes(connection):
         statement = prepared.first_claim(returning=True, durable=durable)
         return len(connection.execute(statement, params).all()) == 1
     statement = prepared.first_claim(returning=False, durable=durable)
@@ -138,7 +140,7 @@ def lock_execution(
         **prefixed("set_", changes),
     }
     statement = prepared.lock_run_at_cursor(tuple(sorted(changes)))
-    if connection.execute(statement, params).rowcount != 1:
+    if rowcount_in(connection, statement, params) != 1:
         raise Conflict(execution_id)
 
 
@@ -151,7 +153,7 @@ def settle_step(connection: Connection, step: StepAttempt, **changes: Any) -> No
         **prefixed("set_", changes),
     }
     statement = prepared.settle_held_step(tuple(sorted(changes)))
-    if connection.execute(statement, params).rowcount != 1:
+    if rowcount_in(connection, statement, params) != 1:
         raise Conflict(step.execution_id)
 
 

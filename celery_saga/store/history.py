@@ -7,17 +7,18 @@ transition and its row are stored together or not at all. Plain SQL reads them:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
 from typing import Any
 
-from sqlalchemy import Connection, insert, select
+from sqlalchemy import Connection, bindparam, insert, select
 
 from celery_saga.records import StepRecord
 from celery_saga.store.codec import pack, unpack_or_sealed
-from celery_saga.store.database import Database, from_db_time, to_db_time
+from celery_saga.store.database import Database, from_db_time, rowcount_in, to_db_time
 from celery_saga.store.tables import history, history_archive
 
 #: The width of the ``actor`` column.
@@ -104,7 +105,17 @@ def write(
     ``blob``: ``entry.data`` already encoded, else it is encoded here."""
     if blob is None and entry.data is not None:
         blob = pack(entry.data, what=f"history of {execution_id!r}")
-    connection.execute(insert(history).values(**_values(execution_id, entry, blob)))
+    rowcount_in(connection, _insert_row(), _values(execution_id, entry, blob))
+
+
+@functools.cache
+def _insert_row() -> Any:
+    """The row's INSERT, built once with a parameter per column ``_values`` gives."""
+    names = ["execution_id", "at", "kind", "step", "attempt", "holder", "actor", "detail"]
+    names += ["data", "started_at"]
+    return insert(history).values(
+        {name: bindparam(name, type_=history.c[name].type) for name in names}
+    )
 
 
 def write_parked(

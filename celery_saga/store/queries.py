@@ -63,8 +63,7 @@ def create_execution(
         with db.single_statement() as connection:
             db.rowcount(connection, prepared.new_run_started(), values)
         return
-    # SQLite's single statement is a transaction already; elsewhere two INSERTs in one.
-    with db.single_statement() if db.dialect == "sqlite" else db.transaction() as connection:
+    with db.transaction() as connection:  # two INSERTs in one
         db.rowcount(connection, prepared.new_run(), values)
         history.write(connection, execution_id, HistoryEntry(now, Kind.STARTED.value))
 

@@ -4,12 +4,13 @@ the other is about to change (guarantees 13-15)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import Connection, bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from celery_saga.decisions.cursor import Advance
@@ -30,7 +31,7 @@ from celery_saga.errors import (
 from celery_saga.records import ExecutionRecord, ExecutionState
 from celery_saga.store import history
 from celery_saga.store.codec import unpack
-from celery_saga.store.database import Database, to_db_time
+from celery_saga.store.database import Database, rows_in, to_db_time
 from celery_saga.store.forward import advance_values, fail_run_locked
 from celery_saga.store.history import HistoryEntry, Kind
 from celery_saga.store.queries import keyset_after
@@ -42,24 +43,27 @@ def lock_execution(
     connection: Connection, execution_id: str, skip_locked: bool = False
 ) -> ExecutionRecord | None:
     """Read the run's row under its write lock (SQLite: the transaction's own lock)."""
-    query = (
-        select(executions)
-        .where(executions.c.id == execution_id)
-        .with_for_update(skip_locked=skip_locked)
-    )
-    row = connection.execute(query).mappings().first()
-    return None if row is None else execution_from_row(row)
+    found = rows_in(connection, _run_locked(skip_locked), {"run_id": execution_id})
+    return execution_from_row(found[0]) if found else None
+
+
+@functools.cache
+def _run_locked(skip_locked: bool) -> Any:
+    run_id = bindparam("run_id", type_=executions.c.id.type)
+    query = select(executions).where(executions.c.id == run_id)
+    return query.with_for_update(skip_locked=skip_locked)
 
 
 def _received(connection: Connection, execution_id: str, event: str) -> Any:
-    return (
-        connection.execute(
-            select(signals.c.received_at).where(
-                signals.c.execution_id == execution_id, signals.c.event == event
-            )
-        )
-        .scalars()
-        .first()
+    found = rows_in(connection, _signal_received(), {"run_id": execution_id, "event": event})
+    return found[0]["received_at"] if found else None
+
+
+@functools.cache
+def _signal_received() -> Any:
+    return select(signals.c.received_at).where(
+        signals.c.execution_id == bindparam("run_id", type_=signals.c.execution_id.type),
+        signals.c.event == bindparam("event", type_=signals.c.event.type),
     )
 
 

@@ -80,7 +80,10 @@ class SagaEngine:
 
     def __init__(self, app: Celery, *, store_url: str | None = None) -> None:
         self.app = app
-        self.db = Database(store_url or app.conf.get("saga_store_url") or DEFAULT_STORE_URL)
+        self.db = Database(
+            store_url or app.conf.get("saga_store_url") or DEFAULT_STORE_URL,
+            sqlite_synchronous=app.conf.get("saga_sqlite_synchronous") or "NORMAL",
+        )
         if app.conf.get("saga_durable_claims"):
             self.db.durable_claims = True
         # Every payload this process stores or reads goes through the app's codec.
