@@ -120,6 +120,8 @@ class ReversalAttempt:
     execution_id: str
     name: str
     attempt: int
+    #: When the attempt began (its history row's start); None where it is not known.
+    claimed_at: datetime | None = None
 
 
 def completed_results(steps: Iterable[StepRecord]) -> dict[str, Any]:

@@ -4,6 +4,7 @@ start and end, how it ended, and the worker process and task that ran it (issue 
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -13,11 +14,11 @@ from click.testing import CliRunner
 from celery_saga import ExecutionState
 from celery_saga.cli import saga
 from celery_saga.decisions.cursor import Advance
-from celery_saga.records import StepAttempt
+from celery_saga.records import ReversalAttempt, StepAttempt
 from celery_saga.runtime.holders import parse_holder
-from celery_saga.store import forward, history, joins, queries, step_failure
+from celery_saga.store import forward, history, joins, queries, step_failure, unwind
 from celery_saga.store.database import Database
-from celery_saga.store.history import ATTEMPT_KINDS, HistoryEntry
+from celery_saga.store.history import ATTEMPT_KINDS, REVERSAL_KINDS, HistoryEntry
 from tests.conftest import Harness
 from tests.test_store_conditions import NOW, _claimed_run, db  # noqa: F401 (fixture)
 
@@ -172,3 +173,96 @@ def test_a_final_failure_on_a_real_worker_writes_step_failed(harness: Harness) -
     rows = _attempt_rows(harness.engine.db, run.id)
     assert [(r.kind, r.step) for r in rows][-1] == ("step-failed", "s4")
     assert rows[-1].detail == run.get().record.failure_reason
+
+
+def _reversal_rows(database: Database, execution_id: str) -> list[HistoryEntry]:
+    return [e for e in history.load(database, execution_id) if e.kind in REVERSAL_KINDS]
+
+
+def test_each_reversal_attempt_on_a_real_worker_leaves_its_row(harness: Harness) -> None:
+    run = harness.start("five", {"order": 302, "plan": {"s4": {"fail": True}}})
+    assert run.wait(30).state is ExecutionState.FAILED, harness.worker_logs()
+    rows = _reversal_rows(harness.engine.db, run.id)
+    assert [(r.kind, r.step, r.attempt) for r in rows] == [
+        ("reversal-completed", "s3", 1),
+        ("reversal-completed", "s2", 1),
+        ("reversal-completed", "s1", 1),
+    ]
+    tasks = set()
+    for row in rows:
+        assert row.started_at is not None and row.started_at <= row.at, row
+        parsed = parse_holder(row.holder or "")
+        assert parsed is not None, row.holder
+        tasks.add(parsed[2])
+    assert len(tasks) == 3, "each reversal attempt is its own task"
+
+
+def test_a_reversal_that_keeps_failing_records_each_attempt_then_parks(harness: Harness) -> None:
+    switch = f"undo-{uuid.uuid4().hex}"
+    harness.test_app.set_switch(switch, True)  # s2's reversal keeps failing
+    plan = {"s4": {"fail": True}, "s2": {"undo_switch": switch}}
+    run = harness.start("five", {"order": 303, "plan": plan})
+    assert run.wait(30).state is ExecutionState.COMPENSATION_STUCK, harness.worker_logs()
+    rows = [
+        (e.kind, e.step, e.attempt)
+        for e in history.load(harness.engine.db, run.id)
+        if e.kind in REVERSAL_KINDS or e.kind == "parked"
+    ]
+    assert rows == [
+        ("reversal-completed", "s3", 1),
+        ("reversal-retrying", "s2", 1),
+        ("reversal-retrying", "s2", 2),
+        ("reversal-failed", "s2", 3),
+        ("parked", "s2", 3),
+    ]
+    failed = _reversal_rows(harness.engine.db, run.id)[1:]
+    assert all("cannot undo s2" in (r.detail or "") for r in failed), failed
+    text = _show(harness, run.id)
+    assert "s2 reversal attempt 1 on " in text and "s2 reversal attempt 2 on " in text, text
+
+
+def _compensating_run(database: Database) -> str:
+    """A run whose step ``a`` completed and which is now unwinding (``a`` owed a reversal)."""
+    execution_id = _claimed_run(database)
+    advance = Advance(1, 0, False, False)
+    step = _held(execution_id)
+    assert forward.record_step_completed(
+        database, step, result_blob=b"\xc0", advance=advance, now=NOW
+    )
+    failed = forward.fail_execution(
+        database, execution_id=execution_id, reason="later", compensations={"a"}, now=NOW
+    )
+    assert failed is not None
+    return execution_id
+
+
+def _claim_reversal(database: Database, execution_id: str, attempt: int, at: Any) -> bool:
+    record = queries.load_step(database, execution_id, "a")
+    assert record is not None
+    return unwind.claim_compensation(
+        database,
+        ReversalAttempt(execution_id, "a", attempt, at),
+        lease_expires_at=at + timedelta(seconds=60),
+        now=at,
+        holder=f"node-r/{attempt}/task-{attempt}",
+        previous=record,
+    )
+
+
+def test_a_released_then_a_lapsed_reversal_attempt(db: Database) -> None:  # noqa: F811
+    execution_id = _compensating_run(db)
+    assert _claim_reversal(db, execution_id, 1, NOW)
+    released = ReversalAttempt(execution_id, "a", 1, NOW)
+    assert unwind.give_up_reversal_claim(db, released, now=NOW)
+    assert _claim_reversal(db, execution_id, 2, NOW + timedelta(seconds=1))
+    assert _claim_reversal(db, execution_id, 3, LATER)  # attempt 2's lease lapsed
+    assert unwind.release_compensation(
+        db, ReversalAttempt(execution_id, "a", 3, LATER), reason="boom", now=LATER
+    )
+    rows = _reversal_rows(db, execution_id)
+    assert [(r.kind, r.attempt, r.holder) for r in rows] == [
+        ("reversal-released", 1, "node-r/1/task-1"),
+        ("reversal-lost", 2, "node-r/2/task-2"),
+        ("reversal-retrying", 3, "node-r/3/task-3"),
+    ]
+    assert rows[2].detail == "boom" and rows[2].started_at == LATER

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from celery_saga import ExecutionNotFoundError, ExecutionState, RollbackStatus
+from celery_saga.store import history
 from tests.conftest import (
     BROKERS,
     PORTS,
@@ -165,6 +166,8 @@ def test_worker_killed_mid_step_resumes_without_repeating_effects(rig: CrashRig)
     # The killed attempt never reached its effect; the one that took its claim over did.
     assert execution.step("s3").attempts == 2
     assert [e.detail for e in entries if e.step == "s3"] == ["attempt=2"]
+    s3_rows = [h for h in history.load(rig.client.engine.db, run.id) if h.step == "s3"]
+    assert [(h.kind, h.attempt) for h in s3_rows] == [("step-lost", 1), ("step-completed", 2)]
 
 
 def test_worker_killed_mid_reversal_finishes_the_unwind_once_per_step(rig: CrashRig) -> None:
@@ -179,6 +182,11 @@ def test_worker_killed_mid_reversal_finishes_the_unwind_once_per_step(rig: Crash
     undone = [e for e in rig.client.entries(run.id) if e.direction == "compensate"]
     assert [e.step for e in undone] == ["s3", "s2", "s1"]
     assert len({e.key for e in undone}) == 3
+    s2_rows = [h for h in history.load(rig.client.engine.db, run.id) if h.step == "s2"]
+    assert [(h.kind, h.attempt) for h in s2_rows if h.kind.startswith("reversal-")] == [
+        ("reversal-lost", 1),
+        ("reversal-completed", 2),
+    ]
 
 
 def test_worker_killed_mid_for_each_unwinds_each_iteration_once_with_its_own_item(

@@ -109,6 +109,11 @@ def test_sigterm_mid_reversal_is_no_failure_and_the_reversal_runs_again_at_once(
     undone = [e for e in rig.client.entries(run.id) if e.direction == "compensate"]
     assert [e.step for e in undone] == ["s3", "s2", "s1"]
     assert len({e.key for e in undone}) == 3
+    s2_rows = [h for h in history.load(rig.client.engine.db, run.id) if h.step == "s2"]
+    assert [(h.kind, h.attempt) for h in s2_rows if h.kind.startswith("reversal-")] == [
+        ("reversal-released", 1),
+        ("reversal-completed", 2),
+    ], "the released reversal attempt is recorded once, not also as lost"
 
 
 def test_a_warm_shutdown_lets_the_body_finish_and_record_its_outcome(rig: CrashRig) -> None:

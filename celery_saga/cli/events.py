@@ -67,16 +67,23 @@ def _history_text(run: dict[str, Any], row: dict[str, Any]) -> str:
     return detail
 
 
-#: Attempt rows the step's own line already tells (its final outcome).
-_TOLD_BY_THE_STEP = ("step-completed", "step-failed")
-#: Attempt rows that end an attempt without ending the step: each gets its line.
-_ATTEMPT_ENDS = ("step-retrying", "step-lost", "step-released")
+#: Attempt rows the step's own lines already tell (the final outcome of it or its reversal).
+_TOLD_BY_THE_STEP = (
+    *("step-completed", "step-failed"),
+    *("reversal-completed", "reversal-failed", "reversal-skipped"),
+)
+#: Attempt rows that end an attempt without ending the step or its reversal: a line each.
+_ATTEMPT_ENDS = (
+    *("step-retrying", "step-lost", "step-released"),
+    *("reversal-retrying", "reversal-lost", "reversal-released"),
+)
 
 
 def _attempt_text(row: dict[str, Any]) -> str:
     where = f" on {row['holder']}" if row["holder"] else ""
     detail = f": {row['detail']}" if row["detail"] else ""
-    return f"{row['step']} attempt {row['attempt']}{where}{detail}"
+    what = "reversal attempt" if row["kind"].startswith("reversal-") else "attempt"
+    return f"{row['step']} {what} {row['attempt']}{where}{detail}"
 
 
 def _final_holders(run: dict[str, Any]) -> dict[tuple[str, int], str]:
@@ -84,7 +91,7 @@ def _final_holders(run: dict[str, Any]) -> dict[tuple[str, int], str]:
     return {
         (row["step"], row["attempt"]): row["holder"]
         for row in run["history"]
-        if row["kind"] in _TOLD_BY_THE_STEP and row["holder"]
+        if row["kind"] in ("step-completed", "step-failed") and row["holder"]
     }
 
 

@@ -92,10 +92,11 @@ class ReversalOutcomes(RuntimeParts):
             "never finished (its worker stopped) and no attempt is left"
         )
         now = get_clock().now()
-        held = ReversalAttempt(record.execution_id, record.name, attempt + 1)
+        held = ReversalAttempt(record.execution_id, record.name, attempt + 1, now)
         # Take the lapsed claim over first: a holder that renewed its lease keeps it.
         lease = now + timedelta(seconds=self.lease)
-        if not unwind.claim_compensation(self.db, held, lease_expires_at=lease, now=now):
+        claim = unwind.claim_compensation
+        if not claim(self.db, held, lease_expires_at=lease, now=now, previous=record):
             return None
         logger.warning("execution %s: %s", record.execution_id, reason)
         return self.record_outcome(definition, held, CompensationOutcome.FAILED, reason, unwinding)

@@ -144,7 +144,8 @@ class ReversalRuns(ReversalOutcomes):
             "reversal of step", definition.name, held.name, attempt, reason
         )
         if attempt < spec.compensation_retry:
-            if not unwind.release_compensation(self.db, held, reason=reason):
+            now = get_clock().now()
+            if not unwind.release_compensation(self.db, held, reason=reason, now=now):
                 return TakenOver(f"{description}; its claim was taken over")
             delay = backoff_delay(attempt, spec.backoff, spec.backoff_max, get_clock().random())
             self.emit("saga-compensation-retry", {**fields, "error": reason, "countdown": delay})

@@ -275,7 +275,7 @@ class Unwinder(ReversalRuns):
         if definition is None or spec is None or spec.compensation is None:
             return None
         lease = get_clock().now() + timedelta(seconds=self.settings.lease_seconds)
-        held = ReversalAttempt(execution_id, step_name, attempt)
+        held = ReversalAttempt(execution_id, step_name, attempt, get_clock().now())
         claimed = reversal.claim_next_reversal(
             self.db,
             held,
@@ -299,11 +299,18 @@ class Unwinder(ReversalRuns):
         asked: tuple[HeldClaim, Answer] | None = None,
     ) -> Outcome:
         lease = get_clock().now() + timedelta(seconds=self.settings.lease_seconds)
-        held = ReversalAttempt(record.execution_id, record.name, record.compensation_attempts + 1)
         now = get_clock().now()
+        attempt = record.compensation_attempts + 1
+        held = ReversalAttempt(record.execution_id, record.name, attempt, now)
         me = self.holders.me()
         if not unwind.claim_compensation(
-            self.db, held, lease_expires_at=lease, now=now, holder=me, seen_lease=seen_lease
+            self.db,
+            held,
+            lease_expires_at=lease,
+            now=now,
+            holder=me,
+            seen_lease=seen_lease,
+            previous=record,
         ):
             return _refused(record.execution_id, record.name, "claimed elsewhere")
         if asked is not None:

@@ -8,7 +8,7 @@ from datetime import datetime
 
 from sqlalchemy import Connection
 
-from celery_saga.records import StepAttempt
+from celery_saga.records import ReversalAttempt, StepAttempt
 from celery_saga.store import prepared
 from celery_saga.store.database import rowcount_in, to_db_time
 from celery_saga.store.history import Kind
@@ -36,3 +36,26 @@ def write_row(
 def claimed_at(step: StepAttempt) -> datetime | None:
     """When ``step``'s attempt began, as stored (None where it is not known)."""
     return None if step.claimed_at is None else to_db_time(step.claimed_at)
+
+
+def write_reversal_row(
+    connection: Connection,
+    reversal: ReversalAttempt,
+    ended: Kind,
+    now: datetime,
+    detail: str | None = None,
+) -> None:
+    """``write_row`` for a reversal attempt (its number and holder as its record says)."""
+    params = {
+        "step_run": reversal.execution_id,
+        "step_name": reversal.name,
+        "attempt_at": to_db_time(now),
+        "attempt_started": started(reversal.claimed_at),
+        "attempt_detail": detail,
+    }
+    rowcount_in(connection, prepared.attempt_row(ended, reversal=True), params)
+
+
+def started(claimed: datetime | None) -> datetime | None:
+    """An attempt's start as stored (None where it is not known)."""
+    return None if claimed is None else to_db_time(claimed)

@@ -14,7 +14,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, insert, select
+from sqlalchemy import Connection, bindparam, func, insert, select
 
 from celery_saga.records import StepRecord
 from celery_saga.store.codec import pack, unpack_or_sealed
@@ -48,7 +48,27 @@ class Kind(str, Enum):
     STEP_LOST = "step-lost"
     #: Its worker gave the claim up (a shutdown, a cancel): the attempt counts, no outcome.
     STEP_RELEASED = "step-released"
+    #: How a reversal attempt ended (one row per attempt, as for a step's).
+    REVERSAL_COMPLETED = "reversal-completed"
+    REVERSAL_FAILED = "reversal-failed"
+    REVERSAL_SKIPPED = "reversal-skipped"
+    REVERSAL_RETRYING = "reversal-retrying"
+    REVERSAL_LOST = "reversal-lost"
+    REVERSAL_RELEASED = "reversal-released"
 
+
+#: The kinds a reversal attempt's end writes.
+REVERSAL_KINDS = frozenset(
+    k.value
+    for k in (
+        Kind.REVERSAL_COMPLETED,
+        Kind.REVERSAL_FAILED,
+        Kind.REVERSAL_SKIPPED,
+        Kind.REVERSAL_RETRYING,
+        Kind.REVERSAL_LOST,
+        Kind.REVERSAL_RELEASED,
+    )
+)
 
 #: The kinds a step attempt's end writes.
 ATTEMPT_KINDS = frozenset(
@@ -135,24 +155,54 @@ def write_lost(connection: Connection, lost: StepRecord, now: datetime) -> None:
     """The ``step-lost`` row of the attempt ``lost`` (a step record read before its
     takeover), unless that attempt's worker gave its claim up (``step-released``): the
     attempt's end is then already recorded."""
+    _write_lost(
+        connection,
+        lost,
+        (Kind.STEP_LOST, Kind.STEP_RELEASED),
+        (lost.attempts, lost.holder, lost.lease_expires_at),
+        now,
+    )
+
+
+def write_reversal_lost(connection: Connection, lost: StepRecord, now: datetime) -> None:
+    """``write_lost`` for the reversal attempt ``lost`` holds (``reversal-lost``)."""
+    held = (lost.compensation_attempts, lost.compensation_holder)
+    lease = lost.compensation_lease_expires_at
+    _write_lost(connection, lost, (Kind.REVERSAL_LOST, Kind.REVERSAL_RELEASED), (*held, lease), now)
+
+
+def _write_lost(
+    connection: Connection,
+    lost: StepRecord,
+    kinds: tuple[Kind, Kind],
+    held: tuple[int, str | None, datetime | None],
+    now: datetime,
+) -> None:
+    (lost_kind, released_kind), (attempt, holder, lease) = kinds, held
+    # A resume numbers a reversal's attempts from 1 again: only rows since the last count.
+    resumed = select(func.coalesce(func.max(history.c.id), 0)).where(
+        history.c.execution_id == lost.execution_id,
+        history.c.kind == Kind.RESUMED.value,
+    )
     released = connection.execute(
         select(history.c.id).where(
             history.c.execution_id == lost.execution_id,
-            history.c.kind == Kind.STEP_RELEASED.value,
+            history.c.kind == released_kind.value,
             history.c.step == lost.name,
-            history.c.attempt == lost.attempts,
+            history.c.attempt == attempt,
+            history.c.id > resumed.scalar_subquery(),
         )
     ).first()
     if released is not None:
         return
-    lapsed = lost.lease_expires_at is not None and lost.lease_expires_at <= now
+    lapsed = lease is not None and lease <= now
     why = "its lease lapsed" if lapsed else "its holder was found gone"
     entry = HistoryEntry(
         now,
-        Kind.STEP_LOST.value,
+        lost_kind.value,
         step=lost.name,
-        attempt=lost.attempts,
-        holder=lost.holder,
+        attempt=attempt,
+        holder=holder,
         detail=f"never settled; taken over ({why})",
     )
     write(connection, lost.execution_id, entry)

@@ -149,6 +149,7 @@ def run_and_step_in_one(
     run: dict[str, Any],
     step: dict[str, Any],
     ended: Kind | None = None,
+    reversal: bool = False,
 ) -> Any:
     """PostgreSQL: change the run matching ``run_guard`` and the step matching
     ``step_guard`` in ONE statement, whose rowcount is 1 only if both changed, and add the
@@ -156,7 +157,9 @@ def run_and_step_in_one(
     locked first: the step row may only change together with it (a CTE's UPDATE commits
     even when the outer UPDATE then matches nothing). Params for the row:
     ``step_completed_at`` (the end), ``step_claimed_at`` (the start), and ``step_error``
-    when ``step`` sets the error."""
+    when ``step`` sets the error. ``reversal``: the row is the reversal attempt's instead,
+    its kind the param ``attempt_kind``, its end ``at``, its start ``attempt_started`` and
+    its detail ``reason``."""
     run_here = select(executions.c.id).where(run_guard).with_for_update().cte("run")
     settled = (
         update(step_records)
@@ -167,16 +170,21 @@ def run_and_step_in_one(
             step_records.c.name,
             step_records.c.attempts,
             step_records.c.holder,
+            step_records.c.compensation_attempts,
+            step_records.c.compensation_holder,
         )
         .cte("settled")
     )
     owner = executions.c.id == select(settled.c.execution_id).scalar_subquery()
     statement = update(executions).where(run_guard, owner).values(**run)
-    if ended is None:
+    if reversal:
+        row = _reversal_row_from(settled.c)
+    elif ended is not None:
+        kind = literal(ended.value)
+        detail = step.get("error", null())
+        row = _attempt_row_from(settled.c, kind, "step_completed_at", "step_claimed_at", detail)
+    else:
         return statement
-    row = _attempt_row_from(
-        settled.c, ended, "step_completed_at", "step_claimed_at", step.get("error", null())
-    )
     recorded = insert(history).from_select(list(ATTEMPT_ROW_COLUMNS), row).cte("recorded")
     return statement.add_cte(recorded)
 
@@ -188,29 +196,44 @@ ATTEMPT_ROW_COLUMNS = (
 )
 
 
-def _attempt_row_from(record: Any, ended: Kind, end: str, start: str, detail: Any) -> Any:
+def _attempt_row_from(
+    record: Any, kind: Any, end: str, start: str, detail: Any, reversal: bool = False
+) -> Any:
     """SELECT the history row of the attempt holding ``record`` (the step record's columns:
-    its number and holder), ended as ``ended``; ``end`` and ``start`` name the params of
-    its times."""
+    its number and holder, or its reversal's with ``reversal``), of ``kind``; ``end`` and
+    ``start`` name the params of its times."""
+    attempt = record.compensation_attempts if reversal else record.attempts
+    holder = record.compensation_holder if reversal else record.holder
     return select(
         record.execution_id,
         _param(end, history.c.at),
-        literal(ended.value),
+        kind,
         record.name,
-        record.attempts,
-        record.holder,
+        attempt,
+        holder,
         _param(start, history.c.started_at),
         detail,
     )
 
 
+def _reversal_row_from(record: Any) -> Any:
+    """The reversal attempt's row, as ``reversal.record_compensation`` passes its params."""
+    kind = _param("attempt_kind", history.c.kind)
+    detail = _param("reason", history.c.detail)
+    return _attempt_row_from(record, kind, "at", "attempt_started", detail, reversal=True)
+
+
 @functools.cache
-def attempt_row(ended: Kind) -> Any:
+def attempt_row(ended: Kind, reversal: bool = False) -> Any:
     """The history row of the attempt that holds a step record (its number and holder as
-    the record says), ending as ``ended`` (a ``Kind``). Params: ``step_run``, ``step_name``,
-    ``attempt_at`` (the end), ``attempt_started`` and ``attempt_detail``."""
+    the record says; its reversal's with ``reversal``), ending as ``ended``. Params:
+    ``step_run``, ``step_name``, ``attempt_at`` (the end), ``attempt_started`` and
+    ``attempt_detail``."""
     detail = _param("attempt_detail", history.c.detail)
-    row = _attempt_row_from(step_records.c, ended, "attempt_at", "attempt_started", detail).where(
+    kind = literal(ended.value)
+    row = _attempt_row_from(
+        step_records.c, kind, "attempt_at", "attempt_started", detail, reversal
+    ).where(
         step_records.c.execution_id == _param("step_run", step_records.c.execution_id),
         step_records.c.name == _param("step_name", step_records.c.name),
     )

@@ -31,9 +31,10 @@ from celery_saga.records import (
     RollbackStatus,
     StepRecord,
 )
-from celery_saga.store import history, prepared
-from celery_saga.store.database import Database, to_db_time
+from celery_saga.store import attempts, history, prepared
+from celery_saga.store.database import Database, rowcount_in, to_db_time
 from celery_saga.store.forward import Conflict, prefixed
+from celery_saga.store.history import Kind
 from celery_saga.store.queries import snapshot_from_rows, snapshot_query
 from celery_saga.store.rows import step_from_row
 from celery_saga.store.tables import executions, step_records
@@ -230,7 +231,9 @@ def _outcome_in_one(changes: tuple[str, ...]) -> Any:
     """PostgreSQL: lock the compensating run, settle the step held by this attempt, and
     move the run, in one statement whose rowcount is 1 only if all three happened."""
     run = prepared.bumped_run(changes)
-    return prepared.run_and_step_in_one(_compensating_run(), _step_settled(), run, _STEP_OUTCOME)
+    return prepared.run_and_step_in_one(
+        _compensating_run(), _step_settled(), run, _STEP_OUTCOME, reversal=True
+    )
 
 
 def _outcome_in_a_transaction(
@@ -248,6 +251,22 @@ def _outcome_in_a_transaction(
     )
     if settled.rowcount != 1:
         raise Conflict(params["run_id"])  # rolls the run's change back
+    row = {
+        "step_run": params["run_id"],
+        "step_name": params["step_name"],
+        "attempt_at": params["at"],
+        "attempt_started": params["attempt_started"],
+        "attempt_detail": params["reason"],
+    }
+    rowcount_in(connection, prepared.attempt_row(ENDED[params["outcome"]], reversal=True), row)
+
+
+#: A reversal outcome -> the kind of its attempt's history row.
+ENDED = {
+    CompensationOutcome.COMPENSATED.value: Kind.REVERSAL_COMPLETED,
+    CompensationOutcome.FAILED.value: Kind.REVERSAL_FAILED,
+    CompensationOutcome.SKIPPED.value: Kind.REVERSAL_SKIPPED,
+}
 
 
 def record_compensation(
@@ -278,6 +297,8 @@ def record_compensation(
         "outcome": outcome.value,
         "reason": reason,
         "at": stamp,
+        "attempt_kind": ENDED[outcome.value].value,
+        "attempt_started": attempts.started(reversal.claimed_at),
         "run_updated_at": stamp,
         **prefixed("set_", changes),
     }

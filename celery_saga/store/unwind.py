@@ -21,8 +21,9 @@ from celery_saga.records import (
     ExecutionState,
     ReversalAttempt,
     RollbackStatus,
+    StepRecord,
 )
-from celery_saga.store import history, prepared
+from celery_saga.store import attempts, history, prepared
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.forward import Conflict
 from celery_saga.store.history import HistoryEntry, Kind
@@ -48,10 +49,13 @@ def claim_compensation(
     now: datetime,
     holder: str | None = None,
     seen_lease: datetime | None = None,
+    previous: StepRecord | None = None,
 ) -> bool:
     """Claim attempt ``reversal.attempt`` of a reversal (the previous one is the latest
     recorded) while the run is compensating and the step has no outcome, and no live lease
-    holds it but ``seen_lease`` (one whose holder said it no longer runs it)."""
+    holds it but ``seen_lease`` (one whose holder said it no longer runs it). ``previous``:
+    the record as read before; when an attempt held it under a lease, that attempt never
+    settled, and its ``reversal-lost`` row is written with the claim."""
     stamp = to_db_time(now)
     lease_free = (step_records.c.compensation_lease_expires_at.is_(None)) | (
         step_records.c.compensation_lease_expires_at < stamp
@@ -60,7 +64,8 @@ def claim_compensation(
         lease_free |= step_records.c.compensation_lease_expires_at == to_db_time(seen_lease)
     if not db.durable_claims:
         lease_free &= prepared.commit_without_flush_wait()
-    with db.single_statement() as connection:
+    lost = previous is not None and previous.compensation_lease_expires_at is not None
+    with db.transaction() if lost else db.single_statement() as connection:
         result = connection.execute(
             update(step_records)
             .where(
@@ -76,7 +81,11 @@ def claim_compensation(
                 compensation_holder=holder,
             )
         )
-        return result.rowcount == 1
+        if result.rowcount != 1:
+            return False
+        if lost and previous is not None:
+            history.write_reversal_lost(connection, previous, now)
+        return True
 
 
 def _reversal_held_by(reversal: ReversalAttempt) -> Any:
@@ -104,13 +113,17 @@ def renew_compensation_lease(
 def give_up_reversal_claim(db: Database, reversal: ReversalAttempt, *, now: datetime) -> bool:
     """End the lease of a reversal this attempt still holds, keeping the attempt counted:
     its worker is shutting down, so the next message may claim it at once (guarantee 27)."""
-    with db.single_statement() as connection:
+    with db.transaction() as connection:
         result = connection.execute(
             update(step_records)
             .where(_reversal_held_by(reversal))
             .values(compensation_lease_expires_at=to_db_time(now))
         )
-        return bool(result.rowcount == 1)
+        if result.rowcount != 1:
+            return False
+        why = "its worker is shutting down"
+        attempts.write_reversal_row(connection, reversal, Kind.REVERSAL_RELEASED, now, why)
+        return True
 
 
 def _settle_compensation(connection: Connection, reversal: ReversalAttempt, **changes: Any) -> None:
@@ -198,11 +211,15 @@ def _park(connection: Connection, execution_id: str, plan: UnwindStep, now: date
     )
 
 
-def release_compensation(db: Database, reversal: ReversalAttempt, *, reason: str) -> bool:
+def release_compensation(
+    db: Database, reversal: ReversalAttempt, *, reason: str, now: datetime
+) -> bool:
     """A reversal attempt failed but more are allowed: free the claim for the next one."""
     try:
-        with db.single_statement() as connection:
+        with db.transaction() as connection:
             _settle_compensation(connection, reversal, compensation_reason=reason)
+            kind = Kind.REVERSAL_RETRYING
+            attempts.write_reversal_row(connection, reversal, kind, now, reason)
         return True
     except Conflict:
         return False
