@@ -8,7 +8,7 @@ from celery_saga.definition.builder import SagaDefinition
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.moves import FollowUnwind
 from celery_saga.runtime.ports import RuntimeParts
-from celery_saga.store import unwind
+from celery_saga.store import operator_exits, unwind
 
 
 def reopen(
@@ -16,7 +16,7 @@ def reopen(
 ) -> FollowUnwind:
     """Reopen a parked unwind; the reversal that failed, or whose outcome could not be
     recorded, runs again under its own idempotency key (``actor``: who asked)."""
-    unwind.resume_compensation(parts.db, execution_id, get_clock().now(), actor)
+    operator_exits.resume_compensation(parts.db, execution_id, get_clock().now(), actor)
     parts.emit("saga-compensation-resumed", {"execution_id": execution_id, "saga": definition.name})
     plan = unwind.plan_unwind(
         parts.db,
@@ -36,7 +36,7 @@ def close(
 ) -> int:
     """Close a parked unwind for good; returns how many steps were marked skipped."""
     now = get_clock().now()
-    skipped = unwind.abandon_compensation(parts.db, execution_id, now, actor, reason)
+    skipped = operator_exits.abandon_compensation(parts.db, execution_id, now, actor, reason)
     parts.emit(
         "saga-failed",
         {

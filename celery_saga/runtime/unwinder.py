@@ -48,7 +48,7 @@ from celery_saga.runtime.outcomes import (
 )
 from celery_saga.runtime.reversal_runs import ReversalRuns
 from celery_saga.runtime.takeovers import judge, taken_over
-from celery_saga.store import queries, reversal, unwind
+from celery_saga.store import operator_exits, queries, reversal, unwind
 from celery_saga.store.reversal import Unwinding
 
 logger = logging.getLogger("celery_saga")
@@ -330,7 +330,7 @@ class Unwinder(ReversalRuns):
     ) -> None:
         """Reopen a parked unwind, first the parked children it halted on (the reversal
         that failed runs again under its own key; the log line names it)."""
-        unwind.require_stuck(self.db, execution_id, "resume_compensation")
+        operator_exits.require_stuck(self.db, execution_id, "resume_compensation")
         self.name_reruns(execution_id)
         for child in self.children.parked_children(execution_id, (CompensationOutcome.FAILED,)):
             self.resume(self.children.definition_of(child), child.id, actor)
@@ -344,7 +344,7 @@ class Unwinder(ReversalRuns):
         reason: str | None = None,
     ) -> int:
         """Close a parked unwind for good, and the parked children it halted on."""
-        unwind.require_stuck(self.db, execution_id, "abandon_compensation")
+        operator_exits.require_stuck(self.db, execution_id, "abandon_compensation")
         owed = (None, CompensationOutcome.FAILED)
         for child in self.children.parked_children(execution_id, owed):
             self.abandon(self.children.definition_of(child), child.id, actor, reason)

@@ -30,7 +30,7 @@ from celery_saga.records import ExecutionRecord, ExecutionState
 from celery_saga.runtime.outcomes import NoBody
 from celery_saga.store import queries
 from celery_saga.store.codec import pack, unpack
-from celery_saga.store.unwind import require_stuck
+from celery_saga.store.operator_exits import require_stuck
 
 if TYPE_CHECKING:
     from celery_saga.worker.engine import SagaEngine
