@@ -129,14 +129,19 @@ def _plans(
 
 
 def _retire(
-    engine: SagaEngine, cutoff: datetime, runs: int, archive: bool, rest: float = 0.0
+    engine: SagaEngine,
+    cutoff: datetime,
+    runs: int,
+    archive: bool,
+    rest: float = 0.0,
+    batch: int = BATCH,
 ) -> str:
     position: retention.Position | None = retention.Position()
     times, gone, began = [], 0, time.perf_counter()
     while position is not None and gone < runs:
         started = time.perf_counter()
         count, position = retention.retire_batch(
-            engine.db, cutoff=cutoff, now=cutoff, archive=archive, batch=BATCH, position=position
+            engine.db, cutoff=cutoff, now=cutoff, archive=archive, batch=batch, position=position
         )
         took = time.perf_counter() - started
         times.append(took * 1000)
@@ -149,7 +154,7 @@ def _retire(
     verb = "archived" if archive else "deleted"
     return (
         f"{verb} {gone} runs in {elapsed:.1f} s: {gone / max(elapsed, 1e-9):,.0f} runs/s; "
-        f"batch of {BATCH}: first tenth {first:.1f} ms, last tenth {last:.1f} ms "
+        f"batch of {batch}: first tenth {first:.1f} ms, last tenth {last:.1f} ms "
         f"({last / max(first, 1e-9):.2f}x), {len(times)} batches, resting {rest:g}x"
     )
 
@@ -162,8 +167,8 @@ def _catch_up(
 
     def both(rest: float) -> list[str]:
         return [
-            _retire(engine, cutoff, args.retire_runs, archive=True, rest=rest),
-            _retire(engine, cutoff, args.retire_runs, archive=False, rest=rest),
+            _retire(engine, cutoff, args.retire_runs, True, rest, args.batch),
+            _retire(engine, cutoff, args.retire_runs, False, rest, args.batch),
         ]
 
     print()
@@ -362,6 +367,7 @@ def main() -> int:
     parser.add_argument("--parked", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--retire-runs", type=int, default=100_000)
+    parser.add_argument("--batch", type=int, default=BATCH, help="runs per retention batch")
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--interleave", action="store_true")
     parser.add_argument("--reuse", nargs="+", default=[], help="filled databases, as --runs")
