@@ -67,11 +67,10 @@ def _history_text(run: dict[str, Any], row: dict[str, Any]) -> str:
     return detail
 
 
+#: A step's final attempt rows: its line tells them, naming the worker that settled it.
+_STEP_SETTLED = ("step-completed", "step-failed")
 #: Attempt rows the step's own lines already tell (the final outcome of it or its reversal).
-_TOLD_BY_THE_STEP = (
-    *("step-completed", "step-failed"),
-    *("reversal-completed", "reversal-failed", "reversal-skipped"),
-)
+_TOLD_BY_THE_STEP = (*_STEP_SETTLED, "reversal-completed", "reversal-failed", "reversal-skipped")
 #: Attempt rows that end an attempt without ending the step or its reversal: a line each.
 _ATTEMPT_ENDS = (
     *("step-retrying", "step-lost", "step-released"),
@@ -91,7 +90,7 @@ def _final_holders(run: dict[str, Any]) -> dict[tuple[str, int], str]:
     return {
         (row["step"], row["attempt"]): row["holder"]
         for row in run["history"]
-        if row["kind"] in ("step-completed", "step-failed") and row["holder"]
+        if row["kind"] in _STEP_SETTLED and row["holder"]
     }
 
 

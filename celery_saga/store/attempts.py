@@ -1,4 +1,4 @@
-"""A step attempt's history row: written in the transaction that records how the attempt
+"""A step or reversal attempt's history row: written in the transaction that records how the attempt
 ended (on PostgreSQL's one-statement outcomes, by the statement itself:
 ``prepared.run_and_step_in_one``)."""
 
@@ -23,19 +23,7 @@ def write_row(
 ) -> None:
     """Add the history row of ``step``'s attempt, ended as ``ended`` at ``now``, inside
     the caller's transaction (the one that records how it ended)."""
-    params = {
-        "step_run": step.execution_id,
-        "step_name": step.name,
-        "attempt_at": to_db_time(now),
-        "attempt_started": claimed_at(step),
-        "attempt_detail": detail,
-    }
-    rowcount_in(connection, prepared.attempt_row(ended), params)
-
-
-def claimed_at(step: StepAttempt) -> datetime | None:
-    """When ``step``'s attempt began, as stored (None where it is not known)."""
-    return None if step.claimed_at is None else to_db_time(step.claimed_at)
+    _write(connection, step.execution_id, step.name, step.claimed_at, ended, now, detail)
 
 
 def write_reversal_row(
@@ -46,14 +34,28 @@ def write_reversal_row(
     detail: str | None = None,
 ) -> None:
     """``write_row`` for a reversal attempt (its number and holder as its record says)."""
+    claimed = reversal.claimed_at
+    _write(connection, reversal.execution_id, reversal.name, claimed, ended, now, detail, True)
+
+
+def _write(
+    connection: Connection,
+    execution_id: str,
+    name: str,
+    claimed: datetime | None,
+    ended: Kind,
+    now: datetime,
+    detail: str | None,
+    reversal: bool = False,
+) -> None:
     params = {
-        "step_run": reversal.execution_id,
-        "step_name": reversal.name,
+        "step_run": execution_id,
+        "step_name": name,
         "attempt_at": to_db_time(now),
-        "attempt_started": started(reversal.claimed_at),
+        "attempt_started": started(claimed),
         "attempt_detail": detail,
     }
-    rowcount_in(connection, prepared.attempt_row(ended, reversal=True), params)
+    rowcount_in(connection, prepared.attempt_row(ended, reversal), params)
 
 
 def started(claimed: datetime | None) -> datetime | None:

@@ -333,7 +333,7 @@ def held_step_params(step: StepAttempt, stamp: datetime) -> dict[str, Any]:
         "step_name": step.name,
         "step_attempt": step.attempt,
         "step_completed_at": stamp,
-        "step_claimed_at": attempts.claimed_at(step),
+        "step_claimed_at": attempts.started(step.claimed_at),
     }
 
 

@@ -32,7 +32,7 @@ from celery_saga.records import (
     StepRecord,
 )
 from celery_saga.store import attempts, history, prepared
-from celery_saga.store.database import Database, rowcount_in, to_db_time
+from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.forward import Conflict, prefixed
 from celery_saga.store.history import Kind
 from celery_saga.store.queries import snapshot_from_rows, snapshot_query
@@ -251,14 +251,6 @@ def _outcome_in_a_transaction(
     )
     if settled.rowcount != 1:
         raise Conflict(params["run_id"])  # rolls the run's change back
-    row = {
-        "step_run": params["run_id"],
-        "step_name": params["step_name"],
-        "attempt_at": params["at"],
-        "attempt_started": params["attempt_started"],
-        "attempt_detail": params["reason"],
-    }
-    rowcount_in(connection, prepared.attempt_row(ENDED[params["outcome"]], reversal=True), row)
 
 
 #: A reversal outcome -> the kind of its attempt's history row.
@@ -316,6 +308,8 @@ def record_compensation(
                     raise Conflict(reversal.execution_id)
             else:
                 _outcome_in_a_transaction(connection, shape, params)
+                ended = ENDED[outcome.value]
+                attempts.write_reversal_row(connection, reversal, ended, now, reason)
             if parks:
                 reason = changes["rollback_reason"]
                 history.write_parked(
