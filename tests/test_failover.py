@@ -109,6 +109,9 @@ def test_a_store_outage_longer_than_the_lease_leaves_the_running_body_to_its_hol
         assert len(begins) == 1, "the body was started again while its holder ran it"
         assert execution.step("marathon").attempts == 1
         assert rig.ledger(run.id, "forward") == {f"{run.id}:marathon:0:forward": 1}
+        rows = [(h.kind, h.attempt) for h in history.load(rig.client.engine.db, run.id)]
+        attempt_rows = [r for r in rows if r[0].startswith("step-")]
+        assert attempt_rows == [("step-completed", 1)], "no takeover, no lost attempt"
     finally:
         rig.close()
 

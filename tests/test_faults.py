@@ -22,7 +22,7 @@ import pytest
 from celery_saga import ExecutionState, RollbackStatus, SagaError
 from celery_saga.errors import StoreUnavailableError
 from celery_saga.store import history
-from celery_saga.store.history import ATTEMPT_KINDS
+from celery_saga.store.history import ATTEMPT_KINDS, REVERSAL_KINDS
 from tests.conftest import (
     BROKERS,
     PORTS,
@@ -127,6 +127,12 @@ def test_a_cut_during_a_reversal_outcome_write_neither_parks_nor_repeats_it(
     assert rig.proxy.cuts, "the reversal's body did cut the store"
     # The first API call after the outage meets no connection the outage killed.
     assert rig.client.engine.get(run.id).state is ExecutionState.FAILED
+    reversals = [
+        (r.kind, r.step)
+        for r in history.load(rig.client.engine.db, run.id)
+        if r.kind in REVERSAL_KINDS
+    ]
+    assert reversals == [("reversal-completed", f"s{n}") for n in (3, 2, 1)], reversals
 
 
 @pytest.mark.parametrize("seconds", [1, 30])
