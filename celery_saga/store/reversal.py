@@ -32,7 +32,7 @@ from celery_saga.records import (
     StepRecord,
 )
 from celery_saga.store import attempts, history, prepared
-from celery_saga.store.database import Database, to_db_time
+from celery_saga.store.database import Database, rowcount_in, to_db_time
 from celery_saga.store.forward import Conflict, prefixed
 from celery_saga.store.history import Kind
 from celery_saga.store.queries import snapshot_from_rows, snapshot_query
@@ -236,20 +236,24 @@ def _outcome_in_one(changes: tuple[str, ...]) -> Any:
     )
 
 
+@functools.cache
+def _run_moved(changes: tuple[str, ...]) -> Any:
+    return update(executions).where(_compensating_run()).values(**prepared.bumped_run(changes))
+
+
+@functools.cache
+def _step_outcome() -> Any:
+    return update(step_records).where(_step_settled()).values(**_STEP_OUTCOME)
+
+
 def _outcome_in_a_transaction(
     connection: Connection, changes: tuple[str, ...], params: dict[str, Any]
 ) -> None:
-    """Elsewhere: the same two row changes in one transaction, run row (its lock) first."""
-    moved = connection.execute(
-        update(executions).where(_compensating_run()).values(**prepared.bumped_run(changes)),
-        params,
-    )
-    if moved.rowcount != 1:
+    """Elsewhere: the same two row changes in one transaction, run row (its lock) first;
+    statements built once per shape (SQLite sends them to its driver directly)."""
+    if rowcount_in(connection, _run_moved(changes), params) != 1:
         raise Conflict(params["run_id"])
-    settled = connection.execute(
-        update(step_records).where(_step_settled()).values(**_STEP_OUTCOME), params
-    )
-    if settled.rowcount != 1:
+    if rowcount_in(connection, _step_outcome(), params) != 1:
         raise Conflict(params["run_id"])  # rolls the run's change back
 
 

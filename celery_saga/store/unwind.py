@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, exists, func, literal, update
+from sqlalchemy import Connection, bindparam, exists, func, literal, update
 
 from celery_saga.decisions.unwind import (
     UnwindKind,
@@ -22,11 +23,15 @@ from celery_saga.records import (
     StepRecord,
 )
 from celery_saga.store import attempts, history, prepared
-from celery_saga.store.database import Database, to_db_time
+from celery_saga.store.database import Database, rowcount_in, to_db_time
 from celery_saga.store.forward import Conflict
 from celery_saga.store.history import Kind
 from celery_saga.store.queries import load_execution_row, load_steps
 from celery_saga.store.tables import executions, step_records
+
+
+def _param(name: str, column: Any) -> Any:
+    return bindparam(name, type_=column.type)
 
 
 def _step(execution_id: str, name: str) -> Any:
@@ -36,6 +41,39 @@ def _step(execution_id: str, name: str) -> Any:
 def _compensating(execution_id: str) -> Any:
     return (executions.c.id == execution_id) & (
         executions.c.state == ExecutionState.COMPENSATING.value
+    )
+
+
+@functools.cache
+def _reversal_claim(seen: bool, durable: bool) -> Any:
+    """The checked path's claim of a reversal, built once per shape. Params: ``run_id``,
+    ``step_name``, ``attempts_before``, ``now``, ``seen_lease`` (with ``seen``), ``lease``,
+    ``reversal_holder``."""
+    held_until = step_records.c.compensation_lease_expires_at
+    lease_free = held_until.is_(None) | (held_until < _param("now", held_until))
+    if seen:
+        lease_free |= held_until == _param("seen_lease", held_until)
+    if not durable:
+        lease_free &= prepared.commit_without_flush_wait()
+    run_compensating = (executions.c.id == _param("run_id", executions.c.id)) & (
+        executions.c.state == ExecutionState.COMPENSATING.value
+    )
+    return (
+        update(step_records)
+        .where(
+            step_records.c.execution_id == _param("run_id", step_records.c.execution_id),
+            step_records.c.name == _param("step_name", step_records.c.name),
+            step_records.c.compensation_status.is_(None),
+            step_records.c.compensation_attempts
+            == _param("attempts_before", step_records.c.compensation_attempts),
+            lease_free,
+            exists().where(run_compensating),
+        )
+        .values(
+            compensation_attempts=step_records.c.compensation_attempts + 1,
+            compensation_lease_expires_at=_param("lease", held_until),
+            compensation_holder=_param("reversal_holder", step_records.c.compensation_holder),
+        )
     )
 
 
@@ -54,32 +92,19 @@ def claim_compensation(
     holds it but ``seen_lease`` (one whose holder said it no longer runs it). ``previous``:
     the record as read before; when an attempt held it under a lease, that attempt never
     settled, and its ``reversal-lost`` row is written with the claim."""
-    stamp = to_db_time(now)
-    lease_free = (step_records.c.compensation_lease_expires_at.is_(None)) | (
-        step_records.c.compensation_lease_expires_at < stamp
-    )
-    if seen_lease is not None:
-        lease_free |= step_records.c.compensation_lease_expires_at == to_db_time(seen_lease)
-    if not db.durable_claims:
-        lease_free &= prepared.commit_without_flush_wait()
+    params = {
+        "run_id": reversal.execution_id,
+        "step_name": reversal.name,
+        "attempts_before": reversal.attempt - 1,
+        "now": to_db_time(now),
+        "seen_lease": None if seen_lease is None else to_db_time(seen_lease),
+        "lease": to_db_time(lease_expires_at),
+        "reversal_holder": holder,
+    }
+    statement = _reversal_claim(seen_lease is not None, db.durable_claims)
     lost = previous is not None and previous.compensation_lease_expires_at is not None
     with db.transaction() if lost else db.single_statement() as connection:
-        result = connection.execute(
-            update(step_records)
-            .where(
-                _step(reversal.execution_id, reversal.name),
-                step_records.c.compensation_status.is_(None),
-                step_records.c.compensation_attempts == reversal.attempt - 1,
-                lease_free,
-                exists().where(_compensating(reversal.execution_id)),
-            )
-            .values(
-                compensation_attempts=step_records.c.compensation_attempts + 1,
-                compensation_lease_expires_at=to_db_time(lease_expires_at),
-                compensation_holder=holder,
-            )
-        )
-        if result.rowcount != 1:
+        if rowcount_in(connection, statement, params) != 1:
             return False
         if lost and previous is not None:
             history.write_reversal_lost(connection, previous, now)

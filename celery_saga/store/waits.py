@@ -31,8 +31,8 @@ from celery_saga.errors import (
 from celery_saga.records import ExecutionRecord, ExecutionState
 from celery_saga.store import history
 from celery_saga.store.codec import unpack
-from celery_saga.store.database import Database, rows_in, to_db_time
-from celery_saga.store.forward import advance_values, fail_run_locked
+from celery_saga.store.database import Database, rowcount_in, rows_in, to_db_time
+from celery_saga.store.forward import advance_values, fail_run_locked, prefixed
 from celery_saga.store.history import HistoryEntry, Kind
 from celery_saga.store.queries import keyset_after
 from celery_saga.store.rows import execution_from_row
@@ -75,16 +75,49 @@ def _resume(
     # The move's own state (completed past a final gate) wins over running: see
     # tests/test_gates.py::test_a_gate_in_any_position_is_passed_by_its_signal.
     moved = {"state": ExecutionState.RUNNING.value, **advance_values(advance, now)}
-    result = connection.execute(
-        update(executions)
-        .where(
-            executions.c.id == execution_id,
-            executions.c.state == ExecutionState.WAITING.value,
-            executions.c.cursor == gate,
-        )
-        .values(wake_at=None, version=executions.c.version + 1, updated_at=to_db_time(now), **moved)
+    params = {"run_id": execution_id, "gate": gate, "run_updated_at": to_db_time(now)}
+    statement = _resumed(tuple(sorted(moved)))
+    return rowcount_in(connection, statement, {**params, **prefixed("set_", moved)}) == 1
+
+
+def _param(name: str, column: Any) -> Any:
+    return bindparam(name, type_=column.type)
+
+
+def _set(keys: tuple[str, ...]) -> dict[str, Any]:
+    """The run's version bump, ``run_updated_at``, and ``set_<key>`` for each of ``keys``."""
+    return {
+        "version": executions.c.version + 1,
+        "updated_at": _param("run_updated_at", executions.c.updated_at),
+        **{key: _param(f"set_{key}", executions.c[key]) for key in keys},
+    }
+
+
+@functools.cache
+def _resumed(keys: tuple[str, ...]) -> Any:
+    """The resume (params ``run_id``, ``gate``), built once per set of moved columns."""
+    parked_here = (
+        (executions.c.id == _param("run_id", executions.c.id))
+        & (executions.c.state == ExecutionState.WAITING.value)
+        & (executions.c.cursor == _param("gate", executions.c.cursor))
     )
-    return bool(result.rowcount == 1)
+    return update(executions).where(parked_here).values(wake_at=None, **_set(keys))
+
+
+@functools.cache
+def _moved(keys: tuple[str, ...]) -> Any:
+    """The run's row (param ``run_id``, locked before) moved or parked at its gate."""
+    return (
+        update(executions)
+        .where(executions.c.id == _param("run_id", executions.c.id))
+        .values(**_set(keys))
+    )
+
+
+@functools.cache
+def _insert_signal() -> Any:
+    names = ("execution_id", "event", "payload", "received_at")
+    return insert(signals).values({name: _param(name, signals.c[name]) for name in names})
 
 
 def record_signal_once(
@@ -118,14 +151,8 @@ def record_signal_once(
                 "accept signals"
             )
         try:
-            connection.execute(
-                insert(signals).values(
-                    execution_id=execution_id,
-                    event=event,
-                    payload=payload_blob,
-                    received_at=to_db_time(now),
-                )
-            )
+            stored = {"event": event, "payload": payload_blob, "received_at": to_db_time(now)}
+            rowcount_in(connection, _insert_signal(), {"execution_id": execution_id, **stored})
         except IntegrityError:
             raise DuplicateSignalError(f"{what} refused: it was already received") from None
         resumed = verdict is SignalVerdict.RESUME and _resume(
@@ -163,11 +190,8 @@ def park_for_signal(
             values = {"state": ExecutionState.WAITING.value, "wake_at": deadline}
         else:
             return arrival
-        connection.execute(
-            update(executions)
-            .where(executions.c.id == execution_id)
-            .values(version=executions.c.version + 1, updated_at=stamp, **values)
-        )
+        params = {"run_id": execution_id, "run_updated_at": stamp, **prefixed("set_", values)}
+        rowcount_in(connection, _moved(tuple(sorted(values))), params)
         if arrival is Arrival.PARK:
             until = None if wake_at is None else wake_at.isoformat()
             detail = f"for {event!r} " + (f"until {until}" if until else "(no deadline)")
