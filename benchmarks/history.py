@@ -137,6 +137,7 @@ def _retire(
     batch: int = BATCH,
 ) -> str:
     position: retention.Position | None = retention.Position()
+    wal = _wal_position(engine)
     times, gone, began = [], 0, time.perf_counter()
     while position is not None and gone < runs:
         started = time.perf_counter()
@@ -152,11 +153,30 @@ def _retire(
     tenth = max(len(times) // 10, 1)
     first, last = statistics.median(times[:tenth]), statistics.median(times[-tenth:])
     verb = "archived" if archive else "deleted"
+    written = _wal_since(engine, wal)
+    wal_line = "" if written is None else f", WAL {written / max(gone, 1) / 1000:.1f} kB a run"
     return (
         f"{verb} {gone} runs in {elapsed:.1f} s: {gone / max(elapsed, 1e-9):,.0f} runs/s; "
         f"batch of {batch}: first tenth {first:.1f} ms, last tenth {last:.1f} ms "
-        f"({last / max(first, 1e-9):.2f}x), {len(times)} batches, resting {rest:g}x"
+        f"({last / max(first, 1e-9):.2f}x), {len(times)} batches, resting {rest:g}x{wal_line}"
     )
+
+
+def _wal_position(engine: SagaEngine) -> str | None:
+    """PostgreSQL's WAL insert position (None elsewhere)."""
+    if engine.db.dialect != "postgresql":
+        return None
+    with engine.db.engine.connect() as connection:
+        return str(connection.execute(text("SELECT pg_current_wal_lsn()")).scalar())
+
+
+def _wal_since(engine: SagaEngine, start: str | None) -> float | None:
+    """Bytes of WAL the server wrote since ``start`` (other work on the server included)."""
+    if start is None:
+        return None
+    with engine.db.engine.connect() as connection:
+        query = text("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), CAST(:start AS pg_lsn))")
+        return float(connection.execute(query, {"start": start}).scalar() or 0)
 
 
 def _catch_up(
