@@ -110,3 +110,39 @@ def test_a_run_read_directly_equals_the_same_read_through_sqlalchemy(tmp_path: P
     assert {type(value) for row in direct for value in row.values()} >= {str, int, bytes}
     stamps = [row[key] for row in direct for key in row if key.endswith("started_at")]
     assert stamps and all(stamp.year == time.gmtime().tm_year for stamp in stamps)
+
+
+def _fails() -> None:
+    raise RuntimeError("the last step fails on purpose")
+
+
+def test_reversals_and_signals_write_to_sqlite3_directly(tmp_path: Path) -> None:
+    """A reversal's claim and outcome, a signal, the park and the resume at a gate: none of
+    their writes is built and run through SQLAlchemy's ``Connection.execute`` per call."""
+    app = Celery("direct-sqlite-unwind", broker="memory://localhost/", set_as_current=False)
+    engine = SagaEngine(app, store_url=f"sqlite:///{tmp_path}/unwind.sqlite3")
+    unwinding = Saga("unwinding").step("s1", lambda: None, compensate=lambda: None)
+    engine.register(unwinding.step("s2", lambda: None, compensate=lambda: None).step("s3", _fails))
+    engine.register(Saga("gated").step("a", lambda: None).wait_for("go").step("b", lambda: None))
+    engine.ensure_schema()
+    through_sqlalchemy: list[list[str]] = []
+    event.listen(
+        engine.db.engine,
+        "before_execute",
+        lambda _connection, clause, *_: through_sqlalchemy.append(str(clause).split()[0:3]),
+    )
+    with embedded_worker(app):
+        failed = engine.start("unwinding", {}).wait(timeout=30)
+        gated = engine.start("gated", {})
+        deadline = time.monotonic() + 30
+        while engine.get(gated.id).state.value != "waiting" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        engine.signal(gated.id, "go")
+        passed = gated.wait(timeout=30)
+    engine.db.dispose()
+    assert failed.state.value == "failed" and passed.state.value == "completed"
+    assert [s.compensation_status for s in failed.steps][:2] == ["compensated"] * 2
+    writes = [words for words in through_sqlalchemy if words[0] in ("INSERT", "UPDATE")]
+    own = [words for words in writes if "saga_versions" not in words]
+    # The failure that starts the unwind is one write per failing run; nothing else.
+    assert own == [["UPDATE", "saga_executions", "SET"]], own
