@@ -128,3 +128,28 @@ def test_retention_finds_children_on_mariadb_by_seeking_the_parent_index() -> No
         with store.transaction() as connection:
             connection.execute(delete(executions).where(executions.c.id.in_(roots)))
         store.dispose()
+
+
+def test_the_variants_benchmark_runs_each_catch_up_beside_a_live_stream() -> None:
+    """``benchmarks/history_variants.py`` on a tiny store: every kind of catch-up it names
+    retires its runs beside the live stream, and the stream's latency is reported per phase
+    (the figures on the scaling page come from it)."""
+    require_services(PORTS["postgres"], PORTS["postgres-rabbitmq"])
+    variants = ["current", "chunked:1", "async:0", "archive:0", "cleanup:0", "process:0"]
+    command = [sys.executable, "benchmarks/history_variants.py", "--runs", "6000"]
+    command += ["--retire-runs", "300", "--batch", "100", "--chunk", "50", "--live-rate", "5"]
+    command += ["--live-seconds", "1", "--variants", *variants]
+    done = subprocess.run(
+        command,
+        cwd=ROOT,
+        env={**os.environ, "BENCH_ADMIN_URL": PG_ADMIN},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    out = done.stdout
+    assert out.count("archived 300 runs") == 5 and out.count("deleted 300 runs") == 5, out
+    assert out.count(" kB a run") == 10
+    for index, variant in enumerate(variants, start=1):
+        assert f"during {index}, {variant}" in out, out

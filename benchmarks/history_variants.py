@@ -1,0 +1,209 @@
+"""Retention catch-up variants, each beside the same live stream (issue 26).
+
+Fills one PostgreSQL database with ``--runs`` finished five-step runs (``history_fill.py``),
+then runs ``--variants`` one after the other, each retiring ``--retire-runs`` runs, between
+two quiet stretches of live five-step runs started at ``--live-rate`` per second on a real
+worker (``history_live.py``). Alternate the variants (``current chunked current chunked``)
+so that each meets the same machine; the stream's p95 during each, against the quiet
+stretches, is what the variant costs live runs. The database is dropped at the end.
+
+A variant is ``KIND[:REST][+SETTING]``:
+
+``current``   the catch-up as ``retention.retire`` runs it, resting REST (default
+              ``retention.REST``) times each batch's duration: archive, then cleanup.
+``archive``   the archive alone; ``cleanup``: the cleanup alone.
+``chunked``   each batch's archive and delete in chunks of ``--chunk`` runs, resting REST
+              times each chunk's duration inside the batch's transaction.
+``async``     the current catch-up, its batches committed without waiting for their WAL
+              flush (``SET LOCAL synchronous_commit = off``).
+``process``   the current catch-up in a process of its own (the stream's process is not
+              where a worker would run it).
+
+``+wal8g`` (``max_wal_size = 8GB``) or ``+lz4`` (``wal_compression = lz4``) sets the server
+with ``ALTER SYSTEM`` for the variant and resets it after: it needs a superuser, and it
+changes the server for everything else running on it meanwhile.
+
+    python benchmarks/history_variants.py --runs 1000000 --retire-runs 40000 \\
+        --variants current chunked current chunked
+    python benchmarks/history_variants.py --variants archive cleanup archive cleanup cleanup:0
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import history
+import history_fill
+import history_live
+from sqlalchemy import Connection, create_engine, delete, text
+
+from celery_saga import SagaEngine
+from celery_saga.store import retention
+from celery_saga.store.tables import executions
+
+SETTINGS = {"wal8g": ("max_wal_size", "'8GB'"), "lz4": ("wal_compression", "'lz4'")}
+KINDS = ("current", "archive", "cleanup", "chunked", "async", "process")
+
+
+def _chunked(chunk: int, rest: float) -> Callable[..., Any]:
+    """``retention._retire_once`` with its work in chunks, resting inside the transaction."""
+
+    def retire_once(*args: Any, replace: bool) -> tuple[list[Any], list[str]]:
+        db, cutoff, now, archive, batch, position = args
+        with db.transaction() as connection:
+            began = time.perf_counter()
+            roots = retention._claim_candidates(connection, cutoff, batch, position)
+            ids = retention._families(connection, [root for _, root in roots])
+            for start in range(0, len(ids), chunk):
+                _retire_ids(connection, ids[start : start + chunk], now, archive, replace)
+                time.sleep((time.perf_counter() - began) * rest)
+                began = time.perf_counter()
+        return roots, ids
+
+    return retire_once
+
+
+def _asynchronous(*args: Any, replace: bool) -> tuple[list[Any], list[str]]:
+    """``retention._retire_once``, committing without waiting for the WAL's flush."""
+    db, cutoff, now, archive, batch, position = args
+    with db.transaction() as connection:
+        connection.execute(text("SET LOCAL synchronous_commit = off"))
+        roots = retention._claim_candidates(connection, cutoff, batch, position)
+        ids = retention._families(connection, [root for _, root in roots])
+        if ids:
+            _retire_ids(connection, ids, now, archive, replace)
+    return roots, ids
+
+
+def _retire_ids(
+    connection: Connection, ids: Sequence[str], now: datetime, archive: bool, replace: bool
+) -> None:
+    if archive:
+        retention._copy_to_archive(connection, ids, now, replace)
+    connection.execute(delete(executions).where(executions.c.id.in_(ids)))
+
+
+@contextmanager
+def _server_setting(admin_url: str, name: str | None) -> Iterator[None]:
+    """The server set as ``SETTINGS[name]`` while the block runs (nothing for None)."""
+    if name is None:
+        yield
+        return
+    key, value = SETTINGS[name]
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as connection:
+            connection.execute(text(f"ALTER SYSTEM SET {key} = {value}"))
+            connection.execute(text("SELECT pg_reload_conf()"))
+        yield
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f"ALTER SYSTEM RESET {key}"))
+            connection.execute(text("SELECT pg_reload_conf()"))
+        admin.dispose()
+
+
+def parse(variant: str) -> tuple[str, float, str | None]:
+    """``KIND[:REST][+SETTING]`` -> (kind, rest, setting)."""
+    spec, _, setting = variant.partition("+")
+    kind, _, rest = spec.partition(":")
+    if kind not in KINDS or (setting and setting not in SETTINGS):
+        raise SystemExit(f"unknown variant {variant!r}: KIND[:REST][+SETTING], see --help")
+    return kind, float(rest) if rest else retention.REST, setting or None
+
+
+def run_variant(engine: SagaEngine, args: argparse.Namespace, variant: str) -> list[str]:
+    """Retire ``--retire-runs`` runs (each way the variant says); its report lines."""
+    kind, rest, _ = parse(variant)
+    cutoff = datetime.now(UTC) - timedelta(days=1)
+    original = retention._retire_once
+    if kind == "chunked":
+        retention._retire_once = _chunked(args.chunk, rest)  # type: ignore[assignment]
+        rest = 0.0  # it rests inside its batches
+    elif kind == "async":
+        retention._retire_once = _asynchronous  # type: ignore[assignment]
+    ways = {"archive": (True,), "cleanup": (False,)}.get(kind, (True, False))
+    try:
+        return [
+            history._retire(engine, cutoff, args.retire_runs, way, rest, args.batch) for way in ways
+        ]
+    finally:
+        retention._retire_once = original  # type: ignore[assignment]
+
+
+def _in_a_process(args: argparse.Namespace, url: str, variant: str) -> list[str]:
+    command = [sys.executable, __file__, "--child-of", url, "--variants", variant]
+    command += ["--retire-runs", str(args.retire_runs), "--batch", str(args.batch)]
+    out = subprocess.run(command, check=True, capture_output=True, text=True)
+    return out.stdout.strip().splitlines()
+
+
+def _phases(
+    engine: SagaEngine, args: argparse.Namespace, url: str
+) -> dict[str, Callable[[], list[str]]]:
+    def phase(variant: str) -> list[str]:
+        kind, _, setting = parse(variant)
+        with _server_setting(args.admin_url, setting):
+            if kind == "process":
+                return _in_a_process(args, url, variant.replace("process", "current", 1))
+            return run_variant(engine, args, variant)
+
+    return {
+        f"{index + 1}, {variant}": (lambda variant=variant: phase(variant))
+        for index, variant in enumerate(args.variants)
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument(
+        "--admin-url", default=os.environ.get("BENCH_ADMIN_URL", history.DEFAULT_ADMIN_URL)
+    )
+    parser.add_argument("--runs", type=int, default=1_000_000)
+    parser.add_argument("--retire-runs", type=int, default=40_000)
+    parser.add_argument("--variants", nargs="+", default=["current", "chunked"] * 2)
+    parser.add_argument("--batch", type=int, default=history.BATCH)
+    parser.add_argument("--chunk", type=int, default=100)
+    parser.add_argument("--live-rate", type=float, default=10.0)
+    parser.add_argument("--live-seconds", type=float, default=30.0)
+    parser.add_argument("--child-of", help=argparse.SUPPRESS)  # a ``process`` variant's child
+    args = parser.parse_args()
+    for variant in args.variants:
+        parse(variant)
+    if args.child_of:
+        engine, _ = history._store(args.child_of, argparse.Namespace(without_index=[]))
+        print("\n".join(run_variant(engine, args, args.variants[0])))
+        return 0
+    name = f"saga_history_variants_{uuid.uuid4().hex[:6]}"
+    admin = create_engine(args.admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f"CREATE DATABASE {name}"))
+    url = args.admin_url.rsplit("/", 1)[0] + "/" + name
+    try:
+        engine, bulk = history._store(url, argparse.Namespace(without_index=[]))
+        seconds = history_fill.fill(bulk, args.runs, 2000, 200, 20, datetime.now(UTC))
+        history_fill.vacuum(bulk)
+        bulk.dispose()
+        print(f"filled {args.runs:,} finished runs in {seconds:.1f} s", flush=True)
+        phases = _phases(engine, args, url)
+        for line in history_live.beside(url, args.live_rate, args.live_seconds, phases):
+            print(line, flush=True)
+        engine.db.dispose()
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f"DROP DATABASE {name} WITH (FORCE)"))
+        admin.dispose()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
