@@ -31,6 +31,7 @@ changes the server for everything else running on it meanwhile.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import subprocess
 import sys
@@ -40,6 +41,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from unittest import mock
 
 import history
 import history_fill
@@ -125,19 +127,16 @@ def run_variant(engine: SagaEngine, args: argparse.Namespace, variant: str) -> l
     """Retire ``--retire-runs`` runs (each way the variant says); its report lines."""
     kind, rest, _ = parse(variant)
     cutoff = datetime.now(UTC) - timedelta(days=1)
-    original = retention._retire_once
+    replacement: Any = retention._retire_once
     if kind == "chunked":
-        retention._retire_once = _chunked(args.chunk, rest)  # type: ignore[assignment]
-        rest = 0.0  # it rests inside its batches
+        replacement, rest = _chunked(args.chunk, rest), 0.0  # it rests inside its batches
     elif kind == "async":
-        retention._retire_once = _asynchronous  # type: ignore[assignment]
+        replacement = _asynchronous
     ways = {"archive": (True,), "cleanup": (False,)}.get(kind, (True, False))
-    try:
+    with mock.patch.object(retention, "_retire_once", replacement):
         return [
             history._retire(engine, cutoff, args.retire_runs, way, rest, args.batch) for way in ways
         ]
-    finally:
-        retention._retire_once = original  # type: ignore[assignment]
 
 
 def _in_a_process(args: argparse.Namespace, url: str, variant: str) -> list[str]:
@@ -158,7 +157,7 @@ def _phases(
             return run_variant(engine, args, variant)
 
     return {
-        f"{index + 1}, {variant}": (lambda variant=variant: phase(variant))
+        f"{index + 1}, {variant}": functools.partial(phase, variant)
         for index, variant in enumerate(args.variants)
     }
 
