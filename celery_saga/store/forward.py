@@ -304,7 +304,7 @@ def fail_run_locked(
     plan = next_unwind_step(steps, committed, compensations)
     values = {**failed_run_values(plan, reason), "updated_at": to_db_time(now)}
     statement = prepared.update_run(tuple(sorted(values)))
-    connection.execute(statement, {"run_id": execution_id, **prefixed("set_", values)})
+    rowcount_in(connection, statement, {"run_id": execution_id, **prefixed("set_", values)})
     return plan
 
 

@@ -16,7 +16,7 @@ from sqlalchemy.orm import aliased
 from celery_saga.records import ExecutionRecord, ExecutionState, RollbackStatus, StepRecord
 from celery_saga.store import history, prepared
 from celery_saga.store.codec import pack, unpack, unpack_or_sealed
-from celery_saga.store.database import Database, to_db_time
+from celery_saga.store.database import Database, rows_in, to_db_time
 from celery_saga.store.history import HistoryEntry, Kind
 from celery_saga.store.rows import execution_from_row, step_from_row
 from celery_saga.store.tables import decisions, executions, step_records
@@ -129,7 +129,7 @@ def _run_with_step() -> Any:
 
 
 def load_steps(connection: Connection, execution_id: str) -> list[StepRecord]:
-    rows = connection.execute(prepared.steps_of_run(), {"run_id": execution_id}).mappings()
+    rows = rows_in(connection, prepared.steps_of_run(), {"run_id": execution_id})
     return [step_from_row(r) for r in rows]
 
 
@@ -145,13 +145,13 @@ def load_step(db: Database, execution_id: str, name: str) -> StepRecord | None:
 
 def load_execution(db: Database, execution_id: str) -> ExecutionRecord | None:
     """The execution row alone, in one read."""
-    rows = db.read(select(executions).where(executions.c.id == execution_id))
+    rows = db.read(prepared.run_by_id(), {"run_id": execution_id})
     return execution_from_row(rows[0]) if rows else None
 
 
 def load_execution_row(connection: Connection, execution_id: str) -> ExecutionRecord | None:
-    row = connection.execute(prepared.run_by_id(), {"run_id": execution_id}).mappings().first()
-    return None if row is None else execution_from_row(row)
+    rows = rows_in(connection, prepared.run_by_id(), {"run_id": execution_id})
+    return execution_from_row(rows[0]) if rows else None
 
 
 def journal_decision(
