@@ -50,23 +50,31 @@ NEW_RUN_COLUMNS = (
 )
 
 
-def _param(name: str, column: Any) -> Any:
+def param(name: str, column: Any) -> Any:
+    """A bind parameter ``name`` typed as ``column``, for statements built once."""
     return bindparam(name, type_=column.type)
 
 
 def run_at_cursor() -> Any:
     """Params ``run_id``, ``run_node``, ``run_sub``: the run is live at that position."""
     return (
-        (executions.c.id == _param("run_id", executions.c.id))
+        (executions.c.id == param("run_id", executions.c.id))
         & (executions.c.state == ExecutionState.RUNNING.value)
-        & (executions.c.cursor == _param("run_node", executions.c.cursor))
-        & (executions.c.cursor_sub == _param("run_sub", executions.c.cursor_sub))
+        & (executions.c.cursor == param("run_node", executions.c.cursor))
+        & (executions.c.cursor_sub == param("run_sub", executions.c.cursor_sub))
+    )
+
+
+def compensating_run() -> Any:
+    """Param ``run_id``: the run is compensating."""
+    return (executions.c.id == param("run_id", executions.c.id)) & (
+        executions.c.state == ExecutionState.COMPENSATING.value
     )
 
 
 def run_on_graph() -> Any:
     """Param ``run_hash``: the run was started on the deployed definition."""
-    return executions.c.definition_hash == _param("run_hash", executions.c.definition_hash)
+    return executions.c.definition_hash == param("run_hash", executions.c.definition_hash)
 
 
 def run_live_here_locked() -> Any:
@@ -92,10 +100,10 @@ def commit_without_flush_wait() -> Any:
 def step_held() -> Any:
     """Params ``step_run``, ``step_name``, ``step_attempt``: still running under our claim."""
     return (
-        (step_records.c.execution_id == _param("step_run", step_records.c.execution_id))
-        & (step_records.c.name == _param("step_name", step_records.c.name))
+        (step_records.c.execution_id == param("step_run", step_records.c.execution_id))
+        & (step_records.c.name == param("step_name", step_records.c.name))
         & (step_records.c.status == StepStatus.RUNNING.value)
-        & (step_records.c.attempts == _param("step_attempt", step_records.c.attempts))
+        & (step_records.c.attempts == param("step_attempt", step_records.c.attempts))
     )
 
 
@@ -110,7 +118,7 @@ def first_claim(returning: bool, durable: bool = True) -> Any:
     # that is failing the run wait for it and then see the new state (PostgreSQL otherwise
     # reads the old row version and inserts a START record the failure never planned for).
     values = (
-        select(*(_param(f"new_{c}", step_records.c[c]).label(c) for c in FIRST_CLAIM_COLUMNS))
+        select(*(param(f"new_{c}", step_records.c[c]).label(c) for c in FIRST_CLAIM_COLUMNS))
         .select_from(executions)
         .where(run_at_cursor(), run_on_graph())
         .with_for_update(read=True)
@@ -124,20 +132,20 @@ def first_claim(returning: bool, durable: bool = True) -> Any:
 def _completion_values(finished: bool, pivot: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     run: dict[str, Any] = {
         "version": executions.c.version + 1,
-        "updated_at": _param("run_updated_at", executions.c.updated_at),
+        "updated_at": param("run_updated_at", executions.c.updated_at),
     }
     if finished:
         run["state"] = ExecutionState.COMPLETED.value
         run["deadline_at"] = None  # the deadline index holds live runs only
     else:
-        run["cursor"] = _param("run_next_node", executions.c.cursor)
-        run["cursor_sub"] = _param("run_next_sub", executions.c.cursor_sub)
+        run["cursor"] = param("run_next_node", executions.c.cursor)
+        run["cursor_sub"] = param("run_next_sub", executions.c.cursor_sub)
     if pivot:
-        run["committed_at"] = _param("run_committed_at", executions.c.committed_at)
+        run["committed_at"] = param("run_committed_at", executions.c.committed_at)
     step = {
         "status": StepStatus.COMPLETED.value,
-        "result": _param("step_result", step_records.c.result),
-        "completed_at": _param("step_completed_at", step_records.c.completed_at),
+        "result": param("step_result", step_records.c.result),
+        "completed_at": param("step_completed_at", step_records.c.completed_at),
         "lease_expires_at": None,
     }
     return run, step
@@ -206,20 +214,20 @@ def _attempt_row_from(
     holder = record.compensation_holder if reversal else record.holder
     return select(
         record.execution_id,
-        _param(end, history.c.at),
+        param(end, history.c.at),
         kind,
         record.name,
         attempt,
         holder,
-        _param(start, history.c.started_at),
+        param(start, history.c.started_at),
         detail,
     )
 
 
 def _reversal_row_from(record: Any) -> Any:
     """The reversal attempt's row, as ``reversal.record_compensation`` passes its params."""
-    kind = _param("attempt_kind", history.c.kind)
-    detail = _param("reason", history.c.detail)
+    kind = param("attempt_kind", history.c.kind)
+    detail = param("reason", history.c.detail)
     return _attempt_row_from(record, kind, "at", "attempt_started", detail, reversal=True)
 
 
@@ -229,13 +237,13 @@ def attempt_row(ended: Kind, reversal: bool = False) -> Any:
     the record says; its reversal's with ``reversal``), ending as ``ended``. Params:
     ``step_run``, ``step_name``, ``attempt_at`` (the end), ``attempt_started`` and
     ``attempt_detail``."""
-    detail = _param("attempt_detail", history.c.detail)
+    detail = param("attempt_detail", history.c.detail)
     kind = literal(ended.value)
     row = _attempt_row_from(
         step_records.c, kind, "attempt_at", "attempt_started", detail, reversal
     ).where(
-        step_records.c.execution_id == _param("step_run", step_records.c.execution_id),
-        step_records.c.name == _param("step_name", step_records.c.name),
+        step_records.c.execution_id == param("step_run", step_records.c.execution_id),
+        step_records.c.name == param("step_name", step_records.c.name),
     )
     return insert(history).from_select(list(ATTEMPT_ROW_COLUMNS), row)
 
@@ -247,8 +255,8 @@ def fail_in_one(changes: tuple[str, ...]) -> Any:
     ones, ``run_updated_at``, ``step_error``, ``step_completed_at``."""
     step = {
         "status": StepStatus.FAILED.value,
-        "error": _param("step_error", step_records.c.error),
-        "completed_at": _param("step_completed_at", step_records.c.completed_at),
+        "error": param("step_error", step_records.c.error),
+        "completed_at": param("step_completed_at", step_records.c.completed_at),
         "lease_expires_at": None,
     }
     return run_and_step_in_one(
@@ -266,10 +274,10 @@ def member_in_one() -> Any:
     worker of an earlier release left when it joined the group before without resetting
     them."""
     _, step = _completion_values(False, False)
-    size = _param("group_size", executions.c.members_settled)
+    size = param("group_size", executions.c.members_settled)
     run = {
         "version": executions.c.version + 1,
-        "updated_at": _param("run_updated_at", executions.c.updated_at),
+        "updated_at": param("run_updated_at", executions.c.updated_at),
         "members_settled": executions.c.members_settled + 1,
     }
     guard = run_at_cursor() & (executions.c.members_settled + 1 < size)
@@ -300,7 +308,7 @@ def complete_in_one(dialect: str, finished: bool, pivot: bool) -> tuple[Any, int
 @functools.cache
 def new_run() -> Any:
     """INSERT a run. Params: a value for each column of ``NEW_RUN_COLUMNS``."""
-    return insert(executions).values({c: _param(c, executions.c[c]) for c in NEW_RUN_COLUMNS})
+    return insert(executions).values({c: param(c, executions.c[c]) for c in NEW_RUN_COLUMNS})
 
 
 @functools.cache
@@ -324,16 +332,16 @@ def bumped_run(changes: tuple[str, ...]) -> dict[str, Any]:
     ``changes``."""
     return {
         "version": executions.c.version + 1,
-        "updated_at": _param("run_updated_at", executions.c.updated_at),
+        "updated_at": param("run_updated_at", executions.c.updated_at),
         **_run_values(changes),
     }
 
 
 def _run_values(changes: tuple[str, ...]) -> dict[str, Any]:
     return {
-        key: ending_state(_param(f"set_{key}", executions.c.state))
+        key: ending_state(param(f"set_{key}", executions.c.state))
         if key == "state"
-        else _param(f"set_{key}", executions.c[key])
+        else param(f"set_{key}", executions.c[key])
         for key in changes
     }
 
@@ -354,7 +362,7 @@ def ending_state(state: Any) -> Any:
 def settle_held_step(changes: tuple[str, ...]) -> Any:
     """Settle the step this attempt holds, clearing its lease. Params: the ``step_held``
     ones and ``set_<column>`` for each of ``changes``."""
-    values = {key: _param(f"set_{key}", step_records.c[key]) for key in changes}
+    values = {key: param(f"set_{key}", step_records.c[key]) for key in changes}
     return update(step_records).where(step_held()).values(lease_expires_at=None, **values)
 
 
@@ -364,7 +372,7 @@ def update_run(changes: tuple[str, ...]) -> Any:
     values = _run_values(changes)
     return (
         update(executions)
-        .where(executions.c.id == _param("run_id", executions.c.id))
+        .where(executions.c.id == param("run_id", executions.c.id))
         .values(**values)
     )
 
@@ -372,7 +380,7 @@ def update_run(changes: tuple[str, ...]) -> Any:
 @functools.cache
 def steps_of_run() -> Any:
     """Param ``run_id``: the run's step records, in start order."""
-    run_id = _param("run_id", step_records.c.execution_id)
+    run_id = param("run_id", step_records.c.execution_id)
     return (
         select(step_records)
         .where(step_records.c.execution_id == run_id)
@@ -383,4 +391,4 @@ def steps_of_run() -> Any:
 @functools.cache
 def run_by_id() -> Any:
     """Param ``run_id``: the run's row."""
-    return select(executions).where(executions.c.id == _param("run_id", executions.c.id))
+    return select(executions).where(executions.c.id == param("run_id", executions.c.id))

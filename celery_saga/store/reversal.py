@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, exists, or_, select, update
+from sqlalchemy import Connection, exists, or_, select, update
 from sqlalchemy.orm import aliased
 
 from celery_saga.decisions.unwind import UnwindKind, UnwindStep, next_after_outcome
@@ -58,16 +58,6 @@ class Unwinding:
 _later = aliased(step_records)
 
 
-def _param(name: str, column: Any) -> Any:
-    return bindparam(name, type_=column.type)
-
-
-def _compensating_run() -> Any:
-    return (executions.c.id == _param("run_id", executions.c.id)) & (
-        executions.c.state == ExecutionState.COMPENSATING.value
-    )
-
-
 def _next_owed() -> Any:
     """This step is the one the unwind reverses now (``next_unwind_step`` as a predicate):
     eligible, without outcome, and every eligible step started after it is settled."""
@@ -86,14 +76,14 @@ def _next_owed() -> Any:
         executions.c.committed_at.is_(None),
     )
     return (
-        (step_records.c.execution_id == _param("run_id", step_records.c.execution_id))
-        & (step_records.c.name == _param("step_name", step_records.c.name))
+        (step_records.c.execution_id == prepared.param("run_id", step_records.c.execution_id))
+        & (step_records.c.name == prepared.param("step_name", step_records.c.name))
         & step_records.c.compensatable.is_(True)
         & step_records.c.child_execution_id.is_(None)
         & step_records.c.compensation_status.is_(None)
         & (
             step_records.c.compensation_attempts
-            == _param("attempts_before", step_records.c.compensation_attempts)
+            == prepared.param("attempts_before", step_records.c.compensation_attempts)
         )
         & step_records.c.compensation_lease_expires_at.is_(None)
         & exists(run_unwinding)
@@ -111,10 +101,12 @@ def _claimed(durable: bool) -> Any:
         .where(guard)
         .values(
             compensation_attempts=step_records.c.compensation_attempts + 1,
-            compensation_lease_expires_at=_param(
+            compensation_lease_expires_at=prepared.param(
                 "lease", step_records.c.compensation_lease_expires_at
             ),
-            compensation_holder=_param("reversal_holder", step_records.c.compensation_holder),
+            compensation_holder=prepared.param(
+                "reversal_holder", step_records.c.compensation_holder
+            ),
         )
         .returning(step_records.c.id)
         .cte("claimed")
@@ -127,12 +119,14 @@ def _claim_returning(with_run: bool, durable: bool) -> Any:
     snapshot, in which the claimed row shows its state before the claim."""
     claimed = _claimed(durable)
     if with_run:
-        return snapshot_query(_param("run_id", executions.c.id)).where(exists(select(claimed.c.id)))
+        return snapshot_query(prepared.param("run_id", executions.c.id)).where(
+            exists(select(claimed.c.id))
+        )
     # The claimed record (no outcome yet) and the latest one before it still owed one.
     return (
         select(step_records)
         .where(
-            step_records.c.execution_id == _param("run_id", step_records.c.execution_id),
+            step_records.c.execution_id == prepared.param("run_id", step_records.c.execution_id),
             step_records.c.compensatable.is_(True),
             step_records.c.id <= select(claimed.c.id).scalar_subquery(),
             or_(
@@ -208,20 +202,20 @@ def _run_changes(plan: UnwindStep, name: str, reason: str | None) -> dict[str, A
 
 def _step_settled() -> Any:
     return (
-        (step_records.c.execution_id == _param("run_id", step_records.c.execution_id))
-        & (step_records.c.name == _param("step_name", step_records.c.name))
+        (step_records.c.execution_id == prepared.param("run_id", step_records.c.execution_id))
+        & (step_records.c.name == prepared.param("step_name", step_records.c.name))
         & step_records.c.compensation_status.is_(None)
         & (
             step_records.c.compensation_attempts
-            == _param("attempt", step_records.c.compensation_attempts)
+            == prepared.param("attempt", step_records.c.compensation_attempts)
         )
     )
 
 
 _STEP_OUTCOME = {
-    "compensation_status": _param("outcome", step_records.c.compensation_status),
-    "compensation_reason": _param("reason", step_records.c.compensation_reason),
-    "compensated_at": _param("at", step_records.c.compensated_at),
+    "compensation_status": prepared.param("outcome", step_records.c.compensation_status),
+    "compensation_reason": prepared.param("reason", step_records.c.compensation_reason),
+    "compensated_at": prepared.param("at", step_records.c.compensated_at),
     "compensation_lease_expires_at": None,
 }
 
@@ -232,13 +226,15 @@ def _outcome_in_one(changes: tuple[str, ...]) -> Any:
     move the run, in one statement whose rowcount is 1 only if all three happened."""
     run = prepared.bumped_run(changes)
     return prepared.run_and_step_in_one(
-        _compensating_run(), _step_settled(), run, _STEP_OUTCOME, reversal=True
+        prepared.compensating_run(), _step_settled(), run, _STEP_OUTCOME, reversal=True
     )
 
 
 @functools.cache
 def _run_moved(changes: tuple[str, ...]) -> Any:
-    return update(executions).where(_compensating_run()).values(**prepared.bumped_run(changes))
+    return (
+        update(executions).where(prepared.compensating_run()).values(**prepared.bumped_run(changes))
+    )
 
 
 @functools.cache

@@ -7,7 +7,7 @@ from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, exists, func, literal, update
+from sqlalchemy import Connection, exists, func, literal, update
 
 from celery_saga.decisions.unwind import (
     UnwindKind,
@@ -30,10 +30,6 @@ from celery_saga.store.queries import load_execution_row, load_steps
 from celery_saga.store.tables import executions, step_records
 
 
-def _param(name: str, column: Any) -> Any:
-    return bindparam(name, type_=column.type)
-
-
 def _step(execution_id: str, name: str) -> Any:
     return (step_records.c.execution_id == execution_id) & (step_records.c.name == name)
 
@@ -50,29 +46,28 @@ def _reversal_claim(seen: bool, durable: bool) -> Any:
     ``step_name``, ``attempts_before``, ``now``, ``seen_lease`` (with ``seen``), ``lease``,
     ``reversal_holder``."""
     held_until = step_records.c.compensation_lease_expires_at
-    lease_free = held_until.is_(None) | (held_until < _param("now", held_until))
+    lease_free = held_until.is_(None) | (held_until < prepared.param("now", held_until))
     if seen:
-        lease_free |= held_until == _param("seen_lease", held_until)
+        lease_free |= held_until == prepared.param("seen_lease", held_until)
     if not durable:
         lease_free &= prepared.commit_without_flush_wait()
-    run_compensating = (executions.c.id == _param("run_id", executions.c.id)) & (
-        executions.c.state == ExecutionState.COMPENSATING.value
-    )
     return (
         update(step_records)
         .where(
-            step_records.c.execution_id == _param("run_id", step_records.c.execution_id),
-            step_records.c.name == _param("step_name", step_records.c.name),
+            step_records.c.execution_id == prepared.param("run_id", step_records.c.execution_id),
+            step_records.c.name == prepared.param("step_name", step_records.c.name),
             step_records.c.compensation_status.is_(None),
             step_records.c.compensation_attempts
-            == _param("attempts_before", step_records.c.compensation_attempts),
+            == prepared.param("attempts_before", step_records.c.compensation_attempts),
             lease_free,
-            exists().where(run_compensating),
+            exists().where(prepared.compensating_run()),
         )
         .values(
             compensation_attempts=step_records.c.compensation_attempts + 1,
-            compensation_lease_expires_at=_param("lease", held_until),
-            compensation_holder=_param("reversal_holder", step_records.c.compensation_holder),
+            compensation_lease_expires_at=prepared.param("lease", held_until),
+            compensation_holder=prepared.param(
+                "reversal_holder", step_records.c.compensation_holder
+            ),
         )
     )
 

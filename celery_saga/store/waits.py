@@ -29,7 +29,7 @@ from celery_saga.errors import (
     InvalidStateError,
 )
 from celery_saga.records import ExecutionRecord, ExecutionState
-from celery_saga.store import history
+from celery_saga.store import history, prepared
 from celery_saga.store.codec import unpack
 from celery_saga.store.database import Database, rowcount_in, rows_in, to_db_time
 from celery_saga.store.forward import advance_values, fail_run_locked, prefixed
@@ -80,28 +80,15 @@ def _resume(
     return rowcount_in(connection, statement, {**params, **prefixed("set_", moved)}) == 1
 
 
-def _param(name: str, column: Any) -> Any:
-    return bindparam(name, type_=column.type)
-
-
-def _set(keys: tuple[str, ...]) -> dict[str, Any]:
-    """The run's version bump, ``run_updated_at``, and ``set_<key>`` for each of ``keys``."""
-    return {
-        "version": executions.c.version + 1,
-        "updated_at": _param("run_updated_at", executions.c.updated_at),
-        **{key: _param(f"set_{key}", executions.c[key]) for key in keys},
-    }
-
-
 @functools.cache
 def _resumed(keys: tuple[str, ...]) -> Any:
     """The resume (params ``run_id``, ``gate``), built once per set of moved columns."""
     parked_here = (
-        (executions.c.id == _param("run_id", executions.c.id))
+        (executions.c.id == prepared.param("run_id", executions.c.id))
         & (executions.c.state == ExecutionState.WAITING.value)
-        & (executions.c.cursor == _param("gate", executions.c.cursor))
+        & (executions.c.cursor == prepared.param("gate", executions.c.cursor))
     )
-    return update(executions).where(parked_here).values(wake_at=None, **_set(keys))
+    return update(executions).where(parked_here).values(wake_at=None, **prepared.bumped_run(keys))
 
 
 @functools.cache
@@ -109,15 +96,15 @@ def _moved(keys: tuple[str, ...]) -> Any:
     """The run's row (param ``run_id``, locked before) moved or parked at its gate."""
     return (
         update(executions)
-        .where(executions.c.id == _param("run_id", executions.c.id))
-        .values(**_set(keys))
+        .where(executions.c.id == prepared.param("run_id", executions.c.id))
+        .values(**prepared.bumped_run(keys))
     )
 
 
 @functools.cache
 def _insert_signal() -> Any:
     names = ("execution_id", "event", "payload", "received_at")
-    return insert(signals).values({name: _param(name, signals.c[name]) for name in names})
+    return insert(signals).values({name: prepared.param(name, signals.c[name]) for name in names})
 
 
 def record_signal_once(
