@@ -1,6 +1,6 @@
-"""A reversal's claim on PostgreSQL reads the run only when the compensation needs it
-(store/reversal.py): otherwise it returns two step records, and the unwind's next move
-decided from them is the one decided from the whole run."""
+"""A reversal's claim on PostgreSQL and SQLite reads the run only when the compensation
+needs it (store/reversal.py): otherwise it returns two step records, and the unwind's next
+move decided from them is the one decided from the whole run."""
 
 from __future__ import annotations
 
@@ -37,9 +37,18 @@ STATUSES = (
 )
 
 
-@pytest.fixture
-def db(pg_db: Database) -> Database:
-    return pg_db
+@pytest.fixture(params=["postgres", "sqlite"])
+def db(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Database]:
+    """The claim's own statements: PostgreSQL's one, SQLite's claim-then-read."""
+    if request.param == "postgres":
+        yield request.getfixturevalue("pg_db")
+        return
+    database = Database(f"sqlite:///{tmp_path_factory.mktemp('claim')}/claim.sqlite3")
+    database.migrate()
+    yield database
+    database.dispose()
 
 
 @dataclass(frozen=True)

@@ -129,13 +129,18 @@ def test_forward_step_node_takes_two_statements_and_one_synchronous_commit(
         assert node.synchronous_commits() <= 1, node.statements
 
 
-def test_a_reversal_costs_no_more_than_a_forward_step(pg_engine: SagaEngine) -> None:
+def _unwound(engine: SagaEngine) -> list[Handled]:
+    """Three compensated steps, then one that fails: three reversals."""
     saga = Saga(f"rev{uuid.uuid4().hex[:6]}")
     for index in range(3):
         saga.step(f"s{index}", _noop, compensate=_noop)
     saga.step("fails", _boom, retry=1)
-    pg_engine.register(saga)
-    handled = _run_to(pg_engine, saga.name, "failed")
+    engine.register(saga)
+    return _run_to(engine, saga.name, "failed")
+
+
+def test_a_reversal_costs_no_more_than_a_forward_step(pg_engine: SagaEngine) -> None:
+    handled = _unwound(pg_engine)
     reversals = [h for h in handled if h.kind == "reversal"]
     assert len(reversals) == 3  # the last one closes the run in its outcome statement
     for reversal in reversals:
@@ -166,3 +171,37 @@ def test_a_failing_step_begins_the_unwind_in_one_write_after_one_read(
     reads = [s for s in failing.statements if s.lstrip().upper().startswith("SELECT")]
     assert len(reads) == 1 and "saga_steps" in reads[0], failing.statements
     assert failing.synchronous_commits() <= 1, failing.statements
+
+
+@pytest.fixture
+def sqlite_engine(tmp_path: Any) -> Iterator[SagaEngine]:
+    """The embedded default: a SQLite store and the in-process worker."""
+    from celery import Celery
+
+    from celery_saga.worker.embedded import embedded_worker
+
+    app = Celery(f"count-{uuid.uuid4().hex[:6]}", broker="memory://localhost/")
+    app.conf.task_default_queue = app.main
+    engine = SagaEngine(app, store_url=f"sqlite:///{tmp_path}/count.sqlite3")
+    engine.ensure_schema()
+    with embedded_worker(app):
+        yield engine
+    engine.db.dispose()
+
+
+def test_on_sqlite_a_reversal_claims_first_then_reads_only_what_it_claimed(
+    sqlite_engine: SagaEngine,
+) -> None:
+    """SQLite's reversal claim is PostgreSQL's guarded write, then, in its transaction, the
+    read of the records the next move needs: no read of the run before the claim, and one
+    statement more than a forward step (whose claim needs no read)."""
+    handled = _unwound(sqlite_engine)
+    steps = [h for h in handled if h.kind == "node"][:3]
+    reversals = [h for h in handled if h.kind == "reversal"]
+    assert len(steps) == 3 and len(reversals) == 3
+    most = max(len(step.statements) for step in steps)
+    for reversal in reversals:
+        claim, read = (" ".join(s.split()) for s in reversal.statements[:2])
+        assert claim.startswith("UPDATE saga_steps SET compensation_attempts"), claim
+        assert read.startswith("SELECT") and "saga_executions" not in read, read
+        assert len(reversal.statements) <= most + 1, (reversal.statements, most)

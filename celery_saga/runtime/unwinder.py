@@ -175,8 +175,9 @@ class Unwinder(ReversalRuns):
         it); in-flight duplicates as in ``Executor.run_node``, a run whose version this
         process lacks raises ``VersionNotDeployedError`` before anything is claimed.
 
-        Fast path (first delivery, where the store claims in one statement): claim at once,
-        the claim's WHERE clause being the admission rule, and take the run from the claim.
+        Fast path (first delivery, on a store with that claim: PostgreSQL, SQLite): claim at
+        once, the claim's WHERE clause being the admission rule, and take the run from the
+        claim.
         Anything else, or a refused claim, reads the run and lets ``compensation_admission``
         decide.
         """

@@ -1,4 +1,5 @@
-"""A reversal's two writes: its claim and its outcome, each one statement on PostgreSQL.
+"""A reversal's two writes: its claim and its outcome, each one statement on PostgreSQL
+(on SQLite, the claim is a transaction of the same guarded write and then its read).
 
 The claim of a first delivery is guarded by the unwind's admission rule itself (the run is
 compensating, this step is the latest started one still owed a reversal, no claim on it)
@@ -14,7 +15,7 @@ closing or parking it are one write.
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -32,7 +33,7 @@ from celery_saga.records import (
     StepRecord,
 )
 from celery_saga.store import attempts, history, prepared
-from celery_saga.store.database import Database, rowcount_in, to_db_time
+from celery_saga.store.database import Database, rowcount_in, rows_in, to_db_time
 from celery_saga.store.forward import Conflict, prefixed
 from celery_saga.store.history import Kind
 from celery_saga.store.queries import snapshot_from_rows, snapshot_query
@@ -91,8 +92,8 @@ def _next_owed() -> Any:
     )
 
 
-def _claimed(durable: bool) -> Any:
-    """The claim itself, a CTE returning the claimed record's id (no row: refused)."""
+def _claim(durable: bool) -> Any:
+    """The claim itself: it changes one row (the claimed record) or none (refused)."""
     guard = _next_owed()
     if not durable:
         guard &= prepared.commit_without_flush_wait()
@@ -108,27 +109,17 @@ def _claimed(durable: bool) -> Any:
                 "reversal_holder", step_records.c.compensation_holder
             ),
         )
-        .returning(step_records.c.id)
-        .cte("claimed")
     )
 
 
-@functools.cache
-def _claim_returning(with_run: bool, durable: bool) -> Any:
-    """The claim and what it returns, in one statement; either read is the statement's own
-    snapshot, in which the claimed row shows its state before the claim."""
-    claimed = _claimed(durable)
-    if with_run:
-        return snapshot_query(prepared.param("run_id", executions.c.id)).where(
-            exists(select(claimed.c.id))
-        )
-    # The claimed record (no outcome yet) and the latest one before it still owed one.
+def _lean_read(claimed_id: Any) -> Any:
+    """The claimed record (no outcome yet) and the latest one before it still owed one."""
     return (
         select(step_records)
         .where(
             step_records.c.execution_id == prepared.param("run_id", step_records.c.execution_id),
             step_records.c.compensatable.is_(True),
-            step_records.c.id <= select(claimed.c.id).scalar_subquery(),
+            step_records.c.id <= claimed_id,
             or_(
                 step_records.c.compensation_status.is_(None),
                 step_records.c.compensation_status == CompensationOutcome.FAILED.value,
@@ -137,6 +128,50 @@ def _claim_returning(with_run: bool, durable: bool) -> Any:
         .order_by(step_records.c.id.desc())
         .limit(2)
     )
+
+
+@functools.cache
+def _claim_returning(with_run: bool, durable: bool) -> Any:
+    """The claim and what it returns, in one statement (PostgreSQL); either read is the
+    statement's own snapshot, in which the claimed row shows its state before the claim."""
+    claimed = _claim(durable).returning(step_records.c.id).cte("claimed")
+    if with_run:
+        return snapshot_query(prepared.param("run_id", executions.c.id)).where(
+            exists(select(claimed.c.id))
+        )
+    return _lean_read(select(claimed.c.id).scalar_subquery())
+
+
+_mine = aliased(step_records)
+
+
+@functools.cache
+def _claim_then_read(with_run: bool) -> tuple[Any, Any]:
+    """SQLite's claim and its read, two statements of one transaction, which holds the
+    write lock from its BEGIN IMMEDIATE: the read sees the claim and nothing else."""
+    if with_run:
+        return _claim(durable=True), snapshot_query(prepared.param("run_id", executions.c.id))
+    claimed_id = select(_mine.c.id).where(
+        _mine.c.execution_id == prepared.param("run_id", _mine.c.execution_id),
+        _mine.c.name == prepared.param("step_name", _mine.c.name),
+    )
+    return _claim(durable=True), _lean_read(claimed_id.scalar_subquery())
+
+
+def _claimed_rows(
+    db: Database, with_run: bool, params: dict[str, Any]
+) -> Sequence[Mapping[Any, Any]] | None:
+    """The claim's rows (none: refused); None where the store has no such claim."""
+    if db.dialect == "postgresql":
+        with db.single_statement() as connection:
+            return db.rows(connection, _claim_returning(with_run, db.durable_claims), params)
+    if db.dialect != "sqlite":  # MySQL refuses an UPDATE whose WHERE reads its own table
+        return None
+    claim, read = _claim_then_read(with_run)
+    with db.transaction() as connection:
+        if rowcount_in(connection, claim, params) != 1:
+            return []
+        return rows_in(connection, read, params)
 
 
 def claim_next_reversal(
@@ -151,9 +186,8 @@ def claim_next_reversal(
     claim (``with_run``: its row and all its steps; otherwise the steps that decide the
     next move); None: not ours, or not on this store (read and decide).
 
-    One statement, on PostgreSQL only; elsewhere the checked path reads, then claims."""
-    if db.dialect != "postgresql":
-        return None
+    One statement on PostgreSQL, a transaction of two on SQLite; on MySQL and its kin the
+    checked path reads, then claims."""
     params = {
         "run_id": reversal.execution_id,
         "step_name": reversal.name,
@@ -161,8 +195,9 @@ def claim_next_reversal(
         "lease": to_db_time(lease_expires_at),
         "reversal_holder": holder,
     }
-    with db.single_statement() as connection:
-        rows = db.rows(connection, _claim_returning(with_run, db.durable_claims), params)
+    rows = _claimed_rows(db, with_run, params)
+    if rows is None:
+        return None
     if with_run:
         execution, steps = snapshot_from_rows(rows)
         if execution is None:
