@@ -35,6 +35,8 @@ _STEP_END = {
     "saga-step-failed": "failed",
     "saga-step-retry": "retry",
 }
+#: The events that may say a worker took a run's first node (``decisions.openings``).
+_OPENING_EVENTS = ("saga-step-started", "saga-waiting", "saga-resumed", "saga-node-passed")
 _REVERSAL_END = {
     "saga-step-compensated": "compensated",
     "saga-compensation-failed": "failed",
@@ -123,7 +125,7 @@ class SagaMetrics:
     def _started(self, saga: str, event: str, fields: dict[str, Any]) -> bool:
         if self.openings is None:
             return event == "saga-started"
-        if event not in ("saga-step-started", "saga-waiting"):
+        if event not in _OPENING_EVENTS:
             return False
         return opens_run(self.openings(saga), event, fields)
 

@@ -3,10 +3,16 @@ node, once per run (the first attempt's claim is taken once), whatever that node
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from celery_saga import Saga, path, step
+from prometheus_client import CollectorRegistry
+
+from celery_saga import ExecutionState, Saga, SagaEngine, path, step
 from celery_saga.decisions.openings import Opening, opening, opens_run
+from celery_saga.metrics import enable_metrics
+from celery_saga.worker.embedded import embedded_worker
+from tests.conftest import unconsumed_app
 
 
 def _fwd(ctx: Any) -> None:
@@ -64,3 +70,60 @@ def test_a_pivot_first_is_passed_over_and_a_gate_first_opens_when_the_run_parks_
 def test_every_known_version_of_a_saga_is_asked() -> None:
     old, new = _of(Saga("s").step("a", _fwd)), _of(Saga("s").step("z", _fwd).step("a", _fwd))
     assert opens_run([old, new], *_started("z")) and opens_run([old, new], *_started("a"))
+
+
+def test_a_first_sub_saga_opens_when_the_parent_claims_its_record() -> None:
+    parent = _of(Saga("s").sub_saga("leaf", name="child").step("a", _fwd))
+    assert opens_run([parent], *_started("child"))
+    assert not opens_run([parent], *_started("a"))
+
+
+def test_a_first_gate_whose_signal_came_first_opens_on_arrival_alone() -> None:
+    gate = _of(Saga("s").wait_for("approved").step("a", _fwd))
+    on_arrival = {"saga": "s", "event": "approved", "on_arrival": True}
+    assert opens_run([gate], "saga-resumed", on_arrival)
+    # a run parked at the gate, resumed by its signal: counted when it parked
+    assert not opens_run([gate], "saga-resumed", {"saga": "s", "event": "approved"})
+
+
+def test_a_first_loop_that_runs_nothing_opens_where_it_is_passed_at_position_0() -> None:
+    each = _of(Saga("s").for_each(lambda ctx: [], step("pack", _fwd)).step("a", _fwd))
+    until = _of(Saga("s").pivot().do_while(lambda ctx: False, step("poll", _fwd)))
+    passed = {"saga": "s", "node": 0, "sub": 0}
+    assert opens_run([each], "saga-node-passed", passed)
+    assert opens_run([until], "saga-node-passed", {**passed, "node": 1})  # after the pivot
+    # the loop ended after iterations (position past 0), or another node was passed
+    assert not opens_run([each], "saga-node-passed", {**passed, "sub": 2})
+    assert not opens_run([each], "saga-node-passed", {**passed, "node": 1})
+    assert not opens_run([_of(Saga("s").step("a", _fwd))], "saga-node-passed", passed)
+
+
+def test_every_opening_is_counted_once_per_real_run(tmp_path: Path) -> None:
+    """On the embedded default: runs whose first node is a sub-saga, an empty ``for_each``,
+    a ``do_while`` whose condition is false, and a gate whose signal came before the run
+    reached it (stored while no worker consumed the queue) each count once, children too."""
+    app = unconsumed_app("openings")
+    engine = SagaEngine(app, store_url=f"sqlite:///{tmp_path}/openings.sqlite3")
+    registry = CollectorRegistry()
+    enable_metrics(engine, registry=registry)
+    engine.register(Saga("leaf").step("x", _fwd))
+    engine.register(Saga("nested").sub_saga("leaf", name="child").step("a", _fwd))
+    engine.register(Saga("nothing").for_each(lambda ctx: [], step("pack", _fwd)).step("a", _fwd))
+    engine.register(Saga("never").do_while(lambda ctx: False, step("poll", _fwd)).step("a", _fwd))
+    engine.register(Saga("gated").wait_for("go").step("a", _fwd))
+    engine.ensure_schema()
+    runs = [engine.start(name, {}) for name in ("nested", "nothing", "never") for _ in range(2)]
+    gated = [engine.start("gated", {}) for _ in range(2)]
+    for run in gated:
+        engine.signal(run.id, "go")  # before any worker took the run
+    with embedded_worker(app):
+        for run in [*runs, *gated]:
+            assert run.wait(timeout=30).state is ExecutionState.COMPLETED
+    engine.db.dispose()
+    counted = {
+        sample.labels["saga"]: sample.value
+        for family in registry.collect()
+        for sample in family.samples
+        if sample.name == "saga_runs_started_total"
+    }
+    assert counted == {"nested": 2, "leaf": 2, "nothing": 2, "never": 2, "gated": 2}

@@ -2,10 +2,12 @@
 a run, so a worker's exporter shows the runs that producers (web processes, without an
 exporter) started.
 
-The first attempt's claim of the first step is taken once per run (the claim's WHERE
-clause is the guarantee), so ``saga-step-started`` with attempt 1 of that step happens
-once whatever the duplicates and redeliveries; a run that opens at a gate says
-``saga-waiting`` once, when it parks there.
+Each is the event of a conditional write that succeeds once per run, whatever the
+duplicates and redeliveries: ``saga-step-started`` with attempt 1 of the first step (or
+of a first sub-saga node's record: the parent's claim of it); at a first gate,
+``saga-waiting`` when the run parks there, or ``saga-resumed`` on arrival when its signal
+came first; at a first loop or ``for_each`` that runs no iteration, ``saga-node-passed``
+at its position 0.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from celery_saga.definition.nodes import (
     Node,
     ParallelNode,
     StepNode,
+    SubSagaNode,
     WaitNode,
     iteration_name,
 )
@@ -31,15 +34,18 @@ from celery_saga.definition.nodes import (
 @dataclass(frozen=True)
 class Opening:
     """What a run of a saga does first: the records its first claim may take (one per
-    path of a first branch), or the event of the gate it opens at."""
+    path of a first branch), or the event of the gate it opens at; and the node's index
+    if it may run nothing at all."""
 
     records: frozenset[str] = frozenset()
     gate: str | None = None
+    passed_at: int | None = None
 
 
 def opening(nodes: Sequence[Node]) -> Opening:
     """The opening of a saga whose graph is ``nodes``."""
-    node = nodes[first_position(nodes).node]
+    first = first_position(nodes).node
+    node = nodes[first]
     match node:
         case StepNode(step=spec):
             return Opening(frozenset({spec.name}))
@@ -49,12 +55,16 @@ def opening(nodes: Sequence[Node]) -> Opening:
             return Opening(frozenset(path[0].name for path in paths.values() if path))
         case LoopNode(steps=body):
             iteration, index = loop_position(0, len(body))
-            return Opening(frozenset({iteration_name(body[index].name, iteration)}))
+            return Opening(
+                frozenset({iteration_name(body[index].name, iteration)}), passed_at=first
+            )
         case ForEachNode(step=spec):
-            return Opening(frozenset({iteration_name(spec.name, 0)}))
+            return Opening(frozenset({iteration_name(spec.name, 0)}), passed_at=first)
         case WaitNode(event=event):
             return Opening(gate=event)
-    return Opening()  # a sub-saga: its child counts as a run of its own
+        case SubSagaNode(name=name):
+            return Opening(frozenset({name}))
+    return Opening()
 
 
 def opens_run(openings: Iterable[Opening], event: str, fields: Mapping[str, Any]) -> bool:
@@ -63,6 +73,8 @@ def opens_run(openings: Iterable[Opening], event: str, fields: Mapping[str, Any]
     if event == "saga-step-started":
         step = fields.get("step")
         return fields.get("attempt") == 1 and any(step in o.records for o in openings)
-    if event == "saga-waiting":
+    if event == "saga-waiting" or (event == "saga-resumed" and fields.get("on_arrival")):
         return any(fields.get("event") == o.gate for o in openings if o.gate is not None)
+    if event == "saga-node-passed" and fields.get("sub") == 0:
+        return any(fields.get("node") == o.passed_at for o in openings if o.passed_at is not None)
     return False

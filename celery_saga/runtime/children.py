@@ -104,6 +104,7 @@ class Children:
             child_input = self._child_input(definition, snapshot, node, message.node)
         except (SubSagaError, PayloadError) as error:
             return FailRun(definition, execution.id, describe_error(error))
+        key = record_key(execution.id, node.name, "forward")
         if (
             record is None
             and forward.claim_step(
@@ -113,7 +114,7 @@ class Children:
                 node=message.node,
                 sub=0,
                 definition_hash=definition.hash,
-                idempotency_key=record_key(execution.id, node.name, "forward"),
+                idempotency_key=key,
                 compensatable=True,
                 lease_expires_at=None,
                 now=get_clock().now(),
@@ -123,6 +124,9 @@ class Children:
             is None
         ):
             return Refuse(message, Admission.REJECT_IN_FLIGHT)
+        if record is None:  # the node's record claimed now: its start, once per run
+            started = {"execution_id": execution.id, "saga": definition.name, "step": node.name}
+            ex.emit("saga-step-started", {**started, "attempt": 1, "idempotency_key": key})
         return StartChild(child_definition, child_input, child_id, execution.id)
 
     def _child_input(

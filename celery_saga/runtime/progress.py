@@ -194,7 +194,8 @@ class Progress(StepFailures):
             self.publish_position(definition, execution_id, step_advance.node, step_advance.sub)
 
     def pass_position(self, definition: SagaDefinition, message: NodeMessage) -> NoBody:
-        """Nothing runs at this position (a loop ended): move past the node."""
+        """Nothing runs at this position (a loop or ``for_each`` ended, or had nothing to
+        run): move past the node."""
         onward = advance(definition.nodes, message.node, 0)
         if forward.pass_position(
             self.db,
@@ -204,6 +205,8 @@ class Progress(StepFailures):
             advance=onward,
             now=get_clock().now(),
         ):
+            fields = {"execution_id": message.execution_id, "saga": definition.name}
+            self.emit("saga-node-passed", {**fields, "node": message.node, "sub": message.sub})
             self.advanced(definition, message.execution_id, onward)
             return NoBody("nothing runs at this position")
         return self.refused(message, Admission.REJECT_STALE_CURSOR)

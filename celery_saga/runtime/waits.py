@@ -55,8 +55,8 @@ class Waits:
         if arrival is Arrival.PARK:
             ex.emit("saga-waiting", {**fields, "wake_at": wake_at.isoformat() if wake_at else None})
             return Stay()
-        if arrival is Arrival.PASS:
-            ex.emit("saga-resumed", fields)
+        if arrival is Arrival.PASS:  # its signal came first
+            ex.emit("saga-resumed", {**fields, "on_arrival": True})
             return MoveOn(definition, message.execution_id, onward)
         return Refuse(message, Admission.REJECT_STALE_CURSOR)
 

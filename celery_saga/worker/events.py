@@ -35,6 +35,7 @@ EVENT_TYPES = frozenset(
         "saga-compensation-stuck",
         "saga-compensation-resumed",
         "saga-message-refused",
+        "saga-node-passed",
         "saga-waiting",
         "saga-signal-received",
         "saga-resumed",
