@@ -193,6 +193,9 @@ def main() -> int:
         history_fill.vacuum(bulk)
         bulk.dispose()
         print(f"filled {args.runs:,} finished runs in {seconds:.1f} s", flush=True)
+        with admin.connect() as connection:
+            buffers = connection.execute(text("SHOW shared_buffers")).scalar_one()
+        print(f"server: shared_buffers {buffers} (the catch-up's cost depends on it)", flush=True)
         phases = _phases(engine, args, url)
         for line in history_live.beside(url, args.live_rate, args.live_seconds, phases):
             print(line, flush=True)

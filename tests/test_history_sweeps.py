@@ -150,6 +150,6 @@ def test_the_variants_benchmark_runs_each_catch_up_beside_a_live_stream() -> Non
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     out = done.stdout
     assert out.count("archived 300 runs") == 5 and out.count("deleted 300 runs") == 5, out
-    assert out.count(" kB a run") == 10
+    assert out.count(" kB a run") == 10 and "server: shared_buffers " in out
     for index, variant in enumerate(variants, start=1):
         assert f"during {index}, {variant}" in out, out
