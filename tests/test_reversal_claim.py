@@ -286,3 +286,31 @@ def _state_or_none(engine: SagaEngine, run_id: str) -> ExecutionState | None:
         return engine.get(run_id).state
     except SagaError:  # the store is cut
         return None
+
+
+def test_on_sqlite_only_the_lean_read_holds_the_write_lock(tmp_path: Any) -> None:
+    """SQLite: the two records of a lean claim are read inside the claim's transaction (its
+    write lock held); the whole run is read once the claim has committed, so a run of many
+    steps does not hold every other writer while its rows are decoded."""
+    from sqlalchemy import event
+
+    db = Database(f"sqlite:///{tmp_path}/lock.sqlite3")
+    db.migrate()
+    seen: list[tuple[str, bool]] = []
+
+    def on_execute(connection: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        locked = bool(connection.connection.dbapi_connection.in_transaction)
+        seen.append((" ".join(statement.split())[:40], locked))
+
+    event.listen(db.engine, "before_cursor_execute", on_execute)
+    try:
+        for with_run in (False, True):
+            seen.clear()
+            run = _store_run(db, [Step("a", True, None), Step("b", True, None)])
+            assert _claim(db, run, "b", with_run=with_run) is not None
+            claim, read = seen[-2:]
+            assert claim[0].startswith("UPDATE saga_steps") and read[0].startswith("SELECT")
+            assert read[1] is not with_run, seen
+    finally:
+        event.remove(db.engine, "before_cursor_execute", on_execute)
+        db.dispose()

@@ -1,5 +1,5 @@
 """A reversal's two writes: its claim and its outcome, each one statement on PostgreSQL
-(on SQLite, the claim is a transaction of the same guarded write and then its read).
+(on SQLite, the same guarded write, then the read of what it claimed).
 
 The claim of a first delivery is guarded by the unwind's admission rule itself (the run is
 compensating, this step is the latest started one still owed a reversal, no claim on it)
@@ -147,8 +147,7 @@ _mine = aliased(step_records)
 
 @functools.cache
 def _claim_then_read(with_run: bool) -> tuple[Any, Any]:
-    """SQLite's claim and its read, two statements of one transaction, which holds the
-    write lock from its BEGIN IMMEDIATE: the read sees the claim and nothing else."""
+    """SQLite's claim and the read of what it claimed."""
     if with_run:
         return _claim(durable=True), snapshot_query(prepared.param("run_id", executions.c.id))
     claimed_id = select(_mine.c.id).where(
@@ -161,17 +160,27 @@ def _claim_then_read(with_run: bool) -> tuple[Any, Any]:
 def _claimed_rows(
     db: Database, with_run: bool, params: dict[str, Any]
 ) -> Sequence[Mapping[Any, Any]] | None:
-    """The claim's rows (none: refused); None where the store has no such claim."""
+    """The claim's rows (none: refused); None where the store has no such claim.
+
+    On SQLite the two records of a lean claim are read in the claim's transaction, which
+    holds the database's write lock from its BEGIN IMMEDIATE. The whole run is read after
+    the claim has committed, without that lock: a run of thousands of steps would hold
+    every other writer for as long as its rows take to decode. What the claim changed is
+    the claimed record's attempt, lease and holder, which the caller sets itself, and while
+    the claim is held no one else changes the run's steps."""
     if db.dialect == "postgresql":
         with db.single_statement() as connection:
             return db.rows(connection, _claim_returning(with_run, db.durable_claims), params)
     if db.dialect != "sqlite":  # MySQL refuses an UPDATE whose WHERE reads its own table
         return None
     claim, read = _claim_then_read(with_run)
-    with db.transaction() as connection:
+    with db.single_statement() if with_run else db.transaction() as connection:
         if rowcount_in(connection, claim, params) != 1:
             return []
-        return rows_in(connection, read, params)
+        if not with_run:
+            return rows_in(connection, read, params)
+    with db.single_statement() as connection:
+        return db.rows(connection, read, params)
 
 
 def claim_next_reversal(
