@@ -36,7 +36,13 @@ _STEP_END = {
     "saga-step-retry": "retry",
 }
 #: The events that may say a worker took a run's first node (``decisions.openings``).
-_OPENING_EVENTS = ("saga-step-started", "saga-waiting", "saga-resumed", "saga-node-passed")
+_OPENING_EVENTS = (
+    "saga-step-started",
+    "saga-waiting",
+    "saga-resumed",
+    "saga-node-passed",
+    "saga-forward-failed",
+)
 _REVERSAL_END = {
     "saga-step-compensated": "compensated",
     "saga-compensation-failed": "failed",
@@ -115,7 +121,8 @@ class SagaMetrics:
         elif event == "saga-cancelled":
             self.cancelled.labels(saga).inc()
         elif event in ("saga-step-started", "saga-compensation-started"):
-            self._begin(event, fields)
+            if not fields.get("sub_saga"):  # a child run's span, not a step's attempt
+                self._begin(event, fields)
         elif event in _STEP_END:
             self._end("saga-step-started", fields, self.steps, _STEP_END[event])
         elif event in _REVERSAL_END:
@@ -196,7 +203,7 @@ def _openings_of(engine: SagaEngine) -> Openings:
         versions = engine.catalog.versions(saga)
         seen = known.get(saga)
         if seen is None or seen[0] != len(versions):
-            seen = known[saga] = (len(versions), [opening(v.nodes) for v in versions])
+            seen = known[saga] = (len(versions), [opening(v.nodes, v.hash) for v in versions])
         return seen[1]
 
     return openings

@@ -3,6 +3,7 @@ node, once per run (the first attempt's claim is taken once), whatever that node
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,14 @@ def test_every_known_version_of_a_saga_is_asked() -> None:
     assert opens_run([old, new], *_started("z")) and opens_run([old, new], *_started("a"))
 
 
+def test_a_step_that_opens_one_version_does_not_count_the_others_runs_again() -> None:
+    old = opening(Saga("s").step("a", _fwd).seal().nodes, "old")
+    new = opening(Saga("s").step("z", _fwd).step("a", _fwd).seal().nodes, "new")
+    event, fields = _started("a")
+    assert opens_run([old, new], event, {**fields, "version": "old"})
+    assert not opens_run([old, new], event, {**fields, "version": "new"})  # counted at z
+
+
 def test_a_first_sub_saga_opens_when_the_parent_claims_its_record() -> None:
     parent = _of(Saga("s").sub_saga("leaf", name="child").step("a", _fwd))
     assert opens_run([parent], *_started("child"))
@@ -98,32 +107,74 @@ def test_a_first_loop_that_runs_nothing_opens_where_it_is_passed_at_position_0()
     assert not opens_run([_of(Saga("s").step("a", _fwd))], "saga-node-passed", passed)
 
 
+def test_a_failure_no_step_raised_opens_only_at_the_first_position() -> None:
+    each = _of(Saga("s").for_each(lambda ctx: [], step("pack", _fwd)).step("a", _fwd))
+    failed = {"saga": "s", "reason": "items", "node": 0, "sub": 0}
+    assert opens_run([each], "saga-forward-failed", failed)
+    assert not opens_run([each], "saga-forward-failed", {**failed, "sub": 3})
+    assert not opens_run([each], "saga-forward-failed", {**failed, "node": 1})
+    # a step that failed for good: its run was counted when the step started
+    assert not opens_run([each], "saga-forward-failed", {"saga": "s", "reason": "boom"})
+
+
+def test_an_event_that_names_its_version_is_matched_against_that_version_alone() -> None:
+    pivot_first = opening(
+        Saga("s").pivot().for_each(lambda ctx: [], step("p", _fwd)).seal().nodes, "A"
+    )
+    step_first = opening(
+        Saga("s").step("a", _fwd).for_each(lambda ctx: [], step("p", _fwd)).seal().nodes, "B"
+    )
+    passed = {"saga": "s", "node": 1, "sub": 0}
+    assert opens_run([pivot_first, step_first], "saga-node-passed", {**passed, "version": "A"})
+    # B's runs opened at their first step: passing their empty for_each is not an opening
+    assert not opens_run([pivot_first, step_first], "saga-node-passed", {**passed, "version": "B"})
+
+
+def _leaf(ctx: Any) -> None:
+    time.sleep(0.05)
+
+
+def _no_items(ctx: Any) -> Any:
+    raise LookupError("no order lines")
+
+
+def _bad_input(ctx: Any) -> Any:
+    raise KeyError("customer")
+
+
 def test_every_opening_is_counted_once_per_real_run(tmp_path: Path) -> None:
     """On the embedded default: runs whose first node is a sub-saga, an empty ``for_each``,
-    a ``do_while`` whose condition is false, and a gate whose signal came before the run
-    reached it (stored while no worker consumed the queue) each count once, children too."""
+    a ``do_while`` whose condition is false, a gate whose signal came before the run
+    reached it (stored while no worker consumed the queue), or a first node that failed
+    before anything ran (a ``for_each``'s items, a sub-saga's input) each count once,
+    children too; a sub-saga node's span is not timed as a step."""
     app = unconsumed_app("openings")
     engine = SagaEngine(app, store_url=f"sqlite:///{tmp_path}/openings.sqlite3")
     registry = CollectorRegistry()
     enable_metrics(engine, registry=registry)
-    engine.register(Saga("leaf").step("x", _fwd))
+    engine.register(Saga("leaf").step("x", _leaf))
     engine.register(Saga("nested").sub_saga("leaf", name="child").step("a", _fwd))
     engine.register(Saga("nothing").for_each(lambda ctx: [], step("pack", _fwd)).step("a", _fwd))
     engine.register(Saga("never").do_while(lambda ctx: False, step("poll", _fwd)).step("a", _fwd))
     engine.register(Saga("gated").wait_for("go").step("a", _fwd))
+    engine.register(Saga("unlisted").for_each(_no_items, step("pack", _fwd)))
+    engine.register(Saga("orphan").sub_saga("leaf", input=_bad_input).step("a", _fwd))
     engine.ensure_schema()
-    runs = [engine.start(name, {}) for name in ("nested", "nothing", "never") for _ in range(2)]
+    names = ("nested", "nothing", "never", "unlisted", "orphan")
+    runs = [engine.start(name, {}) for name in names for _ in range(2)]
     gated = [engine.start("gated", {}) for _ in range(2)]
     for run in gated:
         engine.signal(run.id, "go")  # before any worker took the run
     with embedded_worker(app):
-        for run in [*runs, *gated]:
-            assert run.wait(timeout=30).state is ExecutionState.COMPLETED
+        settled = {run.id: run.wait(timeout=30).state for run in [*runs, *gated]}
     engine.db.dispose()
-    counted = {
-        sample.labels["saga"]: sample.value
+    assert list(settled.values()).count(ExecutionState.FAILED) == 4, settled
+    found = {
+        (sample.name, sample.labels.get("saga"), sample.labels.get("step")): sample.value
         for family in registry.collect()
         for sample in family.samples
-        if sample.name == "saga_runs_started_total"
     }
-    assert counted == {"nested": 2, "leaf": 2, "nothing": 2, "never": 2, "gated": 2}
+    counted = {saga: n for (name, saga, _), n in found.items() if name == "saga_runs_started_total"}
+    assert counted == {name: 2 for name in (*names, "gated", "leaf")}, counted
+    timed = {step for (name, _, step) in found if name == "saga_step_duration_seconds_count"}
+    assert "x" in timed and "child" not in timed, timed

@@ -103,7 +103,7 @@ class Children:
         try:
             child_input = self._child_input(definition, snapshot, node, message.node)
         except (SubSagaError, PayloadError) as error:
-            return FailRun(definition, execution.id, describe_error(error))
+            return FailRun(definition, execution.id, describe_error(error), (message.node, 0))
         key = record_key(execution.id, node.name, "forward")
         if (
             record is None
@@ -125,8 +125,10 @@ class Children:
         ):
             return Refuse(message, Admission.REJECT_IN_FLIGHT)
         if record is None:  # the node's record claimed now: its start, once per run
-            started = {"execution_id": execution.id, "saga": definition.name, "step": node.name}
-            ex.emit("saga-step-started", {**started, "attempt": 1, "idempotency_key": key})
+            started: dict[str, Any] = {"execution_id": execution.id, "saga": definition.name}
+            started.update(step=node.name, attempt=1, idempotency_key=key, sub_saga=True)
+            started["version"] = definition.hash
+            ex.emit("saga-step-started", started)
         return StartChild(child_definition, child_input, child_id, execution.id)
 
     def _child_input(

@@ -104,8 +104,8 @@ class Executor(Progress):
         match move:
             case MoveOn(definition, execution_id, onward):
                 self.advanced(definition, execution_id, onward)
-            case FailRun(definition, execution_id, reason):
-                self.fail_outside_step(definition, execution_id, reason)
+            case FailRun(definition, execution_id, reason, at):
+                self.fail_outside_step(definition, execution_id, reason, at)
             case Refuse(message, verdict):
                 self.refused(message, verdict)
             case FailStep(definition, step, raw):
@@ -250,7 +250,8 @@ class Executor(Progress):
         try:
             position = resolve(self.db, definition, full, message)
         except CHOICE_ERRORS as error:
-            self.fail_outside_step(definition, execution.id, describe_error(error))
+            at = (message.node, message.sub)
+            self.fail_outside_step(definition, execution.id, describe_error(error), at)
             return NoBody("a choice that could not be made")
         if position.spec is None:
             return self.pass_position(definition, message)
@@ -367,7 +368,7 @@ class Executor(Progress):
             "attempt": attempt,
             "idempotency_key": key,
         }
-        self.emit("saga-step-started", fields)
+        self.emit("saga-step-started", {**fields, "version": definition.hash})
         loop = (position.iteration, position.item, position.for_each)
         what = f"step {name!r} of execution {execution_id}"
         with (

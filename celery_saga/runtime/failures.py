@@ -301,9 +301,16 @@ class StepFailures(RuntimeParts):
     def continue_cancel(self, execution: ExecutionRecord) -> None:
         raise NotImplementedError  # the executor's
 
-    def fail_outside_step(self, definition: SagaDefinition, execution_id: str, reason: str) -> None:
+    def fail_outside_step(
+        self,
+        definition: SagaDefinition,
+        execution_id: str,
+        reason: str,
+        at: tuple[int, int] | None = None,
+    ) -> None:
         """Fail a live run for a reason no step raised (a choice that could not be made, a
-        changed definition) and begin its unwind."""
+        changed definition) and begin its unwind; ``at``: the (node, sub) it was found at,
+        which the ``saga-forward-failed`` event carries."""
         reason = scrub(reason, failure_secrets(self.db, definition, execution_id))
         plan = forward.fail_execution(
             self.db,
@@ -319,7 +326,7 @@ class StepFailures(RuntimeParts):
                 reason,
             )
         else:
-            self.unwinder.begin(definition, execution_id, plan, reason)
+            self.unwinder.begin(definition, execution_id, plan, reason, at)
 
 
 def _traced_by_celery(error: BaseException) -> bool:

@@ -52,11 +52,13 @@ class FollowUnwind:
 
 @dataclass(frozen=True)
 class FailRun:
-    """Fail a live run for a reason no step raised, and unwind it."""
+    """Fail a live run for a reason no step raised, and unwind it; ``at``: the (node, sub)
+    whose message found the reason."""
 
     definition: SagaDefinition
     execution_id: str
     reason: str
+    at: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)

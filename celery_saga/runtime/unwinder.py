@@ -92,12 +92,15 @@ class Unwinder(ReversalRuns):
         execution_id: str,
         plan: UnwindStep,
         failure_reason: str | None,
+        at: tuple[int, int] | None = None,
     ) -> None:
-        """Carry out the first move of an unwind that the failure record just decided."""
-        self.emit(
-            "saga-forward-failed",
-            {"execution_id": execution_id, "saga": definition.name, "reason": failure_reason},
-        )
+        """Carry out the first move of an unwind that the failure record just decided;
+        ``at``: the (node, sub) of a failure that no step raised."""
+        fields: dict[str, Any] = {"execution_id": execution_id, "saga": definition.name}
+        fields["reason"] = failure_reason
+        if at is not None:
+            fields.update(node=at[0], sub=at[1], version=definition.hash)
+        self.emit("saga-forward-failed", fields)
         self.follow(definition, execution_id, plan)
 
     def settled(self, definition: SagaDefinition, execution_id: str) -> None:

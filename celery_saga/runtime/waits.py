@@ -56,7 +56,7 @@ class Waits:
             ex.emit("saga-waiting", {**fields, "wake_at": wake_at.isoformat() if wake_at else None})
             return Stay()
         if arrival is Arrival.PASS:  # its signal came first
-            ex.emit("saga-resumed", {**fields, "on_arrival": True})
+            ex.emit("saga-resumed", {**fields, "on_arrival": True, "version": definition.hash})
             return MoveOn(definition, message.execution_id, onward)
         return Refuse(message, Admission.REJECT_STALE_CURSOR)
 
