@@ -14,7 +14,10 @@ Per workload it prints workflows/s (runs / wall time from the first start to the
 settled run), CPU per workflow (``time.process_time`` of the one process: the driver, the
 worker's threads and SQLite together) and SQL statements per workflow (the driver's two
 small reads per 20 ms poll included), the medians of the rounds, beside bunqueue's figures
-(``BUNQUEUE``), which are issue 30's targets too.
+(``BUNQUEUE``), which are issue 30's targets too, and beside plain Celery on the same
+embedded worker (``embedded_celery.py``: a chain of five tasks; a chain whose fifth task
+fails, its ``link_error`` four compensation tasks), run in the same rotation: the floor a
+saga whose steps are Celery tasks cannot go below.
 
     python benchmarks/embedded.py --runs 500 --rounds 3
     # one workload in this process, with a CPU profile of every thread (pstats format)
@@ -33,8 +36,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import embedded_celery
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = ("forward", "unwind", "signal")
+#: The plain Celery floor of a workload, run as a workload of its own.
+FLOOR = "celery-"
 #: bunqueue 2.9.5, embedded SQLite mode (it fsyncs every commit), 500 workflows in flight,
 #: median of 3 rounds, on the same 2-core machine: workflows/s and CPU ms per workflow, as
 #: measured for issue 30 (its table). They are the targets too.
@@ -153,6 +160,7 @@ def _write_profile(profilers: list[Any], path: str) -> None:
 
 
 def _child(workload: str, runs: int, args: argparse.Namespace) -> dict[str, float]:
+    """``workload`` (or its plain Celery floor, ``celery-<workload>``) in a fresh process."""
     command = [sys.executable, __file__, "--workload", workload, "--runs", str(runs)]
     command += ["--options", args.options, "--worker", args.worker]
     out = subprocess.run(command, check=True, capture_output=True, text=True, cwd=ROOT)
@@ -163,17 +171,25 @@ def _child(workload: str, runs: int, args: argparse.Namespace) -> dict[str, floa
 def _report(results: dict[str, list[dict[str, float]]], runs: int, rounds: int) -> None:
     print(f"embedded default, {runs} workflows in flight, median of {rounds} round(s)")
     head = f"{'workload':<9} {'wf/s':>7} {'CPU ms/wf':>10} {'stmts/wf':>9}"
-    print(f"{head} {'bunqueue wf/s':>14} {'CPU ms':>7} {'ratio wf/s':>11} {'ratio CPU':>10}")
+    head += f" {'bunqueue wf/s':>14} {'CPU ms':>7} {'ratio wf/s':>11} {'ratio CPU':>10}"
+    print(f"{head} {'Celery wf/s':>12} {'CPU ms':>7}")
     for workload, rows in results.items():
-        if not rows:
+        if not rows or workload.startswith(FLOOR):
             continue
+        floor = results.get(FLOOR + workload) or []
+        plain = (
+            f"{statistics.median(r['per_s'] for r in floor):>12.1f} "
+            f"{statistics.median(r['cpu_ms'] for r in floor):>7.2f}"
+            if floor
+            else f"{'-':>12} {'-':>7}"
+        )
         per_s = statistics.median(r["per_s"] for r in rows)
         cpu = statistics.median(r["cpu_ms"] for r in rows)
         statements = statistics.median(r["statements"] for r in rows)
         peer_s, peer_cpu = BUNQUEUE[workload]
         print(
             f"{workload:<9} {per_s:>7.1f} {cpu:>10.2f} {statements:>9.1f} {peer_s:>14.0f} "
-            f"{peer_cpu:>7.1f} {per_s / peer_s:>10.2f}x {cpu / peer_cpu:>9.2f}x"
+            f"{peer_cpu:>7.1f} {per_s / peer_s:>10.2f}x {cpu / peer_cpu:>9.2f}x {plain}"
         )
         spread = ", ".join(f"{r['per_s']:.0f}/{r['cpu_ms']:.1f}" for r in rows)
         print(f"{'':<9} rounds (wf/s / CPU ms): {spread}")
@@ -186,14 +202,22 @@ def main() -> None:
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--options", default="{}", help="JSON: Celery settings of the app")
     parser.add_argument("--worker", default="{}", help="JSON: embedded_worker() arguments")
-    parser.add_argument("--workload", choices=WORKLOADS, help="run one workload in this process")
+    floors = tuple(FLOOR + w for w in embedded_celery.WORKLOADS)
+    parser.add_argument("--workload", choices=WORKLOADS + floors, help="one, in this process")
+    parser.add_argument("--no-floor", action="store_true", help="without plain Celery beside")
     parser.add_argument("--profile", metavar="FILE", help="with --workload: write a CPU profile")
     args = parser.parse_args()
     if args.workload:
         options, worker = json.loads(args.options), json.loads(args.worker)
+        if args.workload.startswith(FLOOR):
+            floor = args.workload.removeprefix(FLOOR)
+            print(json.dumps(embedded_celery.run(floor, args.runs, options, worker)))
+            return
         print(json.dumps(_run(args.workload, args.runs, options, worker, args.profile)))
         return
     chosen = [w for w in args.workloads.split(",") if w]
+    if not args.no_floor:
+        chosen += [FLOOR + w for w in chosen if w in embedded_celery.WORKLOADS]
     results: dict[str, list[dict[str, float]]] = {w: [] for w in chosen}
     for round_number in range(args.rounds):
         shift = round_number % len(chosen)
