@@ -41,11 +41,16 @@ LEASE = 3.0
 
 class CrashRig:
     def __init__(
-        self, broker: str, tmp: Path, lease: float = LEASE, recover_after: float = LEASE
+        self,
+        broker: str,
+        tmp: Path,
+        lease: float = LEASE,
+        recover_after: float = LEASE,
+        store: str | None = None,
     ) -> None:
         self.queue = f"saga-crash-{uuid.uuid4().hex[:10]}"
         self.tmp = tmp
-        store = _test_database_url()
+        store = store or _test_database_url()
         self.env = {
             **os.environ,
             "SAGA_TEST_BROKER": broker,
@@ -187,6 +192,21 @@ def test_worker_killed_mid_reversal_finishes_the_unwind_once_per_step(rig: Crash
         ("reversal-lost", 1),
         ("reversal-completed", 2),
     ]
+
+
+def test_on_a_sqlite_store_a_worker_killed_mid_reversal_finishes_the_unwind_once(
+    tmp_path: Path,
+) -> None:
+    """SQLite's reversal claim (claim first, then read) under a real SIGKILL: worker
+    processes share one SQLite file, as several processes of one host may; the killed
+    worker's reversal is taken over once its lease lapses, and each step is undone once."""
+    require_services(PORTS["postgres-rabbitmq"])
+    store = f"sqlite:///{tmp_path}/crash.sqlite3"
+    rig = CrashRig(BROKERS["postgres-rabbitmq"], tmp_path, store=store)
+    try:
+        test_worker_killed_mid_reversal_finishes_the_unwind_once_per_step(rig)
+    finally:
+        rig.close()
 
 
 def test_worker_killed_mid_for_each_unwinds_each_iteration_once_with_its_own_item(
