@@ -18,6 +18,10 @@ A variant is ``KIND[:REST][+SETTING]``:
               flush (``SET LOCAL synchronous_commit = off``).
 ``process``   the current catch-up in a process of its own (the stream's process is not
               where a worker would run it).
+``packed``    an experiment, not the store's archive: the archive as one row per run in a
+              table of the benchmark's own (``bench_packed_archive``: the run's id, when,
+              and its row, steps, history rows, signals and decisions as one ``jsonb``),
+              then the cleanup as ``current``. What a packed archive would cost.
 
 ``+wal8g`` (``max_wal_size = 8GB``) or ``+lz4`` (``wal_compression = lz4``) sets the server
 with ``ALTER SYSTEM`` for the variant and resets it after: it needs a superuser, and it
@@ -53,7 +57,8 @@ from celery_saga.store import retention
 from celery_saga.store.tables import executions
 
 SETTINGS = {"wal8g": ("max_wal_size", "'8GB'"), "lz4": ("wal_compression", "'lz4'")}
-KINDS = ("current", "archive", "cleanup", "chunked", "async", "process")
+KINDS = ("current", "archive", "cleanup", "chunked", "async", "process", "packed")
+PACKED = "bench_packed_archive"
 
 
 def _chunked(chunk: int, rest: float) -> Callable[..., Any]:
@@ -84,6 +89,42 @@ def _asynchronous(*args: Any, replace: bool) -> tuple[list[Any], list[str]]:
         if ids:
             _retire_ids(connection, ids, now, archive, replace)
     return roots, ids
+
+
+def _packed(*args: Any, replace: bool) -> tuple[list[Any], list[str]]:
+    """``retention._retire_once`` archiving each run as one packed row (``PACKED``)."""
+    db, cutoff, now, archive, batch, position = args
+    with db.transaction() as connection:
+        roots = retention._claim_candidates(connection, cutoff, batch, position)
+        ids = retention._families(connection, [root for _, root in roots])
+        if ids:
+            if archive:
+                connection.execute(_PACK, {"ids": list(ids), "now": now})
+            connection.execute(delete(executions).where(executions.c.id.in_(ids)))
+    return roots, ids
+
+
+def _rows_of(table: str) -> str:
+    return f"(SELECT jsonb_agg(to_jsonb(r)) FROM {table} r WHERE r.execution_id = e.id)"
+
+
+_PACK = text(
+    f"INSERT INTO {PACKED} (id, archived_at, body) "
+    "SELECT e.id, :now, jsonb_build_object('run', to_jsonb(e), "
+    f"'steps', {_rows_of('saga_steps')}, 'history', {_rows_of('saga_history')}, "
+    f"'signals', {_rows_of('saga_signals')}, 'decisions', {_rows_of('saga_decisions')}) "
+    "FROM saga_executions e WHERE e.id = ANY(:ids)"
+)
+
+
+def _create_packed(engine: SagaEngine) -> None:
+    with engine.db.engine.begin() as connection:
+        connection.execute(
+            text(
+                f"CREATE TABLE IF NOT EXISTS {PACKED} (id varchar(64) PRIMARY KEY, "
+                "archived_at timestamp NOT NULL, body jsonb NOT NULL)"
+            )
+        )
 
 
 def _retire_ids(
@@ -132,6 +173,9 @@ def run_variant(engine: SagaEngine, args: argparse.Namespace, variant: str) -> l
         replacement, rest = _chunked(args.chunk, rest), 0.0  # it rests inside its batches
     elif kind == "async":
         replacement = _asynchronous
+    elif kind == "packed":
+        _create_packed(engine)
+        replacement = _packed
     ways = {"archive": (True,), "cleanup": (False,)}.get(kind, (True, False))
     with mock.patch.object(retention, "_retire_once", replacement):
         return [

@@ -136,6 +136,7 @@ def test_the_variants_benchmark_runs_each_catch_up_beside_a_live_stream() -> Non
     (the figures on the scaling page come from it)."""
     require_services(PORTS["postgres"], PORTS["postgres-rabbitmq"])
     variants = ["current", "chunked:1", "async:0", "archive:0", "cleanup:0", "process:0"]
+    variants.append("packed:0")
     command = [sys.executable, "benchmarks/history_variants.py", "--runs", "6000"]
     command += ["--retire-runs", "300", "--batch", "100", "--chunk", "50", "--live-rate", "5"]
     command += ["--live-seconds", "1", "--variants", *variants]
@@ -149,7 +150,7 @@ def test_the_variants_benchmark_runs_each_catch_up_beside_a_live_stream() -> Non
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     out = done.stdout
-    assert out.count("archived 300 runs") == 5 and out.count("deleted 300 runs") == 5, out
-    assert out.count(" kB a run") == 10 and "server: shared_buffers " in out
+    assert out.count("archived 300 runs") == 6 and out.count("deleted 300 runs") == 6, out
+    assert out.count(" kB a run") == 12 and "server: shared_buffers " in out
     for index, variant in enumerate(variants, start=1):
         assert f"during {index}, {variant}" in out, out
