@@ -91,17 +91,9 @@ def _asynchronous(*args: Any, replace: bool) -> tuple[list[Any], list[str]]:
     return roots, ids
 
 
-def _packed(*args: Any, replace: bool) -> tuple[list[Any], list[str]]:
-    """``retention._retire_once`` archiving each run as one packed row (``PACKED``)."""
-    db, cutoff, now, archive, batch, position = args
-    with db.transaction() as connection:
-        roots = retention._claim_candidates(connection, cutoff, batch, position)
-        ids = retention._families(connection, [root for _, root in roots])
-        if ids:
-            if archive:
-                connection.execute(_PACK, {"ids": list(ids), "now": now})
-            connection.execute(delete(executions).where(executions.c.id.in_(ids)))
-    return roots, ids
+def _copy_packed(connection: Connection, ids: Sequence[str], now: datetime, _: bool) -> None:
+    """``retention._copy_to_archive``, each run copied as one packed row (``PACKED``)."""
+    connection.execute(_PACK, {"ids": list(ids), "now": now})
 
 
 def _rows_of(table: str) -> str:
@@ -173,11 +165,15 @@ def run_variant(engine: SagaEngine, args: argparse.Namespace, variant: str) -> l
         replacement, rest = _chunked(args.chunk, rest), 0.0  # it rests inside its batches
     elif kind == "async":
         replacement = _asynchronous
-    elif kind == "packed":
+    copy: Any = retention._copy_to_archive
+    if kind == "packed":
         _create_packed(engine)
-        replacement = _packed
+        copy = _copy_packed
     ways = {"archive": (True,), "cleanup": (False,)}.get(kind, (True, False))
-    with mock.patch.object(retention, "_retire_once", replacement):
+    with (
+        mock.patch.object(retention, "_retire_once", replacement),
+        mock.patch.object(retention, "_copy_to_archive", copy),
+    ):
         return [
             history._retire(engine, cutoff, args.retire_runs, way, rest, args.batch) for way in ways
         ]

@@ -125,9 +125,15 @@ class Children:
         ):
             return Refuse(message, Admission.REJECT_IN_FLIGHT)
         if record is None:  # the node's record claimed now: its start, once per run
-            started: dict[str, Any] = {"execution_id": execution.id, "saga": definition.name}
-            started.update(step=node.name, attempt=1, idempotency_key=key, sub_saga=True)
-            started["version"] = definition.hash
+            started: dict[str, Any] = {
+                "execution_id": execution.id,
+                "saga": definition.name,
+                "step": node.name,
+                "attempt": 1,
+                "idempotency_key": key,
+                "sub_saga": True,
+                "version": definition.hash,
+            }
             ex.emit("saga-step-started", started)
         return StartChild(child_definition, child_input, child_id, execution.id)
 

@@ -205,11 +205,14 @@ class Progress(StepFailures):
             advance=onward,
             now=get_clock().now(),
         ):
-            fields: dict[str, Any] = {"execution_id": message.execution_id}
-            fields.update(
-                saga=definition.name, node=message.node, sub=message.sub, version=definition.hash
-            )
-            self.emit("saga-node-passed", fields)
+            passed: dict[str, Any] = {
+                "execution_id": message.execution_id,
+                "saga": definition.name,
+                "node": message.node,
+                "sub": message.sub,
+                "version": definition.hash,
+            }
+            self.emit("saga-node-passed", passed)
             self.advanced(definition, message.execution_id, onward)
             return NoBody("nothing runs at this position")
         return self.refused(message, Admission.REJECT_STALE_CURSOR)

@@ -96,8 +96,11 @@ class Unwinder(ReversalRuns):
     ) -> None:
         """Carry out the first move of an unwind that the failure record just decided;
         ``at``: the (node, sub) of a failure that no step raised."""
-        fields: dict[str, Any] = {"execution_id": execution_id, "saga": definition.name}
-        fields["reason"] = failure_reason
+        fields: dict[str, Any] = {
+            "execution_id": execution_id,
+            "saga": definition.name,
+            "reason": failure_reason,
+        }
         if at is not None:
             fields.update(node=at[0], sub=at[1], version=definition.hash)
         self.emit("saga-forward-failed", fields)

@@ -174,11 +174,14 @@ def _claimed_rows(
     if db.dialect != "sqlite":  # MySQL refuses an UPDATE whose WHERE reads its own table
         return None
     claim, read = _claim_then_read(with_run)
-    with db.single_statement() if with_run else db.transaction() as connection:
-        if rowcount_in(connection, claim, params) != 1:
-            return []
-        if not with_run:
+    if not with_run:
+        with db.transaction() as connection:
+            if rowcount_in(connection, claim, params) != 1:
+                return []
             return rows_in(connection, read, params)
+    with db.single_statement() as connection:
+        if db.rowcount(connection, claim, params) != 1:
+            return []
     with db.single_statement() as connection:
         return db.rows(connection, read, params)
 
@@ -195,8 +198,8 @@ def claim_next_reversal(
     claim (``with_run``: its row and all its steps; otherwise the steps that decide the
     next move); None: not ours, or not on this store (read and decide).
 
-    One statement on PostgreSQL, a transaction of two on SQLite; on MySQL and its kin the
-    checked path reads, then claims."""
+    One statement on PostgreSQL; on SQLite the claim, then the read (see
+    ``_claimed_rows``); on MySQL and its kin the checked path reads, then claims."""
     params = {
         "run_id": reversal.execution_id,
         "step_name": reversal.name,
