@@ -23,6 +23,7 @@ import pytest
 
 from celery_saga import ExecutionState, RollbackStatus
 from celery_saga.store import history
+from tests.conftest import BROKERS, PORTS, require_services
 from tests.test_crash_recovery import (
     CrashRig,
     crash_rig,
@@ -114,6 +115,22 @@ def test_sigterm_mid_reversal_is_no_failure_and_the_reversal_runs_again_at_once(
         ("reversal-released", 1),
         ("reversal-completed", 2),
     ], "the released reversal attempt is recorded once, not also as lost"
+
+
+def test_on_a_sqlite_store_sigterm_mid_reversal_releases_it_and_it_runs_again_at_once(
+    tmp_path: Path,
+) -> None:
+    """SQLite's reversal claim (claim first, then read) under a SIGTERM to the worker's
+    process group: the claim is given up, not failed, and taken again at once."""
+    require_services(PORTS["postgres-rabbitmq"])
+    store = f"sqlite:///{tmp_path}/shutdown.sqlite3"
+    rig = CrashRig(
+        BROKERS["postgres-rabbitmq"], tmp_path, lease=30.0, recover_after=120.0, store=store
+    )
+    try:
+        test_sigterm_mid_reversal_is_no_failure_and_the_reversal_runs_again_at_once(rig)
+    finally:
+        rig.close()
 
 
 def test_a_warm_shutdown_lets_the_body_finish_and_record_its_outcome(rig: CrashRig) -> None:
