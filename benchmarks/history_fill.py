@@ -5,7 +5,9 @@ thousand of those abandoned, rollback ``stuck``), each with its history as the e
 writes it: the ``started`` row and one row per step attempt. Beside them: runs waiting for a signal
 with a deadline in a day, live runs moving now, and a few parked ones. Rows are written by
 ``INSERT ... SELECT generate_series(...)`` in chunks, not through the engine: a million runs
-take a minute, not hours. Ids are random hex, as the engine's are.
+take a minute, not hours. Ids are the engine's (``ids="ordered"``: a version-7 UUID's
+text, its first 48 bits the run's creation in milliseconds) or, to measure what they replaced,
+random (``ids="random"``: an md5, as random as a version-4 UUID).
 """
 
 from __future__ import annotations
@@ -20,11 +22,27 @@ CHUNK = 100_000
 #: Finished runs are spread over this many days before the fill starts.
 SPREAD_DAYS = 60
 
+#: SQL of a run's id from the series number ``g`` (``:prefix``, ``:start``, ``:gap``, ``:first``).
+_MILLIS = (
+    "lpad(to_hex(CAST(floor(extract(epoch FROM "
+    "CAST(:start AS timestamptz) + (g - CAST(:first AS bigint)) * CAST(:gap AS interval)"
+    ") * 1000) AS bigint)), 12, '0')"
+)
+_RANDOM = "md5(:prefix || g::text)"
+IDS = {
+    "random": _RANDOM,
+    "ordered": (
+        f"substr({_MILLIS}, 1, 8) || '-' || substr({_MILLIS}, 9, 4) || '-7' "
+        f"|| substr({_RANDOM}, 1, 3) || '-8' || substr({_RANDOM}, 4, 3) || '-' "
+        f"|| substr({_RANDOM}, 7, 12)"
+    ),
+}
+
 RUNS_SQL = """
 INSERT INTO saga_executions (id, saga_name, definition_hash, state, cursor, cursor_sub, input,
     failure_reason, rollback_status, rollback_reason, committed_at, parent_execution_id,
     lease_expires_at, wake_at, created_at, updated_at, version)
-SELECT md5(:prefix || g::text), 'order_' || (g % 4), repeat('ab', 32),
+SELECT {id}, 'order_' || (g % 4), repeat('ab', 32),
     CASE WHEN failing THEN 'failed' ELSE CAST(:state AS text) END,
     CASE WHEN failing THEN 4 ELSE CAST(:cursor AS integer) END, 0,
     '\\x81a5636172747393cd04d2cd162ecd2382'::bytea,
@@ -55,7 +73,7 @@ SELECT e.id, 'step_' || k, k, 0,
     CASE WHEN e.state = 'failed' THEN 1 ELSE 0 END, NULL, NULL, NULL, NULL
 FROM saga_executions AS e, generate_series(0, CAST(:steps AS integer) - 1) AS k
 WHERE e.id IN (
-        SELECT md5(:prefix || g::text)
+        SELECT {id}
         FROM generate_series(CAST(:first AS bigint), CAST(:last AS bigint)) AS g
     )
     AND k <= e.cursor
@@ -66,7 +84,7 @@ INSERT INTO saga_history (execution_id, at, kind, step, attempt, holder, started
 SELECT e.id, e.created_at, 'started', NULL, NULL, NULL, NULL, NULL
 FROM saga_executions AS e
 WHERE e.id IN (
-        SELECT md5(:prefix || g::text)
+        SELECT {id}
         FROM generate_series(CAST(:first AS bigint), CAST(:last AS bigint)) AS g
     )
 UNION ALL
@@ -75,7 +93,7 @@ SELECT s.execution_id, s.completed_at,
     s.name, 1, 'celery@worker-1/4242/' || md5(s.execution_id || s.name), s.started_at, s.error
 FROM saga_steps AS s
 WHERE s.execution_id IN (
-        SELECT md5(:prefix || g::text)
+        SELECT {id}
         FROM generate_series(CAST(:first AS bigint), CAST(:last AS bigint)) AS g
     )
     AND s.completed_at IS NOT NULL
@@ -94,6 +112,7 @@ def _insert(
     gap: timedelta,
     wake_at: datetime | None = None,
     failing: bool = False,
+    ids: str = "ordered",
 ) -> None:
     values = {
         "failing": failing,
@@ -107,12 +126,19 @@ def _insert(
         "wake_at": wake_at,
         "steps": STEPS,
     }
-    connection.execute(text(RUNS_SQL), values)
-    connection.execute(text(STEPS_SQL), values)
-    connection.execute(text(HISTORY_SQL), values)
+    for sql in (RUNS_SQL, STEPS_SQL, HISTORY_SQL):
+        connection.execute(text(sql.replace("{id}", IDS[ids])), values)
 
 
-def fill(engine: Engine, runs: int, waiting: int, live: int, parked: int, now: datetime) -> float:
+def fill(
+    engine: Engine,
+    runs: int,
+    waiting: int,
+    live: int,
+    parked: int,
+    now: datetime,
+    ids: str = "ordered",
+) -> float:
     """Write the history and the unfinished runs; returns the seconds it took."""
     began = time.monotonic()
     start = now - timedelta(days=SPREAD_DAYS)
@@ -130,15 +156,22 @@ def fill(engine: Engine, runs: int, waiting: int, live: int, parked: int, now: d
                 start=start + first * gap,
                 gap=gap,
                 failing=True,
+                ids=ids,
             )
     with engine.begin() as connection:
         hour = timedelta(hours=1)
-        _unfinished(connection, waiting, live, parked, now, hour)
+        _unfinished(connection, waiting, live, parked, now, hour, ids)
     return time.monotonic() - began
 
 
 def _unfinished(
-    connection: Connection, waiting: int, live: int, parked: int, now: datetime, hour: timedelta
+    connection: Connection,
+    waiting: int,
+    live: int,
+    parked: int,
+    now: datetime,
+    hour: timedelta,
+    ids: str,
 ) -> None:
     for prefix, count, state, cursor, wake_at in (
         ("wait", waiting, "waiting", 2, now + timedelta(days=1)),
@@ -157,6 +190,7 @@ def _unfinished(
                 start=started,
                 gap=timedelta(0),
                 wake_at=wake_at,
+                ids=ids,
             )
     connection.execute(
         text(

@@ -53,25 +53,22 @@ def _configure(url: str) -> Any:
     return bench_app
 
 
-def _stream(bench: Any, tag: str, rate: float, stop: threading.Event) -> int:
-    """Start runs ``<tag>-<n>`` every ``1 / rate`` s until ``stop``; how many were started."""
-    began, count = time.monotonic(), 0
+def _stream(bench: Any, rate: float, stop: threading.Event, started: list[str]) -> None:
+    """Start runs every ``1 / rate`` s until ``stop``, their ids (the engine's own) into
+    ``started``: the live runs take new ids the way a deployment's do."""
+    began = time.monotonic()
     while not stop.is_set():
-        bench.engine.start(bench.SAGA_NAME, {}, execution_id=f"{tag}-{count:07d}")
-        count += 1
-        delay = began + count / rate - time.monotonic()
+        started.append(bench.engine.start(bench.SAGA_NAME, {}).id)
+        delay = began + len(started) / rate - time.monotonic()
         if delay > 0:
             stop.wait(delay)
-    return count
 
 
 @contextmanager
-def _streaming(bench: Any, tag: str, rate: float) -> Iterator[list[int]]:
-    """Runs started at ``rate`` while the block runs; the list holds their count after it."""
+def _streaming(bench: Any, rate: float) -> Iterator[list[str]]:
+    """Runs started at ``rate`` while the block runs; the list holds their ids."""
     stop, started = threading.Event(), []
-    thread = threading.Thread(
-        target=lambda: started.append(_stream(bench, tag, rate, stop)), daemon=True
-    )
+    thread = threading.Thread(target=_stream, args=(bench, rate, stop, started), daemon=True)
     thread.start()
     try:
         yield started
@@ -80,31 +77,33 @@ def _streaming(bench: Any, tag: str, rate: float) -> Iterator[list[int]]:
         thread.join()
 
 
-def _latencies(bench: Any, tag: str, count: int, timeout: float = 120.0) -> list[float]:
-    """End-to-end milliseconds of the ``count`` runs of ``tag`` once they all completed."""
+def _latencies(bench: Any, label: str, ids: list[str], timeout: float = 120.0) -> list[float]:
+    """End-to-end milliseconds of the runs ``ids``, in the order started, once all completed."""
     from bench_infra import rows, scalar, wait_until
 
-    span = {"lo": f"{tag}-", "hi": f"{tag}."}
     settled = (
-        "SELECT count(*) FROM saga_executions WHERE id >= :lo AND id < :hi "
+        "SELECT count(*) FROM saga_executions WHERE id = ANY(:ids) "
         "AND state IN ('completed', 'failed', 'compensation_stuck')"
     )
-    wait_until(lambda: scalar(bench, settled, **span) >= count, timeout, 0.2, f"live {tag}")
-    found = rows(
-        bench,
-        "SELECT state, EXTRACT(EPOCH FROM updated_at - created_at) * 1000 FROM saga_executions "
-        "WHERE id >= :lo AND id < :hi ORDER BY id",
-        **span,
+    wait_until(lambda: scalar(bench, settled, ids=ids) >= len(ids), timeout, 0.2, f"live {label}")
+    found = dict(
+        (row[0], (row[1], row[2]))
+        for row in rows(
+            bench,
+            "SELECT id, state, EXTRACT(EPOCH FROM updated_at - created_at) * 1000 "
+            "FROM saga_executions WHERE id = ANY(:ids)",
+            ids=ids,
+        )
     )
-    if any(state != "completed" for state, _ in found):
-        raise SystemExit(f"live runs of {tag} did not all complete")
-    return [float(ms) for _, ms in found]
+    if any(state != "completed" for state, _ in found.values()):
+        raise SystemExit(f"live runs of {label} did not all complete")
+    return [float(found[run][1]) for run in ids]
 
 
-def _phase(bench: Any, tag: str, rate: float, work: Callable[[], object]) -> list[float]:
-    with _streaming(bench, tag, rate) as started:
+def _phase(bench: Any, label: str, rate: float, work: Callable[[], object]) -> list[float]:
+    with _streaming(bench, rate) as started:
         work()
-    return _latencies(bench, tag, started[0])
+    return _latencies(bench, label, started)
 
 
 def _summary(label: str, values: list[float], base_p95: float | None) -> str:

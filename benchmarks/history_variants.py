@@ -23,6 +23,10 @@ A variant is ``KIND[:REST][+SETTING]``:
               and its row, steps, history rows, signals and decisions as one ``jsonb``),
               then the cleanup as ``current``. What a packed archive would cost.
 
+``--ids random`` fills the store and starts the live runs with random ids (version 4, as the
+engine made them before version 7): what time-ordered ids save. ``--prearchive N`` archives N
+runs flat out, before the stream starts, so that the variants meet an archive of that size.
+
 ``+wal8g`` (``max_wal_size = 8GB``) or ``+lz4`` (``wal_compression = lz4``) sets the server
 with ``ALTER SYSTEM`` for the variant and resets it after: it needs a superuser, and it
 changes the server for everything else running on it meanwhile.
@@ -55,6 +59,7 @@ from sqlalchemy import Connection, create_engine, delete, text
 from celery_saga import SagaEngine
 from celery_saga.store import retention
 from celery_saga.store.tables import executions
+from celery_saga.worker import engine as engine_module
 
 SETTINGS = {"wal8g": ("max_wal_size", "'8GB'"), "lz4": ("wal_compression", "'lz4'")}
 KINDS = ("current", "archive", "cleanup", "chunked", "async", "process", "packed")
@@ -147,6 +152,16 @@ def _server_setting(admin_url: str, name: str | None) -> Iterator[None]:
         admin.dispose()
 
 
+@contextmanager
+def _ids(kind: str) -> Iterator[None]:
+    """The engine's new run ids as ``--ids`` says (random: version 4, as before version 7)."""
+    if kind == "ordered":
+        yield
+        return
+    with mock.patch.object(engine_module, "new_execution_id", lambda: str(uuid.uuid4())):
+        yield
+
+
 def parse(variant: str) -> tuple[str, float, str | None]:
     """``KIND[:REST][+SETTING]`` -> (kind, rest, setting)."""
     spec, _, setting = variant.partition("+")
@@ -214,6 +229,8 @@ def main() -> int:
     parser.add_argument("--chunk", type=int, default=100)
     parser.add_argument("--live-rate", type=float, default=10.0)
     parser.add_argument("--live-seconds", type=float, default=30.0)
+    parser.add_argument("--ids", choices=sorted(history_fill.IDS), default="ordered")
+    parser.add_argument("--prearchive", type=int, default=0)
     parser.add_argument("--child-of", help=argparse.SUPPRESS)  # a ``process`` variant's child
     args = parser.parse_args()
     for variant in args.variants:
@@ -229,16 +246,26 @@ def main() -> int:
     url = args.admin_url.rsplit("/", 1)[0] + "/" + name
     try:
         engine, bulk = history._store(url, argparse.Namespace(without_index=[]))
-        seconds = history_fill.fill(bulk, args.runs, 2000, 200, 20, datetime.now(UTC))
+        now = datetime.now(UTC)
+        seconds = history_fill.fill(bulk, args.runs, 2000, 200, 20, now, args.ids)
         history_fill.vacuum(bulk)
+        print(f"filled {args.runs:,} finished runs ({args.ids} ids) in {seconds:.1f} s", flush=True)
+        if args.prearchive:
+            cutoff = now - timedelta(days=1)
+            print(
+                "before: "
+                + history._retire(engine, cutoff, args.prearchive, True, 0.0, args.batch),
+                flush=True,
+            )
+            history_fill.vacuum(bulk)
         bulk.dispose()
-        print(f"filled {args.runs:,} finished runs in {seconds:.1f} s", flush=True)
         with admin.connect() as connection:
             buffers = connection.execute(text("SHOW shared_buffers")).scalar_one()
         print(f"server: shared_buffers {buffers} (the catch-up's cost depends on it)", flush=True)
         phases = _phases(engine, args, url)
-        for line in history_live.beside(url, args.live_rate, args.live_seconds, phases):
-            print(line, flush=True)
+        with _ids(args.ids):
+            for line in history_live.beside(url, args.live_rate, args.live_seconds, phases):
+                print(line, flush=True)
         engine.db.dispose()
     finally:
         with admin.connect() as connection:

@@ -140,6 +140,7 @@ def test_the_variants_benchmark_runs_each_catch_up_beside_a_live_stream() -> Non
     command = [sys.executable, "benchmarks/history_variants.py", "--runs", "6000"]
     command += ["--retire-runs", "300", "--batch", "100", "--chunk", "50", "--live-rate", "5"]
     command += ["--live-seconds", "1", "--variants", *variants]
+    command += ["--ids", "random", "--prearchive", "100"]
     done = subprocess.run(
         command,
         cwd=ROOT,
@@ -151,6 +152,7 @@ def test_the_variants_benchmark_runs_each_catch_up_beside_a_live_stream() -> Non
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     out = done.stdout
     assert out.count("archived 300 runs") == 6 and out.count("deleted 300 runs") == 6, out
-    assert out.count(" kB a run") == 12 and "server: shared_buffers " in out
+    assert out.count(" kB a run") == 13 and "server: shared_buffers " in out
+    assert "(random ids)" in out and "before: archived 100 runs" in out
     for index, variant in enumerate(variants, start=1):
         assert f"during {index}, {variant}" in out, out

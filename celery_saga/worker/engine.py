@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import builtins
 import functools
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -25,6 +24,7 @@ from celery_saga.errors import (
     StoreUnavailableError,
     UnknownSagaError,
 )
+from celery_saga.ids import new_execution_id
 from celery_saga.limits import check_lookup_id, listed_saga_names, storable_cursor_id
 from celery_saga.records import Execution, ExecutionState, RollbackStatus
 from celery_saga.runtime import stopping
@@ -215,7 +215,7 @@ class SagaEngine:
                 f"the input of saga {saga!r} must be a mapping (dict) of named values, "
                 f"got {type(input).__name__}"
             )
-        new_id = execution_id or str(uuid.uuid4())
+        new_id = execution_id or new_execution_id()
         saga_input = {} if input is None else input
         self.ensure_schema()
         try:
