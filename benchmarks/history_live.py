@@ -67,14 +67,23 @@ def _stream(bench: Any, rate: float, stop: threading.Event, started: list[str]) 
 @contextmanager
 def _streaming(bench: Any, rate: float) -> Iterator[list[str]]:
     """Runs started at ``rate`` while the block runs; the list holds their ids."""
-    stop, started = threading.Event(), []
-    thread = threading.Thread(target=_stream, args=(bench, rate, stop, started), daemon=True)
+    stop, started, failed = threading.Event(), [], []
+
+    def stream() -> None:
+        try:
+            _stream(bench, rate, stop, started)
+        except BaseException as error:  # reported below: a phase never measures a dead stream
+            failed.append(error)
+
+    thread = threading.Thread(target=stream, daemon=True)
     thread.start()
     try:
         yield started
     finally:
         stop.set()
         thread.join()
+    if failed:
+        raise SystemExit(f"the live stream stopped: {failed[0]!r}")
 
 
 def _latencies(bench: Any, label: str, ids: list[str], timeout: float = 120.0) -> list[float]:

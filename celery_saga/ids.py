@@ -1,32 +1,56 @@
 """Execution ids: UUID version 7 (RFC 9562), time-ordered.
 
 The first 48 bits are the Unix time in milliseconds, the next 12 the fraction of that
-millisecond (the RFC's "increased clock precision", so ids made one after another in a
-process sort in that order), the last 62 random. Runs started together get ids that sort
-together, so every index keyed by the run's id (the run row, its steps, its history, and the
-archive's copies of them) takes new rows at its right-hand end, and retention, which retires
-runs oldest first, removes and archives neighbouring entries: a batch dirties a few index
-pages instead of one page per run. See docs/scaling.md.
+millisecond (the RFC's "increased clock precision"), the last 62 random. Within a process
+each id's (milliseconds, fraction) is greater than the previous one's, even when the clock
+is coarse or steps back (the RFC's monotonic counter, section 6.2), so ids made one after
+another sort in that order. Runs started together get ids that sort together, so every index
+keyed by the run's id (the run row, its steps, its history, and the archive's copies of them)
+takes new rows at its right-hand end, and retention, which retires runs oldest first, removes
+and archives neighbouring entries: a batch dirties a few index pages instead of one page per
+run. See docs/scaling.md.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 
 _MILLION = 1_000_000
+_lock = threading.Lock()
+_last = (0, 0)
+
+
+def _reset_after_fork() -> None:
+    global _lock
+    _lock = threading.Lock()  # a fork while another thread held it would leave it held
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def _next_stamp() -> tuple[int, int]:
+    """(milliseconds, 4096ths of the millisecond), greater than the last one handed out."""
+    global _last
+    millis, rest = divmod(time.time_ns(), _MILLION)
+    stamp = (millis & ((1 << 48) - 1), rest * 4096 // _MILLION)
+    with _lock:
+        if stamp <= _last:
+            last_millis, last_fraction = _last
+            stamp = (
+                (last_millis + 1, 0) if last_fraction == 4095 else (last_millis, last_fraction + 1)
+            )
+        _last = stamp
+    return stamp
 
 
 def uuid7() -> uuid.UUID:
     """A new version-7 UUID: milliseconds, version, a 4096th of the millisecond, variant,
     62 random bits."""
-    now = time.time_ns()
-    millis, fraction = divmod(now, _MILLION)
-    value = (millis & ((1 << 48) - 1)) << 80
-    value |= 0x7 << 76  # version
-    value |= (fraction * 4096 // _MILLION) << 64
-    value |= 0b10 << 62  # variant
+    millis, fraction = _next_stamp()
+    value = millis << 80 | 0x7 << 76 | fraction << 64 | 0b10 << 62
     value |= int.from_bytes(os.urandom(8), "big") & ((1 << 62) - 1)
     return uuid.UUID(int=value)
 

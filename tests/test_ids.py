@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import time
 import uuid
+from unittest import mock
 
+from celery_saga import ids
 from celery_saga.ids import uuid7
 from tests.conftest import Harness
 
@@ -30,3 +32,15 @@ def test_runs_started_without_an_id_get_version_7_ids_in_start_order(
     started = [sqlite_harness.engine.start("five", {"order": n}).id for n in range(5)]
     assert all(uuid.UUID(run).version == 7 for run in started)
     assert started == sorted(started)
+
+
+def test_ids_stay_in_order_when_the_clock_stands_still_or_steps_back() -> None:
+    """A coarse clock (one tick for many ids) or one stepped back by NTP does not break the
+    order: the 4096ths of the millisecond count on from the last id."""
+    frozen = time.time_ns()
+    with mock.patch.object(ids.time, "time_ns", return_value=frozen):
+        still = [str(uuid7()) for _ in range(5000)]  # more than 4096 in one millisecond
+    with mock.patch.object(ids.time, "time_ns", return_value=frozen - 60 * 10**9):
+        back = [str(uuid7()) for _ in range(10)]
+    made = still + back
+    assert made == sorted(made) and len(set(made)) == len(made)
