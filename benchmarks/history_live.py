@@ -95,15 +95,15 @@ def _latencies(bench: Any, label: str, ids: list[str], timeout: float = 120.0) -
         "AND state IN ('completed', 'failed', 'compensation_stuck')"
     )
     wait_until(lambda: scalar(bench, settled, ids=ids) >= len(ids), timeout, 0.2, f"live {label}")
-    found = dict(
-        (row[0], (row[1], row[2]))
-        for row in rows(
+    found = {
+        run: (state, ms)
+        for run, state, ms in rows(
             bench,
             "SELECT id, state, EXTRACT(EPOCH FROM updated_at - created_at) * 1000 "
             "FROM saga_executions WHERE id = ANY(:ids)",
             ids=ids,
         )
-    )
+    }
     if any(state != "completed" for state, _ in found.values()):
         raise SystemExit(f"live runs of {label} did not all complete")
     return [float(found[run][1]) for run in ids]

@@ -46,7 +46,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from unittest import mock
@@ -152,14 +152,11 @@ def _server_setting(admin_url: str, name: str | None) -> Iterator[None]:
         admin.dispose()
 
 
-@contextmanager
-def _ids(kind: str) -> Iterator[None]:
+def _ids(kind: str) -> AbstractContextManager[object]:
     """The engine's new run ids as ``--ids`` says (random: version 4, as before version 7)."""
     if kind == "ordered":
-        yield
-        return
-    with mock.patch.object(engine_module, "new_execution_id", lambda: str(uuid.uuid4())):
-        yield
+        return nullcontext()
+    return mock.patch.object(engine_module, "new_execution_id", lambda: str(uuid.uuid4()))
 
 
 def parse(variant: str) -> tuple[str, float, str | None]:

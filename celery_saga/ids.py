@@ -20,7 +20,8 @@ import uuid
 
 _MILLION = 1_000_000
 _lock = threading.Lock()
-_last = (0, 0)
+#: The last (milliseconds << 12 | 4096ths) handed out in this process.
+_last = 0
 
 
 def _reset_after_fork() -> None:
@@ -31,26 +32,22 @@ def _reset_after_fork() -> None:
 os.register_at_fork(after_in_child=_reset_after_fork)
 
 
-def _next_stamp() -> tuple[int, int]:
-    """(milliseconds, 4096ths of the millisecond), greater than the last one handed out."""
+def _next_stamp() -> int:
+    """Milliseconds (48 bits) and 4096ths of the millisecond (12 bits) as one number, greater
+    than the last one handed out (a full millisecond carries into the next)."""
     global _last
     millis, rest = divmod(time.time_ns(), _MILLION)
-    stamp = (millis & ((1 << 48) - 1), rest * 4096 // _MILLION)
+    stamp = (millis & ((1 << 48) - 1)) << 12 | rest * 4096 // _MILLION
     with _lock:
-        if stamp <= _last:
-            last_millis, last_fraction = _last
-            stamp = (
-                (last_millis + 1, 0) if last_fraction == 4095 else (last_millis, last_fraction + 1)
-            )
-        _last = stamp
-    return stamp
+        _last = max(stamp, _last + 1)
+        return _last
 
 
 def uuid7() -> uuid.UUID:
     """A new version-7 UUID: milliseconds, version, a 4096th of the millisecond, variant,
     62 random bits."""
-    millis, fraction = _next_stamp()
-    value = millis << 80 | 0x7 << 76 | fraction << 64 | 0b10 << 62
+    stamp = _next_stamp()
+    value = (stamp >> 12) << 80 | 0x7 << 76 | (stamp & 0xFFF) << 64 | 0b10 << 62
     value |= int.from_bytes(os.urandom(8), "big") & ((1 << 62) - 1)
     return uuid.UUID(int=value)
 
