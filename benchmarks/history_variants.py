@@ -7,7 +7,7 @@ worker (``history_live.py``). Alternate the variants (``current chunked current 
 so that each meets the same machine; the stream's p95 during each, against the quiet
 stretches, is what the variant costs live runs. The database is dropped at the end.
 
-A variant is ``KIND[:REST][+SETTING]``:
+A variant is ``KIND[:REST][/BATCH][+SETTING]`` (BATCH runs a batch, default ``--batch``):
 
 ``current``   the catch-up as ``retention.retire`` runs it, resting REST (default
               ``retention.REST``) times each batch's duration: archive, then cleanup.
@@ -22,6 +22,13 @@ A variant is ``KIND[:REST][+SETTING]``:
               table of the benchmark's own (``bench_packed_archive``: the run's id, when,
               and its row, steps, history rows, signals and decisions as one ``jsonb``),
               then the cleanup as ``current``. What a packed archive would cost.
+``idle``      nothing for ``--spread`` seconds: the stream's own noise, beside the rest.
+``dropped``   an experiment, with ``--partitioned``: whole days of runs dropped
+              (``history_partitions.py``), the drops spread over ``--spread`` seconds.
+
+``--partitioned`` partitions the store's run tables by run id before the fill, a partition
+every ``--partition-days`` days of runs (an experiment: what retiring whole partitions would
+cost; the engine runs on it unchanged).
 
 ``--ids random`` fills the store and starts the live runs with random ids (version 4, as the
 engine made them before version 7): what time-ordered ids save. ``--prearchive N`` archives N
@@ -54,6 +61,7 @@ from unittest import mock
 import history
 import history_fill
 import history_live
+import history_partitions
 from sqlalchemy import Connection, create_engine, delete, text
 
 from celery_saga import SagaEngine
@@ -62,7 +70,17 @@ from celery_saga.store.tables import executions
 from celery_saga.worker import engine as engine_module
 
 SETTINGS = {"wal8g": ("max_wal_size", "'8GB'"), "lz4": ("wal_compression", "'lz4'")}
-KINDS = ("current", "archive", "cleanup", "chunked", "async", "process", "packed")
+KINDS = (
+    "current",
+    "archive",
+    "cleanup",
+    "chunked",
+    "async",
+    "process",
+    "packed",
+    "idle",
+    "dropped",
+)
 PACKED = "bench_packed_archive"
 
 
@@ -159,19 +177,34 @@ def _ids(kind: str) -> AbstractContextManager[object]:
     return mock.patch.object(engine_module, "new_execution_id", lambda: str(uuid.uuid4()))
 
 
-def parse(variant: str) -> tuple[str, float, str | None]:
-    """``KIND[:REST][+SETTING]`` -> (kind, rest, setting)."""
+def parse(variant: str) -> tuple[str, float, int | None, str | None]:
+    """``KIND[:REST][/BATCH][+SETTING]`` -> (kind, rest, batch or None, setting)."""
     spec, _, setting = variant.partition("+")
+    spec, _, batch = spec.partition("/")
     kind, _, rest = spec.partition(":")
-    if kind not in KINDS or (setting and setting not in SETTINGS):
-        raise SystemExit(f"unknown variant {variant!r}: KIND[:REST][+SETTING], see --help")
-    return kind, float(rest) if rest else retention.REST, setting or None
+    if (
+        kind not in KINDS
+        or (setting and setting not in SETTINGS)
+        or (batch and not batch.isdigit())
+    ):
+        raise SystemExit(f"unknown variant {variant!r}: KIND[:REST][/BATCH][+SETTING], see --help")
+    rest_of = float(rest) if rest else retention.REST
+    return kind, rest_of, int(batch) if batch else None, setting or None
 
 
 def run_variant(engine: SagaEngine, args: argparse.Namespace, variant: str) -> list[str]:
     """Retire ``--retire-runs`` runs (each way the variant says); its report lines."""
-    kind, rest, _ = parse(variant)
+    kind, rest, batch, _ = parse(variant)
     cutoff = datetime.now(UTC) - timedelta(days=1)
+    if kind == "idle":
+        time.sleep(args.spread)
+        return [f"nothing for {args.spread:g} s"]
+    if kind == "dropped":
+        if not args.partitioned:
+            raise SystemExit("the dropped variant needs --partitioned")
+        return [
+            history_partitions.drop_days(engine.db.engine, cutoff, args.retire_runs, args.spread)
+        ]
     replacement: Any = retention._retire_once
     if kind == "chunked":
         replacement, rest = _chunked(args.chunk, rest), 0.0  # it rests inside its batches
@@ -187,7 +220,8 @@ def run_variant(engine: SagaEngine, args: argparse.Namespace, variant: str) -> l
         mock.patch.object(retention, "_copy_to_archive", copy),
     ):
         return [
-            history._retire(engine, cutoff, args.retire_runs, way, rest, args.batch) for way in ways
+            history._retire(engine, cutoff, args.retire_runs, way, rest, batch or args.batch)
+            for way in ways
         ]
 
 
@@ -202,7 +236,7 @@ def _phases(
     engine: SagaEngine, args: argparse.Namespace, url: str
 ) -> dict[str, Callable[[], list[str]]]:
     def phase(variant: str) -> list[str]:
-        kind, _, setting = parse(variant)
+        kind, _, _, setting = parse(variant)
         with _server_setting(args.admin_url, setting):
             if kind == "process":
                 return _in_a_process(args, url, variant.replace("process", "current", 1))
@@ -228,6 +262,9 @@ def main() -> int:
     parser.add_argument("--live-seconds", type=float, default=30.0)
     parser.add_argument("--ids", choices=sorted(history_fill.IDS), default="ordered")
     parser.add_argument("--prearchive", type=int, default=0)
+    parser.add_argument("--partitioned", action="store_true")
+    parser.add_argument("--partition-days", type=int, default=1)
+    parser.add_argument("--spread", type=float, default=30.0)
     parser.add_argument("--child-of", help=argparse.SUPPRESS)  # a ``process`` variant's child
     args = parser.parse_args()
     for variant in args.variants:
@@ -244,6 +281,11 @@ def main() -> int:
     try:
         engine, bulk = history._store(url, argparse.Namespace(without_index=[]))
         now = datetime.now(UTC)
+        if args.partitioned:
+            first = now - timedelta(days=history_fill.SPREAD_DAYS + 1)
+            first = first.replace(hour=0, minute=0, second=0, microsecond=0)
+            days = history_fill.SPREAD_DAYS + 4
+            history_partitions.partition(bulk, first, days, args.partition_days)
         seconds = history_fill.fill(bulk, args.runs, 2000, 200, 20, now, args.ids)
         history_fill.vacuum(bulk)
         print(f"filled {args.runs:,} finished runs ({args.ids} ids) in {seconds:.1f} s", flush=True)

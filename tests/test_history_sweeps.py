@@ -6,6 +6,7 @@ them on a big one (no sequential scans), and counts the runs each plan reads."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -130,6 +131,20 @@ def test_retention_finds_children_on_mariadb_by_seeking_the_parent_index() -> No
         store.dispose()
 
 
+def _printed(command: list[str]) -> str:
+    """What a benchmark printed, run from the repository on the test server; it must succeed."""
+    done = subprocess.run(
+        command,
+        cwd=ROOT,
+        env={**os.environ, "BENCH_ADMIN_URL": PG_ADMIN},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    return done.stdout
+
+
 def test_the_variants_benchmark_runs_each_catch_up_beside_a_live_stream() -> None:
     """``benchmarks/history_variants.py`` on a tiny store: every kind of catch-up it names
     retires its runs beside the live stream, and the stream's latency is reported per phase
@@ -141,18 +156,26 @@ def test_the_variants_benchmark_runs_each_catch_up_beside_a_live_stream() -> Non
     command += ["--retire-runs", "300", "--batch", "100", "--chunk", "50", "--live-rate", "5"]
     command += ["--live-seconds", "1", "--variants", *variants]
     command += ["--ids", "random", "--prearchive", "100"]
-    done = subprocess.run(
-        command,
-        cwd=ROOT,
-        env={**os.environ, "BENCH_ADMIN_URL": PG_ADMIN},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    out = done.stdout
+    out = _printed(command)
     assert out.count("archived 300 runs") == 6 and out.count("deleted 300 runs") == 6, out
     assert out.count(" kB a run") == 13 and "server: shared_buffers " in out
     assert "(random ids)" in out and "before: archived 100 runs" in out
+    for index, variant in enumerate(variants, start=1):
+        assert f"during {index}, {variant}" in out, out
+
+
+def test_the_partition_experiment_drops_whole_days_beside_a_live_stream() -> None:
+    """``--partitioned``: the engine runs unchanged on run tables partitioned by day of run
+    id, the ``dropped`` variant retires whole days (at least the runs asked), the catch-up
+    still retires runs one by one on it, and ``idle`` measures the stream's own noise."""
+    require_services(PORTS["postgres"], PORTS["postgres-rabbitmq"])
+    variants = ["idle", "dropped", "current:0/50"]
+    command = [sys.executable, "benchmarks/history_variants.py", "--runs", "6000"]
+    command += ["--retire-runs", "300", "--live-rate", "5", "--live-seconds", "1"]
+    command += ["--partitioned", "--spread", "1", "--variants", *variants]
+    out = _printed(command)
+    dropped = re.search(r"dropped (\d+) partition\(s\), (\d+) runs", out)
+    assert dropped and int(dropped[1]) >= 1 and int(dropped[2]) >= 300, out
+    assert "nothing for 1 s" in out and "archived 300 runs" in out and "batch of 50" in out, out
     for index, variant in enumerate(variants, start=1):
         assert f"during {index}, {variant}" in out, out
