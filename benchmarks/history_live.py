@@ -117,9 +117,14 @@ def _phase(bench: Any, label: str, rate: float, work: Callable[[], object]) -> l
 
 def _summary(label: str, values: list[float], base_p95: float | None) -> str:
     p50 = statistics.median(values)
-    p95 = statistics.quantiles(values, n=20)[-1] if len(values) > 1 else values[0]
+    p95, p99 = (
+        (statistics.quantiles(values, n=100)[k] for k in (94, 98))
+        if len(values) > 1
+        else (values[0], values[0])
+    )
     ratio = f"  ({p95 / base_p95:.2f}x the p95 without)" if base_p95 else ""
-    return f"{label:22} {len(values):5} runs  p50 {p50:6.1f} ms  p95 {p95:6.1f} ms{ratio}"
+    tail = f"p99 {p99:6.1f} ms  max {max(values):6.1f} ms"
+    return f"{label:22} {len(values):5} runs  p50 {p50:6.1f} ms  p95 {p95:6.1f} ms  {tail}{ratio}"
 
 
 def beside(

@@ -11,11 +11,15 @@ on it unchanged.
 ``drop_days(engine, cutoff, runs, spread)`` retires the oldest partitions whose runs are
 all terminal and older than ``cutoff``, until at least ``runs`` runs are gone: the tables
 keyed by the run first, then the runs, each ``DROP TABLE`` in a transaction of its own with a
-short lock timeout (a drop takes an exclusive lock on the parent table for an instant, and
-must not queue the live statements behind a long reader). The drops are spread over
-``spread`` seconds, so that a live stream beside them meets them; the report gives the
-seconds the drops themselves took. What the experiment leaves out: a partition with an
-unfinished run or a child run in another partition, and the archive (what is dropped is gone).
+short lock timeout (a drop takes an exclusive lock on the parent table, for as long as the
+detach checks the foreign keys into the partition, and must not queue the live statements
+behind a long reader). The keyed partitions and the runs' go in separate transactions: a
+failure between them leaves runs without their steps (an experiment's shortcut). Each
+partition keeps its table's storage settings (the runs' fillfactor) and extended
+statistics. The drops are spread over ``spread`` seconds, so that a live stream beside them
+meets them; the report gives the seconds the drops themselves took (lock waits included,
+not the check of what a partition holds). What the experiment leaves out: a partition with
+an unfinished run or a child run in another partition, and the archive (a drop is final).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import OperationalError
+
+from celery_saga.store.database import to_db_time
 
 RUNS = "saga_executions"
 #: The tables keyed by a run's id, dropped before the runs they reference.
@@ -37,6 +43,26 @@ def _bound(day: datetime) -> str:
     """The smallest version-7 id text of ``day``'s first millisecond."""
     hex12 = f"{int(day.timestamp() * 1000):012x}"
     return f"{hex12[:8]}-{hex12[8:]}"
+
+
+def _storage(connection: Connection, table: str) -> tuple[str, list[str]]:
+    """``table``'s storage settings as a WITH clause ('' for none), and its extended
+    statistics' DDL with ``{table}`` and ``{name}`` left to fill in per partition."""
+    options = connection.execute(
+        text("SELECT reloptions FROM pg_class WHERE oid = CAST(:t AS regclass)"), {"t": table}
+    ).scalar_one()
+    statistics = connection.execute(
+        text(
+            "SELECT stxname, pg_get_statisticsobjdef(oid) FROM pg_statistic_ext "
+            "WHERE stxrelid = CAST(:t AS regclass)"
+        ),
+        {"t": table},
+    ).all()
+    made = [
+        definition.replace(f"public.{name} ", "{name} ").rsplit(" FROM ", 1)[0] + " FROM {table}"
+        for name, definition in statistics
+    ]
+    return (f" WITH ({', '.join(options)})" if options else ""), made
 
 
 def _definitions(connection: Connection, table: str) -> tuple[list[str], list[str], list[str]]:
@@ -73,6 +99,7 @@ def partition(engine: Engine, first_day: datetime, days: int, width: int = 1) ->
     tables = (RUNS, *KEYED)
     with engine.begin() as connection:
         found = {table: _definitions(connection, table) for table in tables}
+        storage = {table: _storage(connection, table) for table in tables}
         for table in tables:
             key = "id" if table == RUNS else "execution_id"
             connection.execute(text(f"ALTER TABLE {table} RENAME TO {table}_flat"))
@@ -93,7 +120,7 @@ def partition(engine: Engine, first_day: datetime, days: int, width: int = 1) ->
         for table in reversed(tables):
             connection.execute(text(f"DROP TABLE {table}_flat CASCADE"))
         for table in tables:
-            _days(connection, table, first_day, days, width)
+            _days(connection, table, (first_day, days, width), storage[table])
             indexes, keys, _ = found[table]
             for statement in (*keys, *indexes):
                 connection.execute(text(statement))
@@ -102,16 +129,26 @@ def partition(engine: Engine, first_day: datetime, days: int, width: int = 1) ->
                 connection.execute(text(statement))
 
 
-def _days(connection: Connection, table: str, first: datetime, days: int, width: int) -> None:
+def _days(
+    connection: Connection,
+    table: str,
+    span: tuple[datetime, int, int],
+    storage: tuple[str, list[str]],
+) -> None:
+    """``table``'s partitions: ``span`` is (first day, days, days a partition)."""
+    first, days, width = span
+    options, statistics = storage
+    names = []
     for day in range(0, days, width):
         low, high = (_bound(first + timedelta(days=day + k)) for k in (0, width))
-        connection.execute(
-            text(
-                f"CREATE TABLE {table}_d{day:04} PARTITION OF {table} "
-                f"FOR VALUES FROM ('{low}') TO ('{high}')"
-            )
-        )
-    connection.execute(text(f"CREATE TABLE {table}_default PARTITION OF {table} DEFAULT"))
+        names.append(f"{table}_d{day:04}")
+        bounds = f"FOR VALUES FROM ('{low}') TO ('{high}')"
+        connection.execute(text(f"CREATE TABLE {names[-1]} PARTITION OF {table} {bounds}{options}"))
+    names.append(f"{table}_default")
+    connection.execute(text(f"CREATE TABLE {names[-1]} PARTITION OF {table} DEFAULT{options}"))
+    for name in (table, *names):  # the parent's for plans across partitions
+        for statement in statistics:
+            connection.execute(text(statement.format(table=name, name=f"st_{name}")))
 
 
 def _day_partitions(connection: Connection) -> list[str]:
@@ -120,10 +157,9 @@ def _day_partitions(connection: Connection) -> list[str]:
         connection.execute(
             text(
                 "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
-                f"WHERE i.inhparent = CAST('{RUNS}' AS regclass) AND c.relname LIKE :day "
-                "ORDER BY c.relname"
+                f"WHERE i.inhparent = CAST('{RUNS}' AS regclass) "
+                "AND pg_get_expr(c.relpartbound, c.oid) <> 'DEFAULT' ORDER BY c.relname"
             ),
-            {"day": f"{RUNS}_d%"},
         ).scalars()
     )
 
@@ -157,7 +193,7 @@ def _drop(engine: Engine, table: str) -> float:
 
 
 def drop_days(engine: Engine, cutoff: datetime, runs: int, spread: float) -> str:
-    """Drop the oldest whole partitions until ``runs`` runs are gone (the module's text)."""
+    """Drop the oldest whole partitions until ``runs`` runs are gone (see the module)."""
     with engine.connect() as connection:
         days = _day_partitions(connection)
     gone, work, dropped, began = 0, 0.0, 0, time.monotonic()
@@ -166,14 +202,16 @@ def drop_days(engine: Engine, cutoff: datetime, runs: int, spread: float) -> str
             break
         with engine.connect() as connection:
             kept, count = connection.execute(
-                text(_KEEPS.format(day=day)), {"cutoff": cutoff.replace(tzinfo=None)}
+                text(_KEEPS.format(day=day)), {"cutoff": to_db_time(cutoff)}
             ).one()
         if kept:
             break
+        pause = spread * min(count, runs) / max(runs, 1) / 2  # drops amid the stream
+        time.sleep(pause)
         suffix = day.removeprefix(RUNS)
         work += sum(_drop(engine, f"{table}{suffix}") for table in (*KEYED, RUNS))
         gone, dropped = gone + count, dropped + 1
-        time.sleep(spread * count / max(runs, 1))  # the stream meets the drops, not one burst
+        time.sleep(pause)
     rate = gone / max(work, 1e-9)
     return (
         f"dropped {dropped} partition(s), {gone} runs, in {work * 1000:.0f} ms of drops "

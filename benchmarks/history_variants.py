@@ -23,8 +23,8 @@ A variant is ``KIND[:REST][/BATCH][+SETTING]`` (BATCH runs a batch, default ``--
               and its row, steps, history rows, signals and decisions as one ``jsonb``),
               then the cleanup as ``current``. What a packed archive would cost.
 ``idle``      nothing for ``--spread`` seconds: the stream's own noise, beside the rest.
-``dropped``   an experiment, with ``--partitioned``: whole days of runs dropped
-              (``history_partitions.py``), the drops spread over ``--spread`` seconds.
+``dropped``   an experiment, with ``--partitioned``: the oldest whole partitions of runs
+              dropped (``history_partitions.py``), spread over ``--spread`` seconds.
 
 ``--partitioned`` partitions the store's run tables by run id before the fill, a partition
 every ``--partition-days`` days of runs (an experiment: what retiring whole partitions would
@@ -200,8 +200,6 @@ def run_variant(engine: SagaEngine, args: argparse.Namespace, variant: str) -> l
         time.sleep(args.spread)
         return [f"nothing for {args.spread:g} s"]
     if kind == "dropped":
-        if not args.partitioned:
-            raise SystemExit("the dropped variant needs --partitioned")
         return [
             history_partitions.drop_days(engine.db.engine, cutoff, args.retire_runs, args.spread)
         ]
@@ -268,7 +266,10 @@ def main() -> int:
     parser.add_argument("--child-of", help=argparse.SUPPRESS)  # a ``process`` variant's child
     args = parser.parse_args()
     for variant in args.variants:
-        parse(variant)
+        if parse(variant)[0] == "dropped" and not args.partitioned:
+            raise SystemExit(f"{variant!r} drops partitions: it needs --partitioned")
+    if args.partition_days < 1:
+        raise SystemExit("--partition-days: at least 1")
     if args.child_of:
         engine, _ = history._store(args.child_of, argparse.Namespace(without_index=[]))
         print("\n".join(run_variant(engine, args, args.variants[0])))
