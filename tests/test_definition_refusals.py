@@ -1,7 +1,8 @@
 """Guarantee 29: definitions that can only wedge or fork are refused before anything is
 stored: sub-sagas that reach their own saga (at ``register()``), names longer than the store
 column that keeps them (at definition), a sub-saga not registered when the run starts. And a
-path or parallel group given anything but ``step(...)`` specs gets a ``DefinitionError``."""
+path or parallel group given anything but ``step(...)`` specs gets a ``DefinitionError``; so
+does a ``version=`` label given to a second, different graph (at ``register()``)."""
 
 from __future__ import annotations
 
@@ -98,6 +99,43 @@ def test_sub_sagas_shared_without_a_cycle_are_accepted(engine: SagaEngine) -> No
     engine.register(_parent("leaf"), _parent("left", "leaf"), _parent("right", "leaf"))
     engine.register(_parent("top", "left", "right", "leaf"))
     assert engine.catalog("top") is not None
+
+
+# -- one version label, one graph (guarantee 22), at register() ------------------------------
+
+
+def test_two_graphs_under_one_version_label_are_refused_naming_both_hashes(
+    engine: SagaEngine,
+) -> None:
+    (first,) = engine.register(Saga("order", version="2").step("reserve", work))
+    changed = Saga("order", version="2").step("reserve", work).step("audit", work)
+    changed_hash = Saga("order", version="2").step("reserve", work).step("audit", work).seal().hash
+    with pytest.raises(DefinitionError) as refused:
+        engine.register(changed)
+    message = str(refused.value)
+    assert first.hash in message and changed_hash in message, message
+    assert "'2'" in message and "nothing was registered" in message, message
+    assert engine.catalog.versions("order") == [first], "the registered version stays alone"
+    assert "order.audit" not in engine.app.tasks, "no step task bound for the refused graph"
+
+
+def test_two_graphs_under_one_label_in_one_register_call_register_none_of_them(
+    engine: SagaEngine,
+) -> None:
+    with pytest.raises(DefinitionError, match=r"version label '7'"):
+        engine.register(
+            Saga("order", version="7").step("reserve", work),
+            Saga("order", version="7").step("reserve", work, compensate=undo),
+        )
+    assert engine.catalog.names() == []
+
+
+def test_the_same_graph_again_or_a_new_label_is_accepted(engine: SagaEngine) -> None:
+    engine.register(Saga("order", version="2").step("reserve", work))
+    engine.register(Saga("order", version="2").step("reserve", work))  # identical: a no-op
+    engine.register(Saga("order", version="3").step("reserve", work).step("audit", work))
+    engine.register(Saga("order").step("reserve", work).step("ship", work))  # no label
+    assert [d.label for d in engine.catalog.versions("order")] == ["2", "3", None]
 
 
 # -- a sub-saga unknown when the run starts -----------------------------------------------

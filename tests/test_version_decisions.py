@@ -13,6 +13,7 @@ from celery_saga.decisions.versions import (
     decide_upgrade,
     find_version,
     hand_back_countdown,
+    label_taken,
     newest,
     place,
 )
@@ -39,6 +40,13 @@ def test_hand_backs_back_off_up_to_a_ceiling() -> None:
     assert waits == sorted(waits)
     assert waits[0] < 1 and waits[-1] == HAND_BACK_COUNTDOWNS[-1] == 10.0
     assert hand_back_countdown(-3) == waits[0]
+
+
+def test_a_label_already_naming_another_graph_is_taken() -> None:
+    assert label_taken("2", "dddd4444", [V1, V2, V3]) == V2
+    assert label_taken("2", V2.hash, [V1, V2, V3]) is None, "the same graph again"
+    assert label_taken("4", "dddd4444", [V1, V2, V3]) is None, "a new label"
+    assert label_taken(None, "dddd4444", [V1, V2, V3]) is None, "no label: the hash tells"
 
 
 def test_an_operator_names_a_version_by_hash_prefix_or_label() -> None:

@@ -50,6 +50,17 @@ def hand_back_countdown(times_handed_back: int) -> float:
     return HAND_BACK_COUNTDOWNS[index]
 
 
+def label_taken(
+    label: str | None, version: str, registered: Sequence[VersionRef]
+) -> VersionRef | None:
+    """The registered version whose ``version=`` label is ``label`` but whose graph is not
+    that of version ``version`` (another hash), if any: one label names one graph, or an
+    operator's ``--to 2`` or ``--version 2`` would pick one of two versions silently."""
+    if label is None:
+        return None
+    return next((v for v in registered if v.label == label and v.hash != version), None)
+
+
 def find_version(wanted: str, registered: Sequence[VersionRef]) -> VersionRef | None:
     """The version an operator names: a hash, a unique hash prefix (4 characters or more),
     or a label (the newest version carrying it)."""

@@ -7,11 +7,11 @@ messages are handled only with the version it started on.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from celery_saga.decisions.versions import Placement, VersionRef, newest, place
+from celery_saga.decisions.versions import Placement, VersionRef, label_taken, newest, place
 from celery_saga.definition.builder import SagaDefinition
-from celery_saga.errors import VersionNotDeployedError
+from celery_saga.errors import DefinitionError, VersionNotDeployedError
 
 
 class Catalog:
@@ -68,6 +68,26 @@ class Catalog:
 
     def names(self) -> list[str]:
         return sorted(self._versions)
+
+    def check_labels(self, new: Sequence[SagaDefinition]) -> None:
+        """Refuse ``new`` (about to be registered) when one of them gives its saga's
+        ``version=`` label to a graph other than the one that label already names, here or
+        earlier in ``new``."""
+        known = {
+            name: [VersionRef(d.hash, d.label) for d in self.versions(name)]
+            for name in {d.name for d in new}
+        }
+        for definition in new:
+            refs = known[definition.name]
+            taken = label_taken(definition.label, definition.hash, refs)
+            if taken is not None:
+                raise DefinitionError(
+                    f"saga {definition.name!r}: version label {definition.label!r} already "
+                    f"names version {taken.hash}, a different graph from this one "
+                    f"({definition.hash}): give the changed graph a label of its own; "
+                    "nothing was registered"
+                )
+            refs.append(VersionRef(definition.hash, definition.label))
 
     def add(self, definition: SagaDefinition) -> None:
         versions = self._versions.setdefault(definition.name, {})

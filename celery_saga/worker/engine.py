@@ -162,7 +162,9 @@ class SagaEngine:
     def register(self, *sagas: Saga) -> list[SagaDefinition]:
         """Seal and register definitions; re-registering an identical one is a no-op. A
         changed definition of a registered name is a new version beside the old one: new
-        runs start on the version registered last, each run stays on its own."""
+        runs start on the version registered last, each run stays on its own. A changed
+        graph under a ``version=`` label already registered is refused (``DefinitionError``
+        naming both hashes), and nothing of the call is registered."""
         for saga in sagas:
             if not isinstance(saga, Saga):
                 raise DefinitionError(
@@ -170,6 +172,7 @@ class SagaEngine:
                 )
         sealed = [saga.seal() for saga in sagas]
         check_no_cycle(self.catalog.known, sealed)
+        self.catalog.check_labels(sealed)
         for definition in sealed:
             self.step_tasks.bind(definition)
         for definition in sealed:
