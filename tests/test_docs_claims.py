@@ -1,6 +1,7 @@
 """What the pages say Flower, the logs and the CLI show is backed by tests the pages name
 (``<!-- checked by tests/test_x.py::test_name -->`` in their source), and every name they
-give is a test that exists; the README states no benchmark figure that could go stale."""
+give is a test that exists; the README states no benchmark figure that could go stale; the
+pages that speak of a changed definition say the same thing about it."""
 
 from __future__ import annotations
 
@@ -16,6 +17,23 @@ _CHECKED_BY = re.compile(r"^<!--\s*checked by\s+(.*?)\s*-->", re.DOTALL | re.MUL
 _TEST = re.compile(r"(tests/[\w/]+\.py)::(test_\w+)")
 #: The pages whose claims about Flower, logs and the CLI must name their tests.
 CLAIMING = ["operations.md", "celery-tasks.md", "getting-started.md", "metrics.md", "web.md"]
+#: What the deploy, compensation and definition pages each say about a changed definition,
+#: in the same words (line breaks aside): what ``register()`` and the workers do with it.
+CHANGED_DEFINITION = ["deploying.md", "compensation.md", "defining-sagas.md"]
+SAME_WORDS = [
+    "new runs start on the version registered last",
+    "each run finishes on the version it started on",
+    "hands the run's messages back",
+    "a deploy never fails or unwinds a run",
+    "refused at `register()`",
+]
+#: Sentences that said otherwise: a deploy failed a run, and any changed graph was accepted.
+OLD_SENTENCES = [
+    "its definition changed in a deploy",
+    "different definition hash than the deployed one, the run fails",
+    "(a changed definition, see",
+    "Registering a different graph under a name that is already registered adds a version",
+]
 
 
 def checked_by(page: Path) -> list[str]:
@@ -27,6 +45,10 @@ def checked_by(page: Path) -> list[str]:
         assert not bad, f"{page.name}: not tests/<file>.py::<test>: {bad}"
         named += parts
     return named
+
+
+def _words(page: Path) -> str:
+    return " ".join(page.read_text().split())
 
 
 @cache
@@ -62,3 +84,17 @@ def test_the_readme_points_to_the_benchmark_figures_without_copying_them() -> No
     assert not re.search(r"\d{4}-\d{2}-\d{2}|\d+(\.\d+)?\s*[x\u00d7]", line), line
     assert "Last measured" in line
     assert "### Last measured" in (ROOT / "benchmarks/README.md").read_text()
+
+
+def test_the_pages_say_the_same_thing_about_a_changed_definition() -> None:
+    stale = [
+        f"{page.name}: {old!r}" for page in PAGES for old in OLD_SENTENCES if old in _words(page)
+    ]
+    assert stale == []
+    missing = [
+        f"{name}: {words!r}"
+        for name in CHANGED_DEFINITION
+        for words in SAME_WORDS
+        if words not in _words(ROOT / "docs" / name)
+    ]
+    assert missing == []
