@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from typing import Any
 
 from celery_saga import Saga, SagaContext
@@ -58,6 +59,17 @@ def define(test_app: Any) -> None:
             test_app.write(ctx, "compensate_cancelled", where())
             raise
 
+    def stall_sync(ctx: SagaContext) -> None:  # the same stall, as a plain function
+        test_app.write(ctx, "forward_begin", f"attempt={ctx.attempt}")
+        time.sleep(8)
+
+    # One step that times out on both its attempts, sync and async: they must end alike.
+    for name, body in (("timeout_sync", stall_sync), ("timeout_async", stall)):
+        test_app.engine.register(
+            Saga(name)
+            .step("prep", fwd, compensate=rev)
+            .step("stall", body, timeout=1, retry=2, backoff=0.05)
+        )
     test_app.engine.register(
         Saga("async_mixed")
         .step("prep", fwd, compensate=rev)

@@ -27,6 +27,7 @@ from typing import Any
 from celery_saga.definition.validation import is_async_callable
 from celery_saga.errors import SagaError, StepTimeoutError
 from celery_saga.runtime.limits import run_with_timeout, shield_from_soft_limit
+from celery_saga.runtime.task_body import timed_out
 
 
 class _ThreadLoop(threading.local):
@@ -81,14 +82,19 @@ def _close_all() -> None:
 def run_body(target: Any, call: Callable[[], Any], timeout: float | None, what: str) -> Any:
     """``call()`` a step's or reversal's body ``target`` within ``timeout`` seconds: an async
     one on this thread's loop, any other as ``run_with_timeout`` does. A plain callable that
-    hands back a coroutine (a lambda around an async function) has it awaited too."""
-    if is_async_callable(target):
-        shield_from_soft_limit()  # until the message ends: the deadline is kept in the loop
-        return run_coroutine(call, timeout, what)
-    value = run_with_timeout(call, timeout, what)
-    if inspect.iscoroutine(value):
-        return run_coroutine(lambda: value, timeout, what)
-    return value
+    hands back a coroutine (a lambda around an async function) has it awaited too. Past its
+    timeout, the running task's body ends with the ``StepTimeoutError`` (``timed_out``)."""
+    try:
+        if is_async_callable(target):
+            shield_from_soft_limit()  # until the message ends: the deadline is kept in the loop
+            return run_coroutine(call, timeout, what)
+        value = run_with_timeout(call, timeout, what)
+        if inspect.iscoroutine(value):
+            return run_coroutine(lambda: value, timeout, what)
+        return value
+    except StepTimeoutError as error:
+        timed_out(target, error)
+        raise
 
 
 def run_coroutine(start: Callable[[], Awaitable[Any]], timeout: float | None, what: str) -> Any:
@@ -126,8 +132,8 @@ async def _within(start: Callable[[], Awaitable[Any]], timeout: float | None, wh
     try:
         return await body
     except asyncio.CancelledError as cancelled:
-        if expired:  # the body has stopped: it saw the cancel where it awaited
-            raise StepTimeoutError(f"{what} timed out after {timeout:g}s") from None
+        if expired:  # the body has stopped: its traceback shows where it awaited
+            raise StepTimeoutError(f"{what} timed out after {timeout:g}s") from cancelled
         # Not its deadline: something in the body cancelled it. A failed attempt like any
         # other (a bare CancelledError is no Exception and would escape the outcome record).
         raise SagaError(f"{what} was cancelled by its own code") from cancelled

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 from collections.abc import Callable, Mapping
-from contextvars import ContextVar
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from celery_saga.definition.nodes import StepSpec
@@ -16,64 +14,13 @@ from celery_saga.runtime.async_bodies import run_body
 from celery_saga.runtime.context import SagaContext
 from celery_saga.runtime.describe import describe_error
 
+# Also read through this module by the step and reversal runners and the worker.
+from celery_saga.runtime.task_body import RunningBody as RunningBody
+from celery_saga.runtime.task_body import body_error as body_error
+from celery_saga.runtime.task_body import body_of as body_of
+from celery_saga.runtime.task_body import running_body as running_body
+
 _CONTEXT_NAMES = ("ctx", "context")
-
-
-@dataclass
-class RunningBody:
-    """The body of the Celery task whose own message is running this step or reversal, as
-    its wrapper hands it over: called in place, under the task's request, so ``self.request``
-    is the message's and Celery's hooks see what it returned or raised."""
-
-    task_name: str
-    function: Any
-    call: Callable[[dict[str, Any]], Any]
-    task_id: str | None = None
-    header: Mapping[str, Any] | None = None
-    #: What the body raised, if it did: the task then ends with it (``body_error``).
-    error: BaseException | None = None
-
-    def runs(self, target: Any) -> bool:
-        """Whether ``target`` (a step's action or compensation) is this task's body."""
-        return target is self.function or getattr(target, "name", None) == self.task_name
-
-    def __call__(self, kwargs: dict[str, Any]) -> Any:
-        try:
-            value = self.call(kwargs)
-        except BaseException as error:
-            self.error = error
-            raise
-        return self._awaited(value) if inspect.iscoroutine(value) else value
-
-    async def _awaited(self, coroutine: Any) -> Any:
-        """An async body's error, raised while it is awaited, is the body's own as well."""
-        try:
-            return await coroutine
-        except asyncio.CancelledError:
-            raise  # its timeout (runtime/async_bodies), not an error of the body's
-        except BaseException as error:
-            self.error = error
-            raise
-
-
-running_body: ContextVar[RunningBody | None] = ContextVar("running_body", default=None)
-
-
-def body_error() -> BaseException | None:
-    """What the running task's own body raised (None: it did not, or no task body runs
-    here): a failed attempt's outcome carries it, so the task ends with the user's own
-    exception, as a plain call would."""
-    body = running_body.get()
-    return None if body is None else body.error
-
-
-def body_of(target: Any) -> Callable[[dict[str, Any]], Any]:
-    """How to call ``target`` with keyword arguments: through the running task's own body
-    when its message is the one being handled, else directly."""
-    body = running_body.get()
-    if body is not None and body.runs(target):
-        return body
-    return lambda kwargs: target(**kwargs)
 
 
 def _body(target: Any) -> Callable[..., Any]:

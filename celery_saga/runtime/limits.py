@@ -58,8 +58,8 @@ def run_with_timeout(function: Callable[[], Any], timeout: float | None, what: s
     if pool_enforces_limits():
         try:
             return function()
-        except SoftTimeLimitExceeded:
-            raise StepTimeoutError(f"{what} timed out after {timeout:g}s") from None
+        except SoftTimeLimitExceeded as stopped:  # its traceback shows where the body was
+            raise StepTimeoutError(f"{what} timed out after {timeout:g}s") from stopped
         finally:
             shield_from_soft_limit()
     return _run_in_thread(function, timeout, what)
