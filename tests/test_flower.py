@@ -1,5 +1,6 @@
 """Flower 2, run as its own process against the worker's events, shows a saga's steps as the
-user's own tasks: a failed step is a FAILURE under its task name, and a run is searchable."""
+user's own tasks: a failed step is a FAILURE under its task name, a body stopped by a cancel
+is REVOKED, and a run is searchable."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -15,8 +17,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from flower.events import EventsState
 
-from celery_saga import ExecutionState
+from celery_saga import CancelVerdict, ExecutionState
 from tests.conftest import ROOT, Harness
 from tests.faults import free_port
 
@@ -87,6 +90,84 @@ def flower(harness: Harness, tmp_path: Any) -> Iterator[int]:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=5)
+
+
+@pytest.fixture
+def flower_state(harness: Harness) -> Iterator[tuple[EventsState, list[tuple[str, str]]]]:
+    """Flower's own state machine (``EventsState``), fed by the workers' event stream as
+    Flower's ``Events`` thread feeds it (an ``EventReceiver`` handing every event to
+    ``state.event``); with the (task id, event type) pairs in the order they came."""
+    if harness.name != "postgres-rabbitmq":
+        pytest.skip("task events of real workers: one server backend is enough")
+    app = harness.test_app.app
+    state = EventsState(max_tasks_in_memory=10000)
+    seen: list[tuple[str, str]] = []
+
+    def on_event(event: dict[str, Any]) -> None:
+        if event["type"].startswith("task-"):
+            seen.append((event["uuid"], event["type"]))
+        state.event(event)
+
+    with app.connection_for_read() as connection:
+        receiver = app.events.Receiver(connection, handlers={"*": on_event})
+        consumer = threading.Thread(
+            target=lambda: receiver.capture(limit=None, timeout=None, wakeup=True), daemon=True
+        )
+        consumer.start()
+        try:
+            # Only events sent after the receiver's queue exists arrive: wait for heartbeats.
+            queue = app.conf.task_default_queue
+            _until(
+                lambda: (
+                    sum(queue in name and w.alive for name, w in list(state.workers.items()))
+                    == len(harness.workers)
+                ),
+                30,
+                "the harness's workers alive",
+            )
+            yield state, seen
+        finally:
+            receiver.should_stop = True
+            consumer.join(10)
+
+
+def test_a_body_stopped_by_a_cancel_ends_revoked_in_flowers_state(
+    harness: Harness, flower_state: tuple[EventsState, list[tuple[str, str]]]
+) -> None:
+    """docs/cancellation.md: the cancel revokes the body's task (Celery's terminate, which
+    announces ``task-revoked``); the stopped task must send nothing that Flower ranks above
+    REVOKED (``task-succeeded``, ``task-failed``)."""
+    state, seen = flower_state
+    plan = {"b": {"sleep": 30, "tick": True}}
+    run = harness.start("failed_eligible", {"order": 11, "plan": plan})
+    entries = harness.test_app.entries
+    _until(lambda: any(e.direction == "tick" for e in entries(run.id)), 30, "b's body running")
+    holder = harness.engine.get(run.id).step("b").holder or ""
+    stopped = holder.rsplit("/", 1)[-1]
+    assert harness.engine.cancel(run.id, "fraud suspected") is CancelVerdict.CANCEL
+    assert run.wait(60).state is ExecutionState.CANCELLED
+    # Both reversals ran after the stopped task ended: its own events were sent before theirs.
+    undone = _until(
+        lambda: [
+            t
+            for t in list(state.tasks.values())
+            if t.name == "failed_eligible.a.compensate"
+            and t.state == "SUCCESS"
+            and run.id in (t.kwargs or "")
+        ],
+        20,
+        "the reversal of a",
+    )
+    assert undone
+    time.sleep(1.0)
+    events = [kind for task_id, kind in list(seen) if task_id == stopped]
+    assert "task-revoked" in events, events
+    assert state.tasks[stopped].state == "REVOKED", events
+    assert not {"task-succeeded", "task-failed"} & set(events), events
+    # The run's other messages (the duplicates that ran nothing among them) still end in a
+    # final state, not left STARTED.
+    mine = [t for t in list(state.tasks.values()) if run.id in (t.kwargs or "")]
+    assert not [t.name for t in mine if t.state in ("STARTED", "RECEIVED")]
 
 
 def test_flower_shows_a_failed_step_as_failure_under_the_users_task_name(

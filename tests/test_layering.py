@@ -137,6 +137,7 @@ def test_every_outcome_kind_has_an_ending() -> None:
         outcomes.Failed: outcomes.Failed("attempt 2 failed"),
         outcomes.TakenOver: outcomes.TakenOver("taken over", {"ok": 2}),
         outcomes.NoBody: outcomes.NoBody("duplicate"),
+        outcomes.Stopped: outcomes.Stopped("stopped by the run's cancel"),
         outcomes.Interrupted: outcomes.Interrupted("shutdown", SystemExit(-241)),
     }
     assert kinds == set(samples), "a new outcome kind needs a case in worker/endings.py"
@@ -146,6 +147,8 @@ def test_every_outcome_kind_has_an_ending() -> None:
     assert isinstance(_ending(samples[outcomes.Failed])[1], StepFailed)
     assert isinstance(_ending(samples[outcomes.NoBody])[1], Ignore)
     assert _ending(samples[outcomes.NoBody], own_body=False) == ("returned", None)
+    for own_body in (True, False):
+        assert isinstance(_ending(samples[outcomes.Stopped], own_body)[1], Ignore)
     stopped = samples[outcomes.Interrupted]
     assert isinstance(stopped, outcomes.Interrupted)
     assert _ending(stopped)[1] is stopped.error, "the pool must see its own SystemExit"
@@ -178,3 +181,17 @@ def test_self_retry_ends_as_retry_and_its_last_attempt_as_max_retries() -> None:
 def test_an_unknown_outcome_is_refused() -> None:
     with pytest.raises(AssertionError, match="unhandled"):
         end_task(SimpleNamespace(), object(), own_body=True, send_events=False)  # type: ignore[arg-type]
+
+
+def test_a_stopped_body_sends_nothing_above_its_revoke_and_a_duplicate_still_succeeds() -> None:
+    """Flower ranks SUCCESS and FAILURE above REVOKED: a body the cancel's revoke stopped
+    sends no ending of its own; a message that ran nothing still leaves no task STARTED."""
+    for own_body in (True, False):
+        stopped = _Task()
+        with pytest.raises(Ignore):
+            end_task(stopped, outcomes.Stopped("cancelled"), own_body=own_body, send_events=True)
+        assert stopped.events == []
+    duplicate = _Task()
+    with pytest.raises(Ignore):
+        end_task(duplicate, outcomes.NoBody("duplicate"), own_body=True, send_events=True)
+    assert duplicate.events == ["task-succeeded"]

@@ -38,9 +38,9 @@ from celery_saga.runtime.navigation import Position
 from celery_saga.runtime.outcomes import (
     Failed,
     Interrupted,
-    NoBody,
     Outcome,
     Retrying,
+    Stopped,
     TakenOver,
     attempt_failed,
 )
@@ -151,7 +151,7 @@ class StepFailures(RuntimeParts):
         }
         stopped = isinstance(error, (SoftTimeLimitExceeded, StepTimeoutError))
         if stopped and self.refused_while_cancelling(step):
-            return NoBody(f"{description}: stopped by the run's cancel")
+            return Stopped(f"{description}: stopped by the run's cancel")
         delay = _retry_delay(spec, attempt, error)
         final = delay is None
         log_failure(

@@ -56,6 +56,15 @@ class NoBody:
 
 
 @dataclass(frozen=True)
+class Stopped:
+    """The run's cancel stopped the body: its task was revoked (``SoftTimeLimitExceeded``
+    in the body), nothing of the attempt is recorded, and the cancel's unwind records the
+    step. The task ends as that revoke left it: REVOKED, not as a success or a failure."""
+
+    description: str
+
+
+@dataclass(frozen=True)
 class Interrupted:
     """The worker's own shutdown cut the body short: nothing is recorded, the claim is given
     up, and the task ends with ``error`` so the pool accounts for the job as lost."""
@@ -64,7 +73,7 @@ class Interrupted:
     error: BaseException
 
 
-Outcome = Ran | Retrying | Failed | TakenOver | NoBody | Interrupted
+Outcome = Ran | Retrying | Failed | TakenOver | NoBody | Stopped | Interrupted
 
 
 def attempt_failed(what: str, saga_name: str, step: str, attempt: int, reason: str) -> str:

@@ -15,6 +15,10 @@ backend see the truth:
   success).
 - ``NoBody``: a step's own task is ignored (no success hook or result claims a run that did
   not happen); an engine task returns.
+- ``Stopped``: ignored, sending nothing: the cancel's revoke stopped the body, and the
+  worker that stopped it announced the task REVOKED (``task-revoked``, ``task_revoked``,
+  the result backend), as for any terminated task. Flower ranks SUCCESS and FAILURE above
+  REVOKED, so any ending sent now would hide it.
 - ``Interrupted``: the worker's own shutdown goes on (its ``SystemExit`` is raised again), so
   the pool accounts for the job as lost, never as failed or succeeded.
 """
@@ -34,6 +38,7 @@ from celery_saga.runtime.outcomes import (
     Outcome,
     Ran,
     Retrying,
+    Stopped,
     TakenOver,
 )
 
@@ -52,6 +57,8 @@ def end_task(task: Any, outcome: Outcome, *, own_body: bool, send_events: bool) 
             if own_body:
                 _ran_nothing(task, send_events)
             return None
+        case Stopped():
+            raise Ignore()
         case Retrying(description, countdown, error):
             if error is None or isinstance(error, StepRetryRequested):
                 cause = error.cause if error is not None else None

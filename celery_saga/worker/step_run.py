@@ -6,7 +6,8 @@ then the task ends the way the attempt did, so Celery's hooks, signals, events a
 backend see the truth: the recorded result, or the body's own exception (FAILURE, also for
 an attempt the step's ``retry=`` runs again as a new task), or ``Retry`` when the task asked
 for it with ``self.retry()`` (or ``autoretry_for``). A message that ran no body (a duplicate,
-a held redelivery, a loop that passed) ends with ``Ignore``.
+a held redelivery, a loop that passed) ends with ``Ignore``, and so does a body its run's
+cancel stopped (REVOKED, as the cancel's revoke left it).
 """
 
 from __future__ import annotations
