@@ -15,7 +15,7 @@ from typing import Any
 
 from celery.signals import task_failure, task_retry, task_success
 
-from celery_saga import Execution, ExecutionState, get_clock
+from celery_saga import Execution, ExecutionState, StoreConfigurationError, get_clock
 from celery_saga.worker.embedded import embedded_worker
 from example_project.app import app, engine
 from example_project.failures import FailureLog
@@ -126,6 +126,10 @@ def main() -> None:
         help="do not start an in-process worker and beat (use your `celery worker` and beat)",
     )
     options = parser.parse_args()
+    try:  # a store URL that cannot work: its one line, before anything starts
+        engine.ensure_schema()
+    except StoreConfigurationError as refused:
+        raise SystemExit(f"error: {refused}") from None
     for event in _SHOWN:
         engine.on(event, _on_gate)
     logging.getLogger("celery_saga").addFilter(FAILURES)

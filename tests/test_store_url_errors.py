@@ -5,6 +5,7 @@ a driver that is not installed. A server that cannot be reached is still retried
 from __future__ import annotations
 
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from celery import Celery
 from click.testing import CliRunner
 from sqlalchemy import exc
 
@@ -185,3 +187,122 @@ def test_a_url_whose_driver_is_missing_says_which_extra_installs_it() -> None:
     for line, (url, message) in zip(lines, expected.items(), strict=True):
         assert message in line, (url, line)
     assert ":pw@" not in found.stdout and "root:***@db" in lines[0]
+
+
+# -- what each entry point shows of a refused URL: the one line, not the driver's traceback
+
+_STARTS_A_RUN = """
+import logging, sys
+from celery import Celery
+from celery_saga import Saga, SagaEngine
+if sys.argv[2:] == ["debug"]:
+    logging.basicConfig(level=logging.DEBUG)
+engine = SagaEngine(Celery("shop", set_as_current=False), store_url=sys.argv[1])
+engine.register(Saga("order").step("reserve", lambda ctx: 1))
+engine.start("order", {"id": 1})
+"""
+
+
+def _python(*args: str, cwd: Path = ROOT, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_a_script_that_meets_a_refused_url_shows_its_own_frames_and_the_one_line(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path}/missing/store.sqlite3"
+    done = _python("-c", _STARTS_A_RUN, url)
+    assert done.returncode == 1
+    said = done.stderr.splitlines()
+    assert said[-1].startswith("celery_saga.errors.StoreConfigurationError: the directory of")
+    # The driver's and SQLAlchemy's errors, with their frames, are not printed before it.
+    assert "sqlite3.OperationalError" not in done.stderr, done.stderr
+    assert "The above exception" not in done.stderr and len(said) < 15, done.stderr
+    # At DEBUG the store's own error is logged with its traceback, for whoever needs it.
+    debug = _python("-c", _STARTS_A_RUN, url, "debug")
+    assert "sqlite3.OperationalError: unable to open database file" in debug.stderr
+
+
+def test_the_example_project_says_a_refused_url_in_one_line(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/missing/x.sqlite3"
+    done = _python("-m", "example_project", cwd=tmp_path, SAGA_STORE_URL=url)
+    assert done.returncode == 1
+    assert (done.stdout + done.stderr).splitlines() == [
+        f"error: the directory of the SQLite store {tmp_path}/missing/x.sqlite3 does not exist: "
+        f"create it (mkdir -p {tmp_path}/missing), or change the store URL "
+        f"(sqlite:///{tmp_path}/missing/x.sqlite3)"
+    ]
+
+
+_REFUSING_APP = """
+import os
+from celery import Celery
+from celery_saga import SagaEngine
+app = Celery("refusing", broker=os.environ["TEST_BROKER"])
+app.conf.update(
+    task_default_queue=os.environ["TEST_QUEUE"],  # the worker's own recovery sweep too
+    saga_store_url=os.environ["TEST_STORE"],
+    broker_connection_retry_on_startup=True,
+)
+engine = SagaEngine(app)
+"""
+
+
+def test_a_worker_whose_store_refuses_its_url_logs_one_line_per_message_and_no_traceback(
+    tmp_path: Path,
+) -> None:
+    require_services(5672)
+    queue = f"url-errors-{uuid.uuid4().hex[:8]}"
+    broker = os.environ.get("SAGA_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672//")
+    (tmp_path / "refusing.py").write_text(_REFUSING_APP)
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{tmp_path}:{ROOT}",
+        "TEST_BROKER": broker,
+        "TEST_QUEUE": queue,
+        "TEST_STORE": f"sqlite:///{tmp_path}/missing/store.sqlite3",
+    }
+    log = tmp_path / "worker.log"
+    command = [sys.executable, "-m", "celery", "-A", "refusing", "worker", "-c", "1"]
+    command += ["-n", f"{queue}@%h", "--without-gossip", "--without-mingle", "-l", "INFO"]
+    with open(log, "wb") as out:
+        worker = subprocess.Popen(
+            command,
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    app = Celery("url-errors-sender", broker=broker, set_as_current=False)
+    node = app.send_task("celery_saga.node", args=("run-1", "order", 0, 0, 0, 1), queue=queue)
+    app.send_task("celery_saga.fire_timers", queue=queue)
+    # The worker's start, the node's message, the timer sweep, the recovery sweep the
+    # worker sends itself at start: one line each.
+    said: list[str] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(said) < 4 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            said = _lines_naming(log, "does not exist: create it (mkdir -p")
+        time.sleep(1.0)  # anything more it would say about them
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(timeout=30)
+    text = log.read_text(errors="replace")
+    assert "Traceback" not in text, text[-6000:]
+    said = _lines_naming(log, "does not exist: create it (mkdir -p")
+    assert len(said) == 4, text[-6000:]
+    assert any(f"celery_saga.node[{node.id}] raised expected" in line for line in said), said
+    assert [line for line in said if "sweep skipped" in line and "ERROR" in line], said
+
+
+def _lines_naming(log: Path, words: str) -> list[str]:
+    return [line for line in log.read_text(errors="replace").splitlines() if words in line]

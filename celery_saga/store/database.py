@@ -201,7 +201,7 @@ class Database:
         except NoSuchModuleError:
             raise url_errors.unknown_dialect(parsed) from None
         except ImportError as error:  # the driver the URL names is not installed
-            raise url_errors.driver_missing(parsed, error) from error
+            raise url_errors.quieted(url_errors.driver_missing(parsed, error), error) from None
         if self.dialect == "sqlite":
             _configure_sqlite(self.engine, checked_synchronous(sqlite_synchronous))
         else:

@@ -3,11 +3,15 @@
 A server that answered and refused (no such database, a user it does not accept), a driver
 the URL names but nobody installed, a SQLite file that cannot be opened: no retry mends any
 of these, so they are not treated as an outage (``transient.is_transient``) and the public
-calls raise ``StoreConfigurationError`` at once with the fix in the message.
+calls raise ``StoreConfigurationError`` at once with the fix in the message. They raise it
+on its own (``from None``): the message already says what the server or driver said, and
+the driver's error with its frames, a hundred lines above it in a script's or a task's
+traceback, is logged at DEBUG instead (``quieted``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sqlite3
@@ -19,6 +23,8 @@ from sqlalchemy import exc
 from sqlalchemy.engine import URL, make_url
 
 from celery_saga.errors import StoreConfigurationError
+
+logger = logging.getLogger("celery_saga")
 
 #: What libpq-based drivers report when the server refused the connection (its FATAL
 #: message, or libpq's own for a password the server asked for and the URL lacks). Anything
@@ -143,6 +149,13 @@ def configuration_error(error: BaseException, url: str) -> StoreConfigurationErr
         f"{where} refused {who} for database {database!r} ({found.reason}): check the user "
         f"and password in the store URL {shown}"
     )
+
+
+def quieted(refused: StoreConfigurationError, error: BaseException) -> StoreConfigurationError:
+    """``refused``, to be raised ``from None``, once ``error`` (what the store or driver
+    raised) is logged at DEBUG with its traceback (tests/test_store_url_errors.py)."""
+    logger.debug("the store error behind %r", str(refused), exc_info=error)
+    return refused
 
 
 def driver_missing(parsed: URL, error: ImportError) -> StoreConfigurationError:

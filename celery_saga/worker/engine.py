@@ -36,7 +36,7 @@ from celery_saga.store import queries, retention
 from celery_saga.store.codec import use_codec
 from celery_saga.store.database import Database
 from celery_saga.store.transient import describe_store_error, is_transient, retry_transient
-from celery_saga.store.url_errors import configuration_error
+from celery_saga.store.url_errors import configuration_error, quieted
 from celery_saga.store.versions import waiting_for_version
 from celery_saga.worker import holders
 from celery_saga.worker.arguments import check_age, enum_values
@@ -151,7 +151,7 @@ class SagaEngine:
         except SQLAlchemyError as error:
             refused = configuration_error(error, self.db.url)
             if refused is not None:
-                raise refused from error
+                raise quieted(refused, error) from None
             if not is_transient(error):
                 raise
             raise StoreUnavailableError(

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery
 
 from celery_saga.decisions.admission import NodeMessage
-from celery_saga.errors import StoreUnavailableError
+from celery_saga.errors import StoreConfigurationError, StoreUnavailableError
 from celery_saga.runtime.outcomes import Outcome
 from celery_saga.worker.beat import retention_interval
 from celery_saga.worker.delivery import STORE_RETRY_MAX, SendAgain, handle_message
@@ -34,14 +34,15 @@ if TYPE_CHECKING:
     from celery_saga.worker.engine import SagaEngine
 
 #: Late ack + reject on worker loss: a SIGKILLed worker's message is redelivered, and
-#: admission turns the redelivery into a resume instead of a second run.
+#: admission turns the redelivery into a resume instead of a second run. A store that
+#: refused its URL is one line per message (its message says it all), no traceback.
 _TASK_OPTIONS: dict[str, Any] = {
     "bind": True,
     "acks_late": True,
     "reject_on_worker_lost": True,
     "ignore_result": True,
     "shared": False,
-    "throws": (StepFailed,),
+    "throws": (StepFailed, StoreConfigurationError),
 }
 #: Sweeps: no task events (Flower's list), per-run log lines at DEBUG when idle.
 _SWEEP_OPTIONS: dict[str, Any] = {"ignore_result": True, "shared": False, "send_events": False}
@@ -109,22 +110,32 @@ def register_tasks(app: Celery, engine: SagaEngine) -> None:
     @app.task(name=CLEANUP_TASK, **_SWEEP_OPTIONS)  # type: ignore[untyped-decorator]
     def saga_cleanup() -> int:
         budget = retention_interval(app, "saga_cleanup_interval") / 2
-        return engine.cleanup(float(app.conf.saga_cleanup_after), budget=budget)
+        after = float(app.conf.saga_cleanup_after)
+        return _skipped_in_an_outage(
+            "the cleanup sweep", lambda: engine.cleanup(after, budget=budget)
+        )
 
     @app.task(name=ARCHIVE_TASK, **_SWEEP_OPTIONS)  # type: ignore[untyped-decorator]
     def saga_archive() -> int:
         budget = retention_interval(app, "saga_archive_interval") / 2
-        return engine.archive(float(app.conf.saga_archive_after), budget=budget)
+        after = float(app.conf.saga_archive_after)
+        return _skipped_in_an_outage(
+            "the archive sweep", lambda: engine.archive(after, budget=budget)
+        )
 
 
 def _skipped_in_an_outage(what: str, sweep: Callable[[], int]) -> int:
     """Run a sweep; one that meets a store unreachable for its whole budget is skipped
     with one line (the next one, seconds later, does its work), not a failed task with a
-    traceback every interval of an outage (guarantee 30's quiet logs)."""
+    traceback every interval of an outage (guarantee 30's quiet logs). A store that refused
+    its URL is one line too: its message names the fix (tests/test_store_url_errors.py)."""
     try:
         return sweep()
     except StoreUnavailableError:
         logger.warning("%s skipped: the saga store is unreachable; beat sends the next", what)
+        return 0
+    except StoreConfigurationError as refused:
+        logger.error("%s skipped: %s", what, refused)
         return 0
 
 

@@ -28,6 +28,7 @@ from celery_saga.errors import (
     ExecutionNotFoundError,
     InvalidStateError,
     SagaError,
+    StoreConfigurationError,
     UpgradeRefusedError,
 )
 from celery_saga.limits import check_lookup_id
@@ -105,6 +106,8 @@ class Versions:
             versions.record_seen(
                 engine.db, registered, seen_by=process_name(), now=get_clock().now()
             )
+        except StoreConfigurationError as refused:  # no use to anything of the engine's
+            logger.error("the saga store cannot be used: %s", refused)
         except (SQLAlchemyError, SagaError) as error:
             logger.warning("the versions this worker has were not recorded: %s", error)
 
