@@ -5,9 +5,14 @@ log only when they run."""
 from __future__ import annotations
 
 import logging
+import os
 import re
+import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +21,7 @@ from celery.app.trace import LOG_RECEIVED, LOG_SUCCESS, info
 from celery_saga import ExecutionState
 from celery_saga.worker.housekeeping import quiet_housekeeping_logs
 from celery_saga.worker.publisher import FIRE_TIMERS_TASK, RECOVER_TASK
-from tests.conftest import Harness
+from tests.conftest import ROOT, Harness
 
 
 def _full_logs(harness: Harness) -> str:
@@ -128,3 +133,66 @@ def test_a_migration_logs_one_line_only_when_it_changes_the_schema(
     assert schema.current_revision(second) == "0001"
     first.dispose()
     second.dispose()
+
+
+_BEAT_APP = """
+import os
+from celery import Celery
+from celery_saga import SagaEngine
+folder = os.environ["TEST_FOLDER"]
+app = Celery("quiet_beat", broker="filesystem://", set_as_current=False)
+app.conf.update(
+    broker_transport_options={"data_folder_in": folder, "data_folder_out": folder},
+    saga_store_url=f"sqlite:///{folder}/store.sqlite3",
+    saga_timer_interval=0.5,
+    saga_recover_interval=1,
+    saga_cleanup_after=3600,
+    saga_cleanup_interval=1,
+    beat_schedule={"nightly-report": {"task": "shop.report", "schedule": 1.0}},
+)
+engine = SagaEngine(app)
+"""
+
+
+def _beat_lines(tmp_path: Path, level: str, seconds: float) -> list[str]:
+    """What a real ``celery beat`` of an app with the engine's entries (on short intervals)
+    and one entry of the app's own logs at ``level`` in ``seconds``."""
+    folder = tmp_path / level
+    folder.mkdir()
+    (folder / "quiet_beat.py").write_text(_BEAT_APP)
+    env = {**os.environ, "PYTHONPATH": f"{folder}:{ROOT}", "TEST_FOLDER": str(folder)}
+    command = [sys.executable, "-m", "celery", "-A", "quiet_beat", "beat", "-l", level]
+    command += ["-s", str(folder / "schedule"), "--max-interval", "1"]
+    with open(folder / "beat.log", "wb") as log:
+        beat = subprocess.Popen(
+            command,
+            cwd=folder,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        time.sleep(seconds)
+    finally:
+        os.killpg(beat.pid, signal.SIGTERM)
+        beat.wait(timeout=30)
+    return (folder / "beat.log").read_text(errors="replace").splitlines()
+
+
+def test_beat_sends_the_engines_entries_without_a_line_each_at_info(tmp_path: Path) -> None:
+    """The engine's entries come every few seconds and say nothing when nothing is due (the
+    worker's line says when a sweep acted): beat's "Sending due task" line for them is at
+    DEBUG; an entry of the app's own keeps its INFO line."""
+    said = _beat_lines(tmp_path, "INFO", 6)
+    sending = [line for line in said if "Sending due task" in line]
+    assert any("nightly-report (shop.report)" in line for line in sending), said
+    assert not [line for line in sending if "celery_saga." in line], sending
+    shown = _beat_lines(tmp_path, "DEBUG", 4)
+    engines = [line for line in shown if "Sending due task celery-saga-" in line]
+    assert {line.split("Sending due task ")[1] for line in engines} == {
+        "celery-saga-fire-timers (celery_saga.fire_timers)",
+        "celery-saga-recover (celery_saga.recover)",
+        "celery-saga-cleanup (celery_saga.cleanup)",
+    }, shown
+    assert all("DEBUG/" in line for line in engines), engines
