@@ -58,7 +58,7 @@ from history_fill import fill, vacuum
 from history_plans import Plan, Statement, explain, statements_of
 from sqlalchemy import Engine, create_engine, text
 
-from celery_saga import SagaEngine
+from celery_saga import ExecutionState, SagaEngine
 from celery_saga.store import inspection, retention
 
 DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -87,8 +87,22 @@ def _operations(engine: SagaEngine, now: datetime) -> dict[str, Callable[[], obj
         "list(created on one day)": lambda: inspection.list_runs(
             engine.db, day, archived=False, limit=50, cursor=None
         ),
+        # the web view's run list: newest first by default, its second page, a state
+        "list(newest first, 2 pages)": lambda: _newest(engine, inspection.Filters()),
+        "list(newest first, state=failed)": lambda: _newest(
+            engine, inspection.Filters(states=[ExecutionState.FAILED]), pages=1
+        ),
         "get(id)": lambda: engine.get(first),
     }
+
+
+def _newest(engine: SagaEngine, filters: inspection.Filters, pages: int = 2) -> None:
+    cursor = None
+    for _ in range(pages):
+        page = inspection.list_runs(
+            engine.db, filters, archived=False, limit=50, cursor=cursor, newest_first=True
+        )
+        cursor = page.next_cursor
 
 
 def _median_ms(call: Callable[[], object], repeats: int) -> float:

@@ -102,6 +102,30 @@ def test_a_wait_records_its_event_and_the_signal_who_sent_it(harness: Harness) -
     assert line["took"].startswith("waited ") and line["actor"] == "carol@desk"
 
 
+def test_a_parent_at_its_sub_saga_says_in_list_and_show_that_it_waits_for_its_child(
+    harness: Harness,
+) -> None:
+    from celery_saga.runtime.children import child_execution_id
+    from celery_saga.store import queries
+
+    parent = harness.start("gated_parent", {"order": 93})
+    child_id = child_execution_id(parent.id, "gated_child")
+    deadline = time.monotonic() + 30
+    while (child := queries.load_execution(harness.engine.db, child_id)) is None or (
+        child.state is not ExecutionState.WAITING
+    ):
+        assert time.monotonic() < deadline, harness.worker_logs()
+        time.sleep(0.05)
+    said = f"waiting for child run {child_id}"
+    listed = _invoke(harness, "list", "--saga", "gated_parent", "--limit", "1000").output
+    assert said in next(line for line in listed.splitlines() if line.startswith(parent.id))
+    assert said in _invoke(harness, "show", parent.id).output
+    assert harness.engine.signal(child_id, "go")
+    assert parent.wait(30).state is ExecutionState.COMPLETED, harness.worker_logs()
+    listed = _invoke(harness, "list", "--saga", "gated_parent", "--limit", "1000").output
+    assert said not in listed, "a parent whose child ended waits for nothing"
+
+
 def test_a_wait_that_times_out_records_entering_and_timing_out(harness: Harness) -> None:
     run = harness.start("approval", {"order": 92})
     assert run.wait(30).state is ExecutionState.WAITING, harness.worker_logs()

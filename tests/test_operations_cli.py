@@ -20,8 +20,10 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
-from celery_saga import ExecutionState, RollbackStatus
+from celery_saga import ExecutionState, RollbackStatus, Saga, SagaEngine
 from celery_saga.cli import saga
+from celery_saga.gauges import StoreGauges
+from celery_saga.worker.embedded import embedded_worker
 from tests.conftest import ROOT, Harness, unconsumed_app
 
 
@@ -126,6 +128,34 @@ def test_stats_counts_runs_by_state_and_names_the_oldest_parked(harness: Harness
     listed = _listed(harness, "--state", "compensation_stuck")
     assert found["parked"] == len(listed) and run_id in listed
     harness.engine.abandon_compensation(run_id)
+
+
+def test_stats_names_the_event_the_oldest_waiting_run_waits_for(tmp_path: Path) -> None:
+    app = unconsumed_app("stats-gate")
+    app.conf.broker_transport_options = {"polling_interval": 0.01}
+    engine = SagaEngine(app, store_url=f"sqlite:///{tmp_path}/stats.sqlite3")
+    engine.register(Saga("gated").step("reserve", lambda: 1).wait_for("approved", timeout=3600))
+    with embedded_worker(app, concurrency=1):
+        run = engine.start("gated", {})
+        assert run.wait(30, states={ExecutionState.WAITING}).state is ExecutionState.WAITING
+    obj = SimpleNamespace(app=app)
+
+    def invoked(*args: str) -> str:
+        return CliRunner().invoke(saga, list(args), obj=obj, catch_exceptions=False).output
+
+    found = json.loads(invoked("stats", "--json"))
+    oldest = found["oldest"]["waiting"]
+    assert (oldest["id"], oldest["waiting_for_event"]) == (run.id, "approved")
+    assert oldest["waiting_for_version"] is None
+    # As `saga list` says it of the same run, and as many as the gauges count.
+    (listed,) = json.loads(invoked("list", "--state", "waiting", "--json"))["items"]
+    assert listed["waiting_for_event"] == oldest["waiting_for_event"]
+    gauges = StoreGauges(engine.db)
+    gauges.refresh()
+    assert found["by_saga"]["gated"]["waiting"] == gauges.reading.runs["gated", "waiting"] == 1
+    printed = [line for line in invoked("stats").splitlines() if line.startswith("oldest")]
+    assert len(printed) == 1 and printed[0].startswith(f"oldest waiting: {run.id} (gated)")
+    assert printed[0].endswith("waiting for signal 'approved'"), printed
 
 
 def _celery(harness: Harness, *args: str) -> subprocess.CompletedProcess[str]:

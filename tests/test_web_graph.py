@@ -21,7 +21,9 @@ def _step(name: str, status: str, compensation: str | None = None, **more: Any) 
         "iteration": int(index) if index else None,
         "status": status,
         "attempts": more.get("attempts", 1),
-        "compensation": {"status": compensation, "attempts": 1} if compensation else None,
+        "compensation": (
+            {"status": compensation, "attempts": 1, "total_attempts": 1} if compensation else None
+        ),
         "child": more.get("child"),
     }
 
@@ -105,3 +107,19 @@ def test_a_sub_saga_links_to_its_child_run_and_a_pivot_shows_the_commit() -> Non
     assert (sub.kind, sub.status, sub.link) == ("sub_saga", "completed", "child-run-1")
     assert (pivot.kind, pivot.status) == ("pivot", "completed")
     assert _flat(draw(definition, _run()))["pivot"] == ("pivot", NOT_REACHED)
+
+
+def test_a_failed_step_that_was_compensated_shows_its_failure_and_its_reversal() -> None:
+    definition = Saga("g6").step("a", _fwd, compensate=_fwd).step("b", _fwd, compensate=_fwd).seal()
+    run = _run(_step("a", "completed", "compensated"), _step("b", "failed", "compensated"))
+    done_then_undone, failed_then_undone = draw(definition, run)
+    assert (done_then_undone.status, failed_then_undone.status) == ("compensated", "compensated")
+    assert (done_then_undone.forward, failed_then_undone.forward) == ("completed", "failed")
+
+
+def test_a_reversal_counts_its_attempts_before_a_resume_too() -> None:
+    definition = Saga("g7").step("a", _fwd, compensate=_fwd).step("b", _fwd).seal()
+    resumed = _step("a", "completed", "compensated")
+    resumed["compensation"] = {"status": "compensated", "attempts": 1, "total_attempts": 5}
+    (box, _) = draw(definition, _run(resumed, _step("b", "failed")))
+    assert box.detail == "5 reversal attempts"

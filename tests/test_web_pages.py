@@ -3,6 +3,9 @@ what it shows of a payload it cannot open, and what a read-only view refuses."""
 
 from __future__ import annotations
 
+import html
+import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -127,3 +130,159 @@ def test_credentials_are_read_whole_and_a_malformed_header_proves_no_one() -> No
     assert authenticated_user("bearer tok", both) == "token"
     assert authenticated_user("Basic b3BzOnB3", both) == "ops"  # ops:pw
     assert authenticated_user("Basic b3BzOnB3", Credentials(token="tok")) is None
+
+
+def _listed_ids(page: str, table: str = "runs") -> list[str]:
+    """The run ids of one table of the runs page, in the order shown."""
+    body = page.split(f'<table id="{table}">', 1)[1].split("</table>", 1)[0]
+    return re.findall(r'<td class="id"><a href="/runs/([^"]+)">', body)
+
+
+def _next_page(page: str) -> str | None:
+    found = re.search(r'<a id="next" href="([^"]+)">', page)
+    return html.unescape(found.group(1)) if found else None
+
+
+def test_runs_are_listed_newest_first_and_oldest_first_on_request_a_page_at_a_time(
+    store: str,
+) -> None:
+    engine = _engine(store)
+    started = [engine.start("vaulted", {"n": n}).id for n in range(5)]
+    settings = WebSettings(Credentials(*AUTH), page_size=2)
+    client = create_app(engine, settings).test_client()
+
+    def every_page(url: str) -> list[list[str]]:
+        pages = []
+        next_url: str | None = url
+        while next_url is not None:
+            page = client.get(next_url, auth=AUTH).get_data(as_text=True)
+            pages.append(_listed_ids(page))
+            next_url = _next_page(page)
+        return pages
+
+    newest = started[::-1]
+    assert every_page("/") == [newest[0:2], newest[2:4], newest[4:]]
+    assert every_page("/?sort=newest") == every_page("/")
+    assert every_page("/?sort=oldest") == [started[0:2], started[2:4], started[4:]]
+    form = client.get("/", auth=AUTH).get_data(as_text=True)
+    assert re.search(r'<option value="newest" selected>newest first</option>', form), form
+    status, said = _status_and_text(client, "/?sort=sideways")
+    assert status == 400 and "&#39;sideways&#39; is not a sort" in said
+
+
+def _status_and_text(client: Any, url: str) -> tuple[int, str]:
+    response = client.get(url, auth=AUTH)
+    return response.status_code, response.get_data(as_text=True)
+
+
+def _undo_fails_four_times(ctx: Any) -> None:
+    _UNDONE[ctx.execution_id] = _UNDONE.get(ctx.execution_id, 0) + 1
+    if _UNDONE[ctx.execution_id] < 5:
+        raise RuntimeError(f"undo refused, attempt {_UNDONE[ctx.execution_id]}")
+
+
+def _refuse(ctx: Any) -> None:
+    raise ValueError("refused")
+
+
+_UNDONE: dict[str, int] = {}
+
+
+def _worked(engine: SagaEngine) -> Any:
+    """An in-process worker for ``engine``'s app (its queue is its own)."""
+    from celery_saga.worker.embedded import embedded_worker
+
+    engine.app.conf.broker_transport_options = {"polling_interval": 0.01}
+    return embedded_worker(engine.app, concurrency=1)
+
+
+def test_a_waiting_run_says_what_it_waits_for_as_saga_show_and_saga_list_say_it(
+    store: str,
+) -> None:
+    from celery_saga import ExecutionState, get_clock
+    from celery_saga.runtime.children import child_execution_id
+    from celery_saga.store import queries, versions
+
+    engine = _engine(store)
+    engine.register(Saga("gated").step("reserve", _reserve).wait_for("go", timeout=3600))
+    engine.register(Saga("holder").sub_saga("gated"))
+    with _worked(engine):
+        gated = engine.start("gated", {})
+        assert gated.wait(30, states={ExecutionState.WAITING}).state is ExecutionState.WAITING
+        parent = engine.start("holder", {})
+        child_id = child_execution_id(parent.id, "gated")
+        deadline = time.monotonic() + 30
+        while (child := queries.load_execution(engine.db, child_id)) is None or (
+            child.state is not ExecutionState.WAITING
+        ):
+            assert time.monotonic() < deadline, "the child never reached its gate"
+            time.sleep(0.05)
+    handed_back = engine.start("vaulted", {})  # no worker now: it stays running
+    version = engine.definition("vaulted").hash
+    versions.mark_waiting(
+        engine.db,
+        execution_id=handed_back.id,
+        definition_hash=version,
+        handed_back_by="old-worker",
+        now=get_clock().now(),
+    )
+    client = create_app(engine, WebSettings(Credentials(*AUTH))).test_client()
+    listed = html.unescape(client.get("/", auth=AUTH).get_data(as_text=True))
+    wake_at = engine.get(gated.id).record.wake_at
+    assert wake_at is not None
+    reasons = {
+        gated.id: f"waiting for signal 'go' until {wake_at:%Y-%m-%d %H:%M:%S}",
+        parent.id: f"waiting for child run {child.id}",
+        handed_back.id: f"waiting for version {version}",
+    }
+    rows = {r: listed.split(f">{r}</a>", 1)[1].split("</tr>", 1)[0] for r in reasons}
+    for run_id, reason in reasons.items():
+        assert reason in rows[run_id], (reason, rows[run_id])
+    page = html.unescape(client.get(f"/runs/{gated.id}", auth=AUTH).get_data(as_text=True))
+    assert f"waiting for signal 'go' until {wake_at.isoformat()}" in page
+
+
+def test_a_reversal_resumed_after_four_failed_attempts_shows_all_five(store: str) -> None:
+    from celery_saga import ExecutionState
+
+    engine = _engine(store)
+    engine.register(
+        Saga("stubborn")
+        .step("hold", _reserve, compensate=_undo_fails_four_times, compensation_retry=4)
+        .step("charge", _refuse)
+    )
+    with _worked(engine):
+        run = engine.start("stubborn", {})
+        assert run.wait(30).state is ExecutionState.COMPENSATION_STUCK
+        engine.resume_compensation(run.id)
+        assert run.wait(30).state is ExecutionState.FAILED
+    assert _UNDONE[run.id] == 5
+    client = create_app(engine, WebSettings(Credentials(*AUTH))).test_client()
+    page = html.unescape(client.get(f"/runs/{run.id}", auth=AUTH).get_data(as_text=True))
+    steps = page.split('<table id="steps">', 1)[1].split("</table>", 1)[0]
+    assert "compensated</span> \N{MULTIPLICATION SIGN}5" in steps, steps
+    assert "5 reversal attempts" in page.split('id="graph"', 1)[1]
+
+
+def test_a_failed_step_that_was_compensated_is_drawn_apart_from_a_completed_one(
+    store: str,
+) -> None:
+    from celery_saga import ExecutionState
+
+    engine = _engine(store)
+    engine.register(
+        Saga("undone")
+        .step("hold", _reserve, compensate=_reserve)
+        .step("charge", _refuse, compensate=_reserve)
+    )
+    with _worked(engine):
+        run = engine.start("undone", {})
+        assert run.wait(30).state is ExecutionState.FAILED
+    client = create_app(engine, WebSettings(Credentials(*AUTH))).test_client()
+    page = html.unescape(client.get(f"/runs/{run.id}", auth=AUTH).get_data(as_text=True))
+    graph = page.split('id="graph"', 1)[1]
+    found = re.findall(r'<div class="box ([^"]*)" data-node="(\w+)"', graph)
+    boxes = {node: classes for classes, node in found}
+    assert "st-compensated" in boxes["hold"] and "st-compensated" in boxes["charge"]
+    assert "fw-failed" in boxes["charge"] and "fw-failed" not in boxes["hold"]
+    assert "failed → compensated" in graph and "completed → compensated" in graph

@@ -321,3 +321,30 @@ def test_signal_cancel_and_abandon_buttons_act_and_record_the_user_and_a_refusal
     assert "Abandoned" in _shown(browser, "done").text
     assert parked.get().state is ExecutionState.FAILED
     assert _kinds(harness, parked.id)["abandoned"] == [f"web:{USER}"]
+
+
+@on_postgres
+def test_a_failed_step_that_was_compensated_looks_unlike_a_completed_one_that_was(
+    harness: Harness, site: str, browser: Any
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    run = harness.start("failed_eligible", {"order": 5701, "plan": {"b": {"fail": True}}})
+    execution = run.wait(30)
+    assert execution.rollback_status is RollbackStatus.COMPLETED, harness.worker_logs()
+    browser.get(f"{site}/runs/{run.id}")
+    assert _statuses(browser) == {"a": "compensated", "b": "compensated"}
+    boxes = {
+        b.get_attribute("data-node"): b
+        for b in browser.find_elements(By.CSS_SELECTOR, "#graph .box")
+    }
+    drawn = {
+        node: tuple(
+            box.value_of_css_property(name)
+            for name in ("border-left-color", "border-left-width", "background-image")
+        )
+        for node, box in boxes.items()
+    }
+    assert drawn["a"] != drawn["b"], drawn
+    assert "failed → compensated" in boxes["b"].text
+    assert "completed → compensated" in boxes["a"].text

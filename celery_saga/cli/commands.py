@@ -22,6 +22,7 @@ from celery import Celery
 from sqlalchemy.exc import SQLAlchemyError
 
 from celery_saga.cli import timeline
+from celery_saga.cli import waiting as waiting_reason
 from celery_saga.cli.durations import parse_duration
 from celery_saga.cli.follow import follow_until_ended, shell_operator
 from celery_saga.cli.output import OneLineErrors, as_json, table
@@ -80,14 +81,11 @@ def _short(when: datetime | None) -> str:
 
 
 def _row(
-    record: ExecutionRecord, waiting: str | None = None, event: str | None = None
+    record: ExecutionRecord,
+    waiting: str | None = None,
+    event: str | None = None,
+    child: str | None = None,
 ) -> list[str]:
-    reason = (record.rollback_reason or record.failure_reason or "").replace("\n", " ")
-    if waiting and not reason:
-        reason = f"waiting for a worker with version {waiting}"
-    if record.state is ExecutionState.WAITING and not reason:
-        until = f" until {_short(record.wake_at)}" if record.wake_at else ""
-        reason = f"waiting for signal {event!r}{until}" if event else "waiting for a signal"
     return [
         record.id,
         record.saga_name,
@@ -95,7 +93,7 @@ def _row(
         record.rollback_status.value if record.rollback_status else "-",
         _short(record.created_at),
         _short(record.updated_at),
-        reason,
+        waiting_reason.listed(record, event=event, version=waiting, child=child),
     ]
 
 
@@ -172,7 +170,11 @@ def list_(
         click.echo("no runs match")
         return
     headers = ["ID", "SAGA", "STATE", "ROLLBACK", "CREATED", "UPDATED", "REASON"]
-    for line in table(headers, [_row(r, waiting.get(r.id), gates[r.id]) for r in page.items]):
+    rows = [
+        _row(r, waiting.get(r.id), gates[r.id], waiting_reason.awaited_child(engine.catalog, r))
+        for r in page.items
+    ]
+    for line in table(headers, rows):
         click.echo(line)
     if page.next_cursor:
         click.echo(f"more: --cursor {page.next_cursor}")
@@ -387,8 +389,8 @@ def stats(ctx: click.Context, as_json_output: bool, complete: bool) -> None:
     for (_, state), runs in found.counts.items():
         by_state[state] = by_state.get(state, 0) + runs
     oldest = {
-        "waiting": _summary(found.oldest_waiting) if found.oldest_waiting else None,
-        "parked": _summary(found.oldest_parked) if found.oldest_parked else None,
+        "waiting": _standing(engine, found.oldest_waiting),
+        "parked": _standing(engine, found.oldest_parked),
     }
     if as_json_output:
         sagas: dict[str, dict[str, int]] = {}
@@ -412,4 +414,23 @@ def stats(ctx: click.Context, as_json_output: bool, complete: bool) -> None:
             click.echo(
                 f"oldest {label}: {record.id} ({record.saga_name}) "
                 f"since {_short(record.updated_at)} ({since.total_seconds():.0f} s)"
+                + _waits_for(oldest[label])
             )
+
+
+def _standing(engine: SagaEngine, record: ExecutionRecord | None) -> dict[str, Any] | None:
+    """``record`` summed up as ``list`` does it, with what it waits for: its gate's event
+    (from its definition) and the version it was handed back for (read by its id)."""
+    if record is None:
+        return None
+    waits = waiting_for_version(engine.db, [record.id])
+    version = waits[record.id].definition_hash if record.id in waits else None
+    return _summary(record, version, timeline.gate_event(engine.catalog, record))
+
+
+def _waits_for(shown: dict[str, Any] | None) -> str:
+    if shown and shown["waiting_for_version"]:
+        return f", waiting for version {shown['waiting_for_version']}"
+    if shown and shown["waiting_for_event"]:
+        return f", waiting for signal {shown['waiting_for_event']!r}"
+    return ""

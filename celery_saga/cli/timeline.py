@@ -7,7 +7,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from celery_saga.cli import graph
+from celery_saga.cli import graph, waiting
 from celery_saga.cli.events import earlier_reversal_attempts, events
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import (
@@ -227,16 +227,11 @@ def render(run: dict[str, Any]) -> list[str]:
         lines.append(f"archived {run['archived_at']}")
     if run["parent_execution_id"]:
         lines.append(f"parent {run['parent_execution_id']}")
-    if run["state"] == "waiting":
-        event = run.get("waiting_for_event")
-        what = f"waiting for signal {event!r}" if event else "waiting for a signal"
-        until = f" until {run['wake_at']}" if run["wake_at"] else " (no deadline)"
-        lines.append(f"{what}{until}")
-    if run.get("waiting_for_version"):
-        lines.append(
-            f"waiting for version {run['waiting_for_version']}: a worker without it handed "
-            "its message back; a worker that has it carries the run on (`saga versions`)"
-        )
+    waits = waiting.described(run)
+    if waits and run.get("waiting_for_version"):
+        waits += "; a worker that has it carries the run on (`saga versions`)"
+    if waits:
+        lines.append(waits)
     if not run["definition_deployed"]:
         lines.append(f"version {run['definition_hash']}: not registered in this process")
     for label in ("failure_reason", "rollback_reason"):

@@ -40,7 +40,9 @@ _GROUP_ORDER = (
 class Box:
     """One node or step. ``kind``: step, parallel, branch, path, loop, for_each, wait,
     pivot or sub_saga; ``children`` are drawn inside it (side by side for ``parallel`` and
-    ``branch``, in order otherwise); ``link``: the child run of a sub-saga."""
+    ``branch``, in order otherwise); ``link``: the child run of a sub-saga; ``forward``: the
+    step's own status when its reversal's outcome is ``status`` (a failed step that was
+    compensated must not look like a completed one that was)."""
 
     kind: str
     label: str
@@ -48,6 +50,7 @@ class Box:
     detail: str = ""
     children: tuple[Box, ...] = ()
     link: str | None = None
+    forward: str = ""
 
     @property
     def side_by_side(self) -> bool:
@@ -64,6 +67,13 @@ def step_status(step: Mapping[str, Any] | None) -> str:
     return str(step["status"])
 
 
+def forward_status(step: Mapping[str, Any] | None) -> str:
+    """The step's own status when ``step_status`` gives its reversal's, else ""."""
+    if step is None or not (step.get("compensation") or {}).get("status"):
+        return ""
+    return str(step["status"])
+
+
 def group_status(statuses: Iterable[str]) -> str:
     seen = set(statuses)
     return next((status for status in _GROUP_ORDER if status in seen), NOT_REACHED)
@@ -76,14 +86,16 @@ def _attempts(step: Mapping[str, Any] | None) -> str:
     if step["attempts"] > 1:
         parts.append(f"{step['attempts']} attempts")
     reversal = step.get("compensation")
-    if reversal and reversal.get("attempts", 0) > 1:
-        parts.append(f"{reversal['attempts']} reversal attempts")
+    # those before a resume too (``timeline.describe`` counts them): the resume reset them
+    if reversal and reversal["total_attempts"] > 1:
+        parts.append(f"{reversal['total_attempts']} reversal attempts")
     return ", ".join(parts)
 
 
 def _step(spec: StepSpec, steps: Mapping[str, Mapping[str, Any]]) -> Box:
     record = steps.get(spec.name)
-    return Box("step", spec.name, step_status(record), _attempts(record))
+    status, forward = step_status(record), forward_status(record)
+    return Box("step", spec.name, status, _attempts(record), forward=forward)
 
 
 def _repeated(spec: StepSpec, iterations: Mapping[str, list[Mapping[str, Any]]]) -> Box:
@@ -91,7 +103,7 @@ def _repeated(spec: StepSpec, iterations: Mapping[str, list[Mapping[str, Any]]])
     runs = iterations.get(spec.name, [])
     latest = runs[-1] if runs else None
     detail = f"{len(runs)} iteration(s)" if runs else ""
-    return Box("step", spec.name, step_status(latest), detail)
+    return Box("step", spec.name, step_status(latest), detail, forward=forward_status(latest))
 
 
 def _group(kind: str, label: str, children: tuple[Box, ...], detail: str = "") -> Box:
@@ -128,7 +140,8 @@ def _node(
         record = steps.get(node.name)
         child = record.get("child") if record else None
         link = str(child["id"]) if child else None
-        return Box("sub_saga", node.name, step_status(record), f"saga {node.saga}", (), link)
+        status, forward = step_status(record), forward_status(record)
+        return Box("sub_saga", node.name, status, f"saga {node.saga}", (), link, forward)
     assert isinstance(node, PivotNode)
     return Box("pivot", "pivot", "completed" if run.get("committed_at") else NOT_REACHED)
 

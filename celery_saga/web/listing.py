@@ -1,4 +1,4 @@
-"""The runs page's query: filters from the URL's arguments, the page read through
+"""The runs page's query: filters and order from the URL's arguments, the page read through
 ``inspection.list_runs`` (as ``celery saga list``), and the text search over that page."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from celery_saga.cli import timeline, waiting
 from celery_saga.cli.durations import parse_duration
 from celery_saga.cli.output import as_json
 from celery_saga.cli.redacted import FindDefinition
@@ -16,6 +17,11 @@ from celery_saga.errors import SagaError
 from celery_saga.records import ExecutionRecord, ExecutionState
 from celery_saga.redaction import redact
 from celery_saga.store import inspection
+from celery_saga.store.database import Database
+from celery_saga.store.versions import waiting_for_version
+
+#: The orders the run list offers -> newest first? Both read an index in its order (O(page)).
+SORTS = {"newest": True, "oldest": False}
 
 
 @dataclass(frozen=True)
@@ -31,11 +37,20 @@ class ListQuery:
     cursor: str = ""
     #: "1": the archived runs instead of the live ones.
     archived: str = ""
+    #: A key of ``SORTS``; empty: the first.
+    sort: str = ""
 
     @classmethod
     def from_args(cls, args: Mapping[str, str]) -> ListQuery:
         fields = ListQuery.__dataclass_fields__
         return cls(**{name: str(args.get(name, "")).strip() for name in fields})
+
+    @property
+    def newest_first(self) -> bool:
+        """The order asked for; raises ``SagaError`` for one it does not offer."""
+        if self.sort and self.sort not in SORTS:
+            raise SagaError(f"{self.sort!r} is not a sort: {' or '.join(SORTS)}")
+        return SORTS.get(self.sort, True)
 
     def with_cursor(self, cursor: str) -> dict[str, str]:
         """The URL arguments of the next page."""
@@ -59,6 +74,23 @@ def filters_of(query: ListQuery, now: datetime, hashes: Sequence[str]) -> inspec
         created_after=now - parse_duration(query.newer_than) if query.newer_than else None,
         definition_hashes=hashes,
     )
+
+
+def reasons(
+    db: Database, find: waiting.FindDefinition, records: Sequence[ExecutionRecord], archived: bool
+) -> dict[str, str]:
+    """Each listed run's reason column, as ``celery saga list`` prints it (``waiting.listed``):
+    one read for the page's version waits, the rest from the definitions."""
+    waits = {} if archived else waiting_for_version(db, [r.id for r in records])
+    return {
+        r.id: waiting.listed(
+            r,
+            event=timeline.gate_event(find, r),
+            version=waits[r.id].definition_hash if r.id in waits else None,
+            child=waiting.awaited_child(find, r),
+        )
+        for r in records
+    }
 
 
 def _marks(record: ExecutionRecord, find: FindDefinition) -> Sensitivity:

@@ -10,7 +10,7 @@ from flask import Blueprint, abort, current_app, g, redirect, render_template, r
 from flask.typing import ResponseReturnValue
 from sqlalchemy.exc import SQLAlchemyError
 
-from celery_saga.cli import timeline
+from celery_saga.cli import timeline, waiting
 from celery_saga.cli.output import as_json
 from celery_saga.cli.redacted import redacted
 from celery_saga.cli.version_names import version_hashes
@@ -21,7 +21,7 @@ from celery_saga.store import inspection
 from celery_saga.store.queries import Page
 from celery_saga.store.versions import waiting_for_version
 from celery_saga.web import actions, graph
-from celery_saga.web.listing import ListQuery, filters_of, matches_text
+from celery_saga.web.listing import SORTS, ListQuery, filters_of, matches_text, reasons
 from celery_saga.web.settings import WebSettings
 from celery_saga.worker.engine import SagaEngine
 
@@ -60,6 +60,7 @@ def runs() -> ResponseReturnValue:
     problem: str | None = None
     page = parked = Page((), None)
     counts: dict[str, int] = {}
+    why: dict[str, str] = {}
     known: list[Any] = []
     try:
         engine.ensure_schema()
@@ -76,7 +77,9 @@ def runs() -> ResponseReturnValue:
             archived=query.archived == "1",
             limit=limit,
             cursor=query.cursor or None,
+            newest_first=query.newest_first,
         )
+        why = reasons(engine.db, engine.catalog, page.items, query.archived == "1")
     except (ValueError, UnicodeDecodeError):
         problem = f"{query.cursor!r} is not a cursor of this page"
     except SagaError as error:
@@ -94,6 +97,8 @@ def runs() -> ResponseReturnValue:
         counts=sorted(counts.items()),
         parked=parked.items,
         runs=listed,
+        reasons=why,
+        sorts=SORTS,
         scanned=len(page.items),
         next_args=next_args,
         problem=problem,
@@ -114,6 +119,7 @@ def _described(engine: SagaEngine, execution_id: str) -> tuple[dict[str, Any], A
         waits[execution_id].definition_hash if execution_id in waits else None
     )
     shown["cursor"] = stored.record.cursor
+    shown["waiting"] = waiting.described(shown)
     return shown, stored
 
 

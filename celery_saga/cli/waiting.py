@@ -1,0 +1,84 @@
+"""What a run that does not move on its own waits for, in one sentence: a signal at its gate
+(until its deadline), a worker that has its version, or its child run. ``saga show``,
+``saga list`` and the web view's pages all say it through ``reason``, so they say it alike."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from celery_saga.definition.builder import SagaDefinition
+from celery_saga.definition.nodes import SubSagaNode
+from celery_saga.records import ExecutionRecord, ExecutionState
+from celery_saga.runtime.children import child_execution_id
+
+#: Finds the definition of (saga name, version hash) deployed in this process.
+FindDefinition = Callable[[str, str], "SagaDefinition | None"]
+
+
+def reason(
+    state: str,
+    *,
+    event: str | None = None,
+    until: str | None = None,
+    version: str | None = None,
+    child: str | None = None,
+) -> str | None:
+    """What a run in ``state`` waits for, or None. ``event``, ``until``: its gate's event and
+    deadline (as printed); ``version``: the version a worker without it handed the run's
+    message back for (what holds it first); ``child``: the run its sub-saga node started."""
+    if version:
+        return f"waiting for version {version}: a worker without it handed its message back"
+    if state == ExecutionState.WAITING.value:
+        what = f"waiting for signal {event!r}" if event else "waiting for a signal"
+        return what + (f" until {until}" if until else " (no deadline)")
+    if child and state == ExecutionState.RUNNING.value:
+        return f"waiting for child run {child}"
+    return None
+
+
+def described(run: dict[str, Any]) -> str | None:
+    """``reason`` for a run as ``timeline.describe`` gives it (with ``waiting_for_version``
+    added where it was read): ``saga show`` and the web view's run page."""
+    return reason(
+        run["state"],
+        event=run.get("waiting_for_event"),
+        until=run.get("wake_at"),
+        version=run.get("waiting_for_version"),
+        child=_running_child(run),
+    )
+
+
+def _running_child(run: dict[str, Any]) -> str | None:
+    at_cursor = [s for s in run["steps"] if s["node"] == run.get("cursor")]
+    children = [s["child"] for s in at_cursor if s["child"] and s["status"] == "running"]
+    return str(children[0]["id"]) if children else None
+
+
+def listed(
+    record: ExecutionRecord,
+    *,
+    event: str | None = None,
+    version: str | None = None,
+    child: str | None = None,
+) -> str:
+    """The reason column of a listed run (``saga list``, the web view's runs): why it failed
+    or parked, else what it waits for (``reason``; its deadline to the second, as the list's
+    times), else ""."""
+    failed = record.rollback_reason or record.failure_reason
+    if failed:
+        return failed.replace("\n", " ")
+    until = record.wake_at.strftime("%Y-%m-%d %H:%M:%S") if record.wake_at else None
+    state = record.state.value
+    return reason(state, event=event, until=until, version=version, child=child) or ""
+
+
+def awaited_child(find: FindDefinition, record: ExecutionRecord) -> str | None:
+    """The child run a running run stands at (its sub-saga node), from its definition alone:
+    the child's id is derived from the parent's and the node's (``runtime.children``)."""
+    if record.state is not ExecutionState.RUNNING:
+        return None
+    definition = find(record.saga_name, record.definition_hash)
+    nodes = definition.nodes if definition is not None else ()
+    node = nodes[record.cursor] if 0 <= record.cursor < len(nodes) else None
+    return child_execution_id(record.id, node.name) if isinstance(node, SubSagaNode) else None
