@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -95,3 +96,20 @@ def test_the_version_comes_from_the_package_metadata() -> None:
 
     assert celery_saga.__version__ == version("celery-saga-engine")
     assert re.fullmatch(r"\d+\.\d+\.\d+.*", celery_saga.__version__)
+
+
+def _nav_pages(entries: list[Any]) -> list[str]:
+    """The Markdown files of an mkdocs ``nav`` (sections nest), in order."""
+    pages = []
+    for entry in entries:
+        for target in entry.values() if isinstance(entry, dict) else [entry]:
+            pages.extend(_nav_pages(target) if isinstance(target, list) else [target])
+    return pages
+
+
+def test_the_overview_lists_every_page_of_the_site() -> None:
+    yaml = pytest.importorskip("yaml", reason="the docs extra is not installed")
+    nav = _nav_pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
+    pages_section = (ROOT / "docs" / "index.md").read_text().split("\n## Pages\n", 1)[1]
+    listed = set(re.findall(r"\]\(([\w-]+\.md)(?:#[\w-]*)?\)", pages_section))
+    assert [page for page in nav if page != "index.md" and page not in listed] == []
