@@ -110,6 +110,8 @@ class StepAttempt:
     attempt: int
     #: When the attempt began (its history row's start); None where it is not known.
     claimed_at: datetime | None = None
+    #: The process holding its claim ("node/pid/task id"); None where it is not known.
+    holder: str | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,8 @@ class ReversalAttempt:
     attempt: int
     #: When the attempt began (its history row's start); None where it is not known.
     claimed_at: datetime | None = None
+    #: The process holding its claim ("node/pid/task id"); None where it is not known.
+    holder: str | None = None
 
 
 def completed_results(steps: Iterable[StepRecord]) -> dict[str, Any]:

@@ -121,6 +121,7 @@ def _spawn_workers(
     count: int,
     events: bool = True,
     prefix: str = "w",
+    concurrency: int = 2,
 ) -> tuple[list[subprocess.Popen[bytes]], list[Path]]:
     workers, logs = [], []
     for index in range(count):
@@ -135,7 +136,7 @@ def _spawn_workers(
             "-P",
             "prefork",
             "-c",
-            "2",
+            str(concurrency),
             "--prefetch-multiplier",
             "1",
             "-Q",

@@ -192,6 +192,19 @@ class TestApp:
                 )
             )
 
+    def lose_claim(self, ctx: SagaContext) -> None:
+        """What a database crash does to a first claim committed without its flush: the
+        step's record is gone while its body runs on (the ledger must be the store)."""
+        from celery_saga.store.tables import step_records
+
+        with self.sql.begin() as connection:
+            connection.execute(
+                step_records.delete().where(
+                    step_records.c.execution_id == ctx.execution_id,
+                    step_records.c.name == ctx.step_name,
+                )
+            )
+
     def switch_on(self, name: str) -> bool:
         with self.sql.begin() as connection:
             return (
@@ -210,6 +223,8 @@ class TestApp:
         plan = ctx.input.get("plan", {}).get(ctx.step_name, {})
         if plan.get("mark_begin"):
             self.write(ctx, "forward_begin", f"attempt={ctx.attempt}")
+        if plan.get("lose_claim"):
+            self.lose_claim(ctx)
         if plan.get("fenced"):
             self.fenced_write(ctx.idempotency_key, fencing_token(), f"attempt={ctx.attempt}")
         pause = plan.get("sleep", 0) + (plan.get("first_sleep", 0) if ctx.attempt == 1 else 0)
@@ -233,6 +248,8 @@ class TestApp:
 
     def reverse(self, ctx: SagaContext) -> None:
         plan = ctx.input.get("plan", {}).get(ctx.step_name, {})
+        if plan.get("undo_mark_begin"):
+            self.write(ctx, "compensate_begin", f"attempt={ctx.attempt}")
         first = plan.get("undo_first_sleep", 0) if ctx.attempt == 1 else 0
         time.sleep(plan.get("undo_sleep", 0) + first)
         switch = plan.get("undo_switch")

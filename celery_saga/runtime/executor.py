@@ -10,6 +10,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from celery_saga.decisions.admission import Admission, NodeMessage, decide_admission
 from celery_saga.decisions.cursor import advance
+from celery_saga.decisions.lost_claims import ClaimState
 from celery_saga.decisions.takeover import Takeover
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import (
@@ -357,9 +358,8 @@ class Executor(Progress):
         spec = position.spec
         assert spec is not None
         execution_id, name = message.execution_id, position.record_name
-        held = StepAttempt(
-            execution_id, name, message.node, message.sub, attempt, get_clock().now()
-        )
+        now, holder = get_clock().now(), self.holders.me()
+        held = StepAttempt(execution_id, name, message.node, message.sub, attempt, now, holder)
         key = record_key(execution_id, name, "forward")
         fields = {
             "execution_id": execution_id,
@@ -372,8 +372,8 @@ class Executor(Progress):
         loop = (position.iteration, position.item, position.for_each)
         what = f"step {name!r} of execution {execution_id}"
         with (
-            self.holding(self.renewals.of_step(held), what),
-            attempt_running("step", execution_id, name, attempt, self.db),
+            self.holding(self.renewals.of_step(held, spec.compensatable), what),
+            attempt_running("step", execution_id, name, attempt, self.db, holder),
         ):
             try:
                 ctx = step_context(
@@ -406,15 +406,10 @@ class Executor(Progress):
                     return Ran(shown)
                 if self.refused_while_cancelling(held):
                     return TakenOver(f"step {name!r} of a cancelled run", shown)
+                by_other = self.lost_claims.step(held, None) is ClaimState.TAKEN
+                what = f"step {name!r}"
                 keep_late_outcome(
-                    self.db,
-                    execution_id,
-                    f"step {name!r}",
-                    name,
-                    attempt,
-                    key,
-                    blob,
-                    self.holders.me(),
+                    self.db, execution_id, what, name, attempt, key, blob, holder, by_other
                 )
                 taken = f"step {name!r} of execution {execution_id} attempt {attempt}"
                 return TakenOver(taken, shown)

@@ -108,6 +108,7 @@ class StepFailures(RuntimeParts):
             landed=landed,
             if_landed=unknown,
             cause=cause,
+            restore=lambda: self.restore_step(definition, step),
         )
         return self._ended_by_us(step.execution_id) if result is unknown else result
 
@@ -271,7 +272,11 @@ class StepFailures(RuntimeParts):
         False: the claim was no longer ours."""
         spec = position.spec
         assert spec is not None
-        if forward.record_step_retry(self.db, step, error=reason, now=get_clock().now()):
+
+        def record() -> bool:
+            return forward.record_step_retry(self.db, step, error=reason, now=get_clock().now())
+
+        if record() or (self.restore_step(definition, step) and record()):
             self.emit("saga-step-retry", {**fields, "countdown": delay})
             following = replace(message, attempt=step.attempt + 1)
             self.publisher.publish_node(

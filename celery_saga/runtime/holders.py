@@ -16,7 +16,8 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections import defaultdict
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -73,6 +74,13 @@ class Holders:
             return Answer.HELD if runs_here(claim) else Answer.ABSENT
         return Answer.NO_CHANNEL
 
+    def running(self, execution_ids: Collection[str]) -> dict[str, set[str]] | None:
+        """The runs among these with an attempt running where this process can ask -> the
+        holders running them: before the recovery sweep sends a run's message again, a claim
+        the store lost may still have its body running (guarantee 30). None: the question
+        could not be asked."""
+        return running_here(execution_ids)
+
 
 def _in_this_process(holder: str | None) -> bool:
     """Whether ``holder`` names this process (its host for a process without a worker
@@ -87,8 +95,9 @@ def _in_this_process(holder: str | None) -> bool:
 
 
 _token: ContextVar[int | None] = ContextVar("celery_saga_fencing_token", default=None)
-#: The attempts whose bodies run in this process now: (kind, execution id, name, attempt).
-_running: set[tuple[str, str, str, int]] = set()
+#: The attempts whose bodies run in this process now: (kind, execution id, name, attempt)
+#: -> the holder its claim names.
+_running: dict[tuple[str, str, str, int], str | None] = {}
 _running_lock = threading.Lock()
 
 
@@ -99,14 +108,19 @@ _cancel_check: ContextVar[Callable[[], bool] | None] = ContextVar(
 
 @contextmanager
 def attempt_running(
-    kind: ClaimKind, execution_id: str, name: str, attempt: int, db: Database | None = None
+    kind: ClaimKind,
+    execution_id: str,
+    name: str,
+    attempt: int,
+    db: Database | None = None,
+    holder: str | None = None,
 ) -> Iterator[None]:
-    """Mark an attempt as running in this process while the block runs, make its attempt
-    number the fencing token its body reads, and let it ask whether its run was cancelled
-    (``cancelled()``, one read of the run in ``db``)."""
+    """Mark an attempt (held by ``holder``) as running in this process while the block
+    runs, make its attempt number the fencing token its body reads, and let it ask whether
+    its run was cancelled (``cancelled()``, one read of the run in ``db``)."""
     key = (kind, execution_id, name, attempt)
     with _running_lock:
-        _running.add(key)
+        _running[key] = holder
     reset = _token.set(attempt)
     check = _cancel_check.set(None if db is None else lambda: _run_cancelled(db, execution_id))
     try:
@@ -115,7 +129,7 @@ def attempt_running(
         _cancel_check.reset(check)
         _token.reset(reset)
         with _running_lock:
-            _running.discard(key)
+            _running.pop(key, None)
 
 
 def _run_cancelled(db: Database, execution_id: str) -> bool:
@@ -129,6 +143,17 @@ def cancelled() -> bool:
     between units of work and returns early. False outside a step."""
     check = _cancel_check.get()
     return bool(check and check())
+
+
+def running_here(execution_ids: Collection[str]) -> dict[str, set[str]]:
+    """The runs among these with an attempt running in this very process now -> the holders
+    their claims name ("" where not known)."""
+    wanted, found = set(execution_ids), defaultdict(set)
+    with _running_lock:
+        for (_, execution_id, _, _), holder in _running.items():
+            if execution_id in wanted:
+                found[execution_id].add(holder or "")
+    return dict(found)
 
 
 def runs_here(claim: HeldClaim) -> bool:

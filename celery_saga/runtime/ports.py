@@ -9,12 +9,16 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from celery_saga.decisions.admission import NodeMessage
+from celery_saga.decisions.lost_claims import ClaimState
+from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import StepSpec
 from celery_saga.errors import VersionNotDeployedError
+from celery_saga.records import StepAttempt
 from celery_saga.runtime.catalog import Catalog
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.heartbeat import Renewal, keep_lease
 from celery_saga.runtime.holders import Holders
+from celery_saga.runtime.lost_claims import LostClaims
 from celery_saga.runtime.takeovers import Renewals
 from celery_saga.store.codec import DEFAULT_MAX_PAYLOAD_BYTES
 from celery_saga.store.database import Database
@@ -126,7 +130,8 @@ class RuntimeParts:
         self.db, self.registry, self.publisher = db, registry, publisher
         self.emit, self.settings = emit, settings
         self.holders = Holders() if holders is None else holders
-        self.renewals = Renewals(db)
+        self.lost_claims = LostClaims(db, settings.lease_seconds)
+        self.renewals = Renewals(db, self.lost_claims)
 
     def parts(self) -> RuntimeParts:
         """The same parts on their own, for a helper that must not hold its owner."""
@@ -144,6 +149,13 @@ class RuntimeParts:
     @property
     def lease(self) -> float:
         return self.settings.lease_seconds
+
+    def restore_step(self, definition: SagaDefinition, step: StepAttempt) -> bool:
+        """An outcome of ``step`` matched nothing: whether the store had lost its claim and
+        it was written back just now (then the outcome is written again)."""
+        spec = definition.find_step(step.name)
+        compensatable = True if spec is None else spec.compensatable
+        return self.lost_claims.step(step, compensatable) is ClaimState.RESTORED
 
     def holding(self, renew: Renewal, what: str) -> AbstractContextManager[None]:
         """Keep this claim's lease alive while the block runs: the body, and the write of

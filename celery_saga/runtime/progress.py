@@ -140,6 +140,7 @@ class Progress(StepFailures):
                 what=f"the result of step {step.name!r} of execution {step.execution_id}",
                 landed=lambda: self.landed(step, StepStatus.COMPLETED),
                 if_landed=True,
+                restore=lambda: self.restore_step(definition, step),
             ):
                 self.emit("saga-step-completed", fields)
                 self.advanced(definition, step.execution_id, step_advance)

@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from celery_saga.decisions.admission import NodeMessage
 from celery_saga.decisions.recovery import (
     Recovery,
     RecoveryKind,
     decide_recovery,
+    left_to_running,
     waited_on_child,
 )
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import ParallelNode
-from celery_saga.records import ExecutionRecord
+from celery_saga.records import ExecutionRecord, StepRecord
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.executor import Executor
@@ -24,6 +26,17 @@ from celery_saga.store import queries, recovery, unwind, versions
 from celery_saga.store.transient import retry_transient
 
 logger = logging.getLogger("celery_saga")
+
+#: What the sweep sends again only once no worker says it still runs the run.
+_RESENDS = (RecoveryKind.REPUBLISH_POSITION, RecoveryKind.REPUBLISH_COMPENSATION)
+
+
+class _Planned(NamedTuple):
+    definition: SagaDefinition
+    execution: ExecutionRecord
+    steps: list[StepRecord]
+    action: Recovery
+    child: ExecutionRecord | None
 
 
 class Recoverer:
@@ -35,24 +48,81 @@ class Recoverer:
 
         Pages through every idle run (runs left alone, e.g. with a step in flight, must not
         hide the ones behind them), at most ``most`` per sweep; one run that cannot be
-        handled is logged and skipped.
+        handled is logged and skipped. Nothing is sent again while the store has been up
+        for less than ``stale_after``, nor for a run a worker says it still runs: a crash
+        may have lost claims whose bodies run on, and their holders write them back.
         """
         db = self.executor.db
+        if self._store_just_started(stale_after):
+            return 0
         now = get_clock().now()
         acted = seen = 0
         after = None
         while seen < most:
             rows = recovery.list_stale(db, cutoff=now - stale_after, limit=page, after=after)
-            for _, execution_id in rows:
-                try:
-                    acted += self._recover_one(execution_id, now, stale_after)
-                except Exception:
-                    logger.exception("recovery of execution %s failed", execution_id)
+            acted += self._recover_page([i for _, i in rows], now, stale_after)
             seen += len(rows)
             if len(rows) < page:
                 break
             after = rows[-1]
         return acted
+
+    def _store_just_started(self, stale_after: timedelta) -> bool:
+        up = recovery.seconds_since_start(self.executor.db)
+        if up is None or up >= stale_after.total_seconds():
+            return False
+        logger.info(
+            "the saga store started %.0f s ago: recovery waits until it has been up for "
+            "saga_recover_after (%.0f s), so that workers still running bodies write back "
+            "the claims a crash may have lost",
+            up,
+            stale_after.total_seconds(),
+        )
+        return True
+
+    def _recover_page(self, execution_ids: list[str], now: datetime, stale_after: timedelta) -> int:
+        planned = []
+        for execution_id in execution_ids:
+            try:
+                found = self._plan(execution_id, now, stale_after)
+            except Exception:
+                logger.exception("recovery of execution %s failed", execution_id)
+                continue
+            if found is not None:
+                planned.append(found)
+        running = self._running([p.execution.id for p in planned if p.action.kind in _RESENDS])
+        acted = 0
+        for found in planned:
+            if running is None and found.action.kind in _RESENDS:
+                continue  # unknown whether a worker still runs it: the next sweep asks again
+            holders = (running or {}).get(found.execution.id, set())
+            if left_to_running(found.execution, found.steps, found.action, holders):
+                logger.info(
+                    "execution %s: not recovered, %s still runs it (a claim the store lost is "
+                    "written back by its holder)",
+                    found.execution.id,
+                    ", ".join(sorted(holders)),
+                )
+                continue
+            try:
+                acted += self._act(found, now, stale_after)
+            except Exception:
+                logger.exception("recovery of execution %s failed", found.execution.id)
+        return acted
+
+    def _running(self, execution_ids: list[str]) -> dict[str, set[str]] | None:
+        """The runs among these that workers still run -> the holders running them; None
+        when the workers could not be asked (said once)."""
+        if not execution_ids:
+            return {}
+        running = self.executor.holders.running(execution_ids)
+        if running is None:
+            logger.warning(
+                "%d run(s) not recovered now: the workers could not be asked whether they "
+                "still run them; the next sweep tries again",
+                len(execution_ids),
+            )
+        return running
 
     def owe_message(self, execution_id: str, error: Exception) -> None:
         """The broker refused a message whose transition is recorded: mark the run so the
@@ -107,21 +177,33 @@ class Recoverer:
             acted += 1
         return acted
 
-    def _recover_one(self, execution_id: str, now: datetime, stale_after: timedelta) -> int:
-        """Recover one run; a run waiting on its child recovers the child instead (a child
-        is driven through its parent, never on its own)."""
+    def _plan(self, execution_id: str, now: datetime, stale_after: timedelta) -> _Planned | None:
+        """What the sweep would do with one run (None: nothing)."""
         db = self.executor.db
         execution, steps = queries.load_snapshot(db, execution_id)
         definition = self._version_of(execution) if execution else None
         if execution is None or definition is None:
-            return 0
+            return None
         holder = waited_on_child(execution, steps, definition.reversible)
         child = None
         if holder is not None and holder.child_execution_id is not None:
             child = queries.load_execution(db, holder.child_execution_id)
         action = decide_recovery(execution, steps, definition.reversible, now, stale_after, child)
-        if action.kind is RecoveryKind.NOTHING or not recovery.claim_stale(
-            db,
+        if action.kind is RecoveryKind.NOTHING:
+            return None
+        return _Planned(definition, execution, steps, action, child)
+
+    def _recover_one(self, execution_id: str, now: datetime, stale_after: timedelta) -> int:
+        """Recover one run (a child, through its parent's recovery)."""
+        return self._recover_page([execution_id], now, stale_after)
+
+    def _act(self, planned: _Planned, now: datetime, stale_after: timedelta) -> int:
+        """Carry out what ``_plan`` decided; a run waiting on its child recovers the child
+        instead (a child is driven through its parent, never on its own)."""
+        definition, execution, _, action, child = planned
+        execution_id = execution.id
+        if not recovery.claim_stale(
+            self.executor.db,
             execution_id=execution_id,
             seen_version=execution.version,
             now=now,

@@ -80,7 +80,7 @@ class ReversalRuns(ReversalOutcomes):
         stopped: BaseException | None = None
         with (
             self.holding(self.renewals.of_reversal(held), what),
-            attempt_running("reversal", execution_id, record.name, attempt),
+            attempt_running("reversal", execution_id, record.name, attempt, None, held.holder),
         ):
             try:
                 ctx = reversal_context(self.db, definition, unwinding, record, key, attempt)

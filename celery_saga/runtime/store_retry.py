@@ -27,6 +27,7 @@ def write_outcome(
     landed: Callable[[], bool],
     if_landed: T,
     cause: BaseException | None = None,
+    restore: Callable[[], bool] | None = None,
 ) -> T:
     """Run the conditional ``write``, retrying transient store errors for ``budget`` s.
 
@@ -34,6 +35,8 @@ def write_outcome(
     the write is not repeated and ``if_landed`` is returned. With ``cause`` (a step's error
     being recorded), a store that stays unreachable raises ``cause`` itself, so the step's
     error is never replaced by the store's (guarantee 19); without one, the last store error.
+    A write that matched nothing (a falsy result) asks ``restore()`` whether the store had
+    lost the claim and its holder wrote it back; then it is written once more (guarantee 30).
     """
     tried = False
 
@@ -42,7 +45,10 @@ def write_outcome(
         if tried and landed():
             return if_landed
         tried = True
-        return write()
+        result = write()
+        if not result and restore is not None and restore():
+            result = write()
+        return result
 
     try:
         return retry_transient(once, budget=budget, what=what)

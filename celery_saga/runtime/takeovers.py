@@ -14,12 +14,14 @@ import logging
 from collections.abc import Callable
 from datetime import datetime
 
+from celery_saga.decisions.lost_claims import ClaimState
 from celery_saga.decisions.takeover import Answer, Takeover, decide_takeover
 from celery_saga.records import ReversalAttempt, StepAttempt
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.heartbeat import LeaseState
 from celery_saga.runtime.holders import HeldClaim, Holders
-from celery_saga.store import forward, history, queries, unwind
+from celery_saga.runtime.lost_claims import LostClaims
+from celery_saga.store import forward, history, unwind
 from celery_saga.store.database import Database
 
 logger = logging.getLogger("celery_saga")
@@ -61,18 +63,22 @@ def _describe(claim: HeldClaim) -> str:
 
 
 class Renewals:
-    """Lease renewals that say why a renewal did not land (``LeaseState``)."""
+    """Lease renewals that say why a renewal did not land (``LeaseState``), and write back
+    a claim the store lost (``LostClaims``)."""
 
-    def __init__(self, db: Database) -> None:
-        self.db = db
+    def __init__(self, db: Database, lost: LostClaims) -> None:
+        self.db, self.lost = db, lost
 
-    def of_step(self, step: StepAttempt) -> Callable[[datetime], LeaseState]:
+    def of_step(
+        self, step: StepAttempt, compensatable: bool | None
+    ) -> Callable[[datetime], LeaseState]:
+        """``compensatable``: as the claim stored it; None where it is not known (a lost
+        claim is then left to the body's own heartbeat to write back)."""
+
         def renew(expiry: datetime) -> LeaseState:
             if forward.renew_step_lease(self.db, step, lease_expires_at=expiry):
                 return LeaseState.HELD
-            record = queries.load_step(self.db, step.execution_id, step.name)
-            taken = record is not None and record.attempts > step.attempt
-            return LeaseState.TAKEN if taken else LeaseState.ENDED
+            return _lease_state(self.lost.step(step, compensatable))
 
         return renew
 
@@ -80,11 +86,17 @@ class Renewals:
         def renew(expiry: datetime) -> LeaseState:
             if unwind.renew_compensation_lease(self.db, reversal, lease_expires_at=expiry):
                 return LeaseState.HELD
-            record = queries.load_step(self.db, reversal.execution_id, reversal.name)
-            taken = record is not None and record.compensation_attempts > reversal.attempt
-            return LeaseState.TAKEN if taken else LeaseState.ENDED
+            return _lease_state(self.lost.reversal(reversal))
 
         return renew
+
+
+def _lease_state(state: ClaimState) -> LeaseState:
+    if state is ClaimState.TAKEN:
+        return LeaseState.TAKEN
+    if state is ClaimState.ENDED:
+        return LeaseState.ENDED
+    return LeaseState.HELD  # held, written back, or lost and written back by its body's side
 
 
 def keep_late_outcome(
@@ -96,15 +108,19 @@ def keep_late_outcome(
     key: str,
     blob: bytes | None,
     holder: str | None,
+    taken: bool = True,
 ) -> None:
-    """A body finished after its claim was taken over: say so once, and keep its outcome
-    on the run's history (best effort: the store may be what cut it off)."""
+    """A body finished after its claim was taken over (``taken``), or after its step was no
+    longer owed to it: say which once, and keep its outcome on the run's history (best
+    effort: the store may be what cut it off)."""
+    why = "its claim was taken over" if taken else "its step was no longer owed to it"
     logger.warning(
-        "execution %s: %s attempt %d finished after its claim was taken over; its outcome "
-        "is kept on the run's history, not recorded as the step's (idempotency key %s)",
+        "execution %s: %s attempt %d finished after %s; its outcome is kept on the run's "
+        "history, not recorded as the step's (idempotency key %s)",
         execution_id,
         what,
         attempt,
+        why,
         key,
     )
     entry = history.HistoryEntry(
@@ -113,7 +129,7 @@ def keep_late_outcome(
         step=step,
         attempt=attempt,
         holder=holder,
-        detail=f"{what} attempt {attempt} finished after its claim was taken over",
+        detail=f"{what} attempt {attempt} finished after {why}",
     )
     try:
         history.append(db, execution_id, entry, blob)

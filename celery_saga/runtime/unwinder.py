@@ -282,13 +282,14 @@ class Unwinder(ReversalRuns):
         if definition is None or spec is None or spec.compensation is None:
             return None
         lease = get_clock().now() + timedelta(seconds=self.settings.lease_seconds)
-        held = ReversalAttempt(execution_id, step_name, attempt, get_clock().now())
+        me = self.holders.me()
+        held = ReversalAttempt(execution_id, step_name, attempt, get_clock().now(), me)
         claimed = reversal.claim_next_reversal(
             self.db,
             held,
             lease_expires_at=lease,
             with_run=reversal_needs_run(spec),
-            holder=self.holders.me(),
+            holder=me,
         )
         if claimed is None:
             return None
@@ -308,8 +309,8 @@ class Unwinder(ReversalRuns):
         lease = get_clock().now() + timedelta(seconds=self.settings.lease_seconds)
         now = get_clock().now()
         attempt = record.compensation_attempts + 1
-        held = ReversalAttempt(record.execution_id, record.name, attempt, now)
         me = self.holders.me()
+        held = ReversalAttempt(record.execution_id, record.name, attempt, now, me)
         if not unwind.claim_compensation(
             self.db,
             held,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -39,6 +39,7 @@ def claim_step(
     existing: StepRecord | None,
     child_execution_id: str | None = None,
     holder: str | None = None,
+    restored_at: datetime | None = None,
 ) -> int | None:
     """Claim the step for this worker; returns the attempt number, or None if not ours.
 
@@ -46,12 +47,15 @@ def claim_step(
     live at this position; the unique (execution, name) key turns a duplicate into a refusal.
     A retry or a re-claim after an expired lease is a compare-and-set on what we read. A
     sub-saga's record names its child and has no lease: no body runs in a worker for it.
-    ``holder`` names the claiming process (``runtime/holders.py``).
+    ``holder`` names the claiming process (``runtime/holders.py``). ``restored_at``: the
+    holder writes back a claim the store lost (``decisions/lost_claims.py``), begun at
+    ``now``; it waits for its flush, with its ``claim-restored`` history row.
     """
     lease = None if lease_expires_at is None else to_db_time(lease_expires_at)
     at = {"run_id": execution_id, "run_node": node, "run_sub": sub, "run_hash": definition_hash}
+    restored = None if restored_at is None else history.claim_restored(name, holder, restored_at)
     if existing is not None:
-        return _claim_again(db, existing, lease, holder, at, now)
+        return _claim_again(db, existing, lease, holder, at, now, restored)
     new = {
         "execution_id": execution_id,
         "name": name,
@@ -68,11 +72,16 @@ def claim_step(
         "holder": holder,
     }
     params = {**at, **{f"new_{k}": v for k, v in new.items()}}
-    with db.single_statement() as connection:
+    durable = db.durable_claims or restored is not None
+    with db.single_statement() if restored is None else db.transaction() as connection:
         try:
-            return 1 if _inserted_one(db, connection, params) else None
+            if not _inserted_one(db, connection, params, durable):
+                return None
         except IntegrityError:
             return None
+        if restored is not None:
+            history.write(connection, execution_id, replace(restored, attempt=1))
+        return 1
 
 
 def _claim_again(
@@ -82,6 +91,7 @@ def _claim_again(
     holder: str | None,
     at: dict[str, Any],
     now: datetime,
+    restored: history.HistoryEntry | None,
 ) -> int | None:
     """A retry's claim, or a takeover of a claim whose attempt never settled (its
     ``step-lost`` history row is written with it): a compare-and-set on ``existing``."""
@@ -93,10 +103,10 @@ def _claim_again(
     )
     if existing.lease_expires_at is not None:
         guard &= step_records.c.lease_expires_at == to_db_time(existing.lease_expires_at)
-    if not db.durable_claims:
+    if not db.durable_claims and restored is None:
         guard &= prepared.commit_without_flush_wait()
     lost = existing.status is StepStatus.RUNNING and existing.lease_expires_at is not None
-    with db.transaction() if lost else db.single_statement() as connection:
+    with db.transaction() if lost or restored else db.single_statement() as connection:
         result = connection.execute(
             update(step_records)
             .where(guard, prepared.run_live_here_locked())
@@ -112,14 +122,18 @@ def _claim_again(
             return None
         if lost:
             history.write_lost(connection, existing, now)
+        if restored is not None:
+            entry = replace(restored, attempt=existing.attempts + 1)
+            history.write(connection, existing.execution_id, entry)
         return existing.attempts + 1
 
 
-def _inserted_one(db: Database, connection: Connection, params: dict[str, Any]) -> bool:
+def _inserted_one(
+    db: Database, connection: Connection, params: dict[str, Any], durable: bool
+) -> bool:
     # PostgreSQL reports no rowcount for INSERT ... SELECT once SQLAlchemy adds its implicit
     # RETURNING; count the returned rows wherever SQLAlchemy runs it there (or on MySQL's
     # kin that return). SQLite's rowcount is exact and costs no result to fetch.
-    durable = db.durable_claims
     returning = connection.dialect.insert_returning and db.dialect != "sqlite"
     if returning and not db.direct_writes(connection):
         statement = prepared.first_claim(returning=True, durable=durable)
@@ -150,6 +164,7 @@ def settle_step(connection: Connection, step: StepAttempt, **changes: Any) -> No
         "step_run": step.execution_id,
         "step_name": step.name,
         "step_attempt": step.attempt,
+        "step_holder": step.holder,
         **prefixed("set_", changes),
     }
     statement = prepared.settle_held_step(tuple(sorted(changes)))
@@ -168,12 +183,15 @@ def _held_by(step: StepAttempt) -> Any:
 
 
 def renew_step_lease(db: Database, step: StepAttempt, *, lease_expires_at: datetime) -> bool:
-    """Extend the lease of a step this attempt still holds (the heartbeat's write)."""
+    """Extend the lease of a step this attempt still holds (the heartbeat's write); with
+    ``step.holder``, only its own: after a claim the store lost, another process may have
+    claimed the step under the same attempt number."""
+    guard = _held_by(step)
+    if step.holder is not None:
+        guard &= step_records.c.holder == step.holder
     with db.single_statement() as connection:
         result = connection.execute(
-            update(step_records)
-            .where(_held_by(step))
-            .values(lease_expires_at=to_db_time(lease_expires_at))
+            update(step_records).where(guard).values(lease_expires_at=to_db_time(lease_expires_at))
         )
         return bool(result.rowcount == 1)
 
@@ -332,6 +350,7 @@ def held_step_params(step: StepAttempt, stamp: datetime) -> dict[str, Any]:
         "step_run": step.execution_id,
         "step_name": step.name,
         "step_attempt": step.attempt,
+        "step_holder": step.holder,
         "step_completed_at": stamp,
         "step_claimed_at": attempts.started(step.claimed_at),
     }

@@ -40,6 +40,8 @@ class Kind(str, Enum):
     UPGRADED = "upgraded"
     #: A body's outcome that arrived after its claim had been taken over.
     LATE_OUTCOME = "late-outcome"
+    #: A claim the store lost (a server crash, a failover), written back by its live holder.
+    CLAIM_RESTORED = "claim-restored"
     #: How a step attempt ended (one row per attempt, written with its outcome).
     STEP_COMPLETED = "step-completed"
     STEP_FAILED = "step-failed"
@@ -100,6 +102,22 @@ class HistoryEntry:
     id: int | None = None
     #: A step attempt's start (its end is ``at``).
     started_at: datetime | None = None
+
+
+def claim_restored(
+    step: str, holder: str | None, at: datetime, reversal: bool = False
+) -> HistoryEntry:
+    """The row of a claim its live holder wrote back after the store lost it (guarantee 30);
+    the caller sets its attempt."""
+    what = "reversal" if reversal else "step"
+    return HistoryEntry(
+        at=at,
+        kind=Kind.CLAIM_RESTORED.value,
+        step=step,
+        holder=holder,
+        detail=f"the store lost this {what}'s claim (a database crash or failover); its "
+        "holder, still running it, wrote the claim back",
+    )
 
 
 def _values(execution_id: str, entry: HistoryEntry, blob: bytes | None) -> dict[str, Any]:

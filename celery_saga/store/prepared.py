@@ -98,12 +98,16 @@ def commit_without_flush_wait() -> Any:
 
 
 def step_held() -> Any:
-    """Params ``step_run``, ``step_name``, ``step_attempt``: still running under our claim."""
+    """Params ``step_run``, ``step_name``, ``step_attempt``, ``step_holder``: still running
+    under our claim. The holder (None: not known) tells our claim from one another process
+    made under the same number after the store lost ours (``decisions/lost_claims.py``)."""
+    holder = param("step_holder", step_records.c.holder)
     return (
         (step_records.c.execution_id == param("step_run", step_records.c.execution_id))
         & (step_records.c.name == param("step_name", step_records.c.name))
         & (step_records.c.status == StepStatus.RUNNING.value)
         & (step_records.c.attempts == param("step_attempt", step_records.c.attempts))
+        & (holder.is_(None) | (step_records.c.holder == holder))
     )
 
 

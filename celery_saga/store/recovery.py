@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import func, or_, select, text, update
 
 from celery_saga.records import ExecutionState
 from celery_saga.store import history
@@ -120,3 +120,18 @@ def claim_owed(db: Database, *, execution_id: str, seen_version: int, now: datet
             .values(wake_at=None, version=executions.c.version + 1, updated_at=to_db_time(now))
         )
         return bool(result.rowcount == 1)
+
+
+def seconds_since_start(db: Database) -> float | None:
+    """How long the database server has been up; None where there is no server (SQLite).
+    A server that starts again after a crash may have lost the last claims, which their
+    live holders write back at their next renewal (guarantee 30): the recovery sweep waits
+    for them."""
+    if db.dialect == "postgresql":
+        uptime = func.extract("epoch", func.now() - func.pg_postmaster_start_time())
+        rows = db.read(select(uptime.label("uptime")))
+        return float(rows[0]["uptime"])
+    if db.dialect in ("mysql", "mariadb"):
+        rows = db.read(text("SHOW GLOBAL STATUS LIKE 'Uptime'"))
+        return float(rows[0]["Value"])
+    return None

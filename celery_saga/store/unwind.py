@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Collection
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -81,12 +82,15 @@ def claim_compensation(
     holder: str | None = None,
     seen_lease: datetime | None = None,
     previous: StepRecord | None = None,
+    restored_at: datetime | None = None,
 ) -> bool:
     """Claim attempt ``reversal.attempt`` of a reversal (the previous one is the latest
     recorded) while the run is compensating and the step has no outcome, and no live lease
     holds it but ``seen_lease`` (one whose holder said it no longer runs it). ``previous``:
     the record as read before; when an attempt held it under a lease, that attempt never
-    settled, and its ``reversal-lost`` row is written with the claim."""
+    settled, and its ``reversal-lost`` row is written with the claim. ``restored_at``: the
+    holder writes back a claim the store lost (``decisions/lost_claims.py``); it waits for
+    its flush, with its ``claim-restored`` history row."""
     params = {
         "run_id": reversal.execution_id,
         "step_name": reversal.name,
@@ -96,13 +100,17 @@ def claim_compensation(
         "lease": to_db_time(lease_expires_at),
         "reversal_holder": holder,
     }
-    statement = _reversal_claim(seen_lease is not None, db.durable_claims)
+    durable = db.durable_claims or restored_at is not None
+    statement = _reversal_claim(seen_lease is not None, durable)
     lost = previous is not None and previous.compensation_lease_expires_at is not None
-    with db.transaction() if lost else db.single_statement() as connection:
+    with db.transaction() if lost or restored_at else db.single_statement() as connection:
         if rowcount_in(connection, statement, params) != 1:
             return False
         if lost and previous is not None:
             history.write_reversal_lost(connection, previous, now)
+        if restored_at is not None:
+            row = history.claim_restored(reversal.name, holder, restored_at, reversal=True)
+            history.write(connection, reversal.execution_id, replace(row, attempt=reversal.attempt))
         return True
 
 
@@ -118,11 +126,15 @@ def _reversal_held_by(reversal: ReversalAttempt) -> Any:
 def renew_compensation_lease(
     db: Database, reversal: ReversalAttempt, *, lease_expires_at: datetime
 ) -> bool:
-    """Extend the lease of a reversal this attempt still holds (the heartbeat's write)."""
+    """Extend the lease of a reversal this attempt still holds (the heartbeat's write); with
+    ``reversal.holder``, only its own (as ``forward.renew_step_lease``)."""
+    guard = _reversal_held_by(reversal)
+    if reversal.holder is not None:
+        guard &= step_records.c.compensation_holder == reversal.holder
     with db.single_statement() as connection:
         result = connection.execute(
             update(step_records)
-            .where(_reversal_held_by(reversal))
+            .where(guard)
             .values(compensation_lease_expires_at=to_db_time(lease_expires_at))
         )
         return bool(result.rowcount == 1)

@@ -110,6 +110,7 @@ class SagaEngine:
             self.db, self.catalog, publisher, self.events, self.settings, asker
         )
         self.hooks.commands[holders.COMMAND] = functools.partial(holders.answer_holder, self)
+        self.hooks.commands[holders.RUNS_COMMAND] = functools.partial(holders.answer_runs, self)
         self.hooks.on_pool_loss = functools.partial(holders.on_pool_loss, self)
         self.hooks.when_worker_starts(holders.PoolWatch(self).start)
         self.recoverer = Recoverer(self.executor)

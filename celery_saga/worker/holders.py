@@ -26,7 +26,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -49,6 +49,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger("celery_saga")
 
 COMMAND = "saga_claim_holder"
+#: Asked of every worker before the recovery sweep sends a run's message again.
+RUNS_COMMAND = "saga_runs_running"
+#: Seconds the sweep waits for the workers' answers (each only looks at what it runs).
+ASK_RUNS_TIMEOUT = 1.0
 #: Seconds a taker waits for the answer about a live lease (the holder only looks it up),
 #: and about a lapsed one (the holder first tries to renew it, then may stop the body).
 ASK_LIVE_TIMEOUT = 2.0
@@ -92,6 +96,7 @@ class CeleryHolders(Holders):
             "pid": pid,
             "task_id": task_id,
             "lease_live": claim.lease_live,
+            "holder": claim.holder,
         }
         timeout = ASK_LIVE_TIMEOUT if claim.lease_live else ASK_LAPSED_TIMEOUT
         if not claim.lease_live and self._mailbox_gone(node):
@@ -113,6 +118,30 @@ class CeleryHolders(Holders):
             if answer in Answer._value2member_map_:
                 return Answer(answer)
         return Answer.SILENT
+
+    def running(self, execution_ids: Collection[str]) -> dict[str, set[str]] | None:
+        """This process's own, and every worker's answer over the remote control (on the
+        in-process broker only this process can run anything)."""
+        running = super().running(execution_ids)
+        assert running is not None
+        try:
+            with self.engine.app.connection_for_write() as connection:
+                if connection.transport.driver_type == "memory":
+                    return running
+            replies = self.engine.app.control.broadcast(
+                RUNS_COMMAND,
+                arguments={"execution_ids": sorted(execution_ids)},
+                reply=True,
+                timeout=ASK_RUNS_TIMEOUT,
+            )
+        except Exception as error:
+            logger.warning("could not ask the workers what they run: %r", error)
+            return None
+        for reply in replies or ():
+            for answer in reply.values():
+                for execution_id, holders in ((answer or {}).get("running") or {}).items():
+                    running.setdefault(str(execution_id), set()).update(map(str, holders))
+        return running
 
     def _mailbox_gone(self, node: str) -> bool:
         """On RabbitMQ: whether the remote-control queue of ``node`` is gone. The broker
@@ -183,6 +212,30 @@ def answer_holder(engine: SagaEngine, state: Any, **arguments: Any) -> dict[str,
     return {"answer": Answer.STOPPED.value}
 
 
+def answer_runs(engine: SagaEngine, state: Any, **arguments: Any) -> dict[str, Any]:
+    """The ``saga_runs_running`` command: the runs asked about with a saga message running
+    in this worker -> the holder names of those messages (read from the requests its pool
+    runs, not from the store: a claim the store lost is named nowhere else)."""
+    from celery.worker import state as worker_state
+
+    wanted = set(arguments.get("execution_ids") or ())
+    running: dict[str, list[str]] = {}
+    for request in list(worker_state.active_requests):
+        header = _saga_header(request)
+        if header is None or str(header["id"]) not in wanted or not request.worker_pid:
+            continue
+        holder = holder_name(str(request.hostname), int(request.worker_pid), request.id)
+        running.setdefault(str(header["id"]), []).append(holder)
+    return {"running": running}
+
+
+def _saga_header(request: Any) -> dict[str, Any] | None:
+    """The saga header of a request the worker holds, if it is a saga message."""
+    headers = getattr(request, "_request_dict", None) or {}
+    header = headers.get(HEADER) or (headers.get("headers") or {}).get(HEADER)
+    return header if isinstance(header, dict) and "id" in header else None
+
+
 def _renew_within(
     engine: SagaEngine, arguments: dict[str, Any], budget: float
 ) -> LeaseState | None:
@@ -195,11 +248,15 @@ def _renew_within(
         str(arguments["name"]),
         int(arguments["attempt"]),
     )
+    holder = arguments.get("holder")  # not sent by a taker of an earlier release
     renew: Callable[[Any], LeaseState]
     if arguments["kind"] == "reversal":
-        renew = renewals.of_reversal(ReversalAttempt(execution_id, name, attempt))
+        renew = renewals.of_reversal(ReversalAttempt(execution_id, name, attempt, None, holder))
     else:
-        renew = renewals.of_step(StepAttempt(execution_id, name, 0, 0, attempt))
+        # Its position and what its claim stored are not known here: a claim the store
+        # lost is written back by the body's own heartbeat, not from this process.
+        step = StepAttempt(execution_id, name, 0, 0, attempt, None, holder)
+        renew = renewals.of_step(step, None)
     lease = timedelta(seconds=engine.settings.lease_seconds)
     result: Future[LeaseState | None] = Future()
 
@@ -285,9 +342,8 @@ class PoolWatch:
 def on_pool_loss(engine: SagaEngine, request: Any, resend_always: bool = False) -> None:
     """Celery reports that the pool process running ``request`` died: give its claims up at
     once, on a thread (the main process's event loop must not wait on the store)."""
-    headers = getattr(request, "_request_dict", None) or {}
-    header = headers.get(HEADER) or (headers.get("headers") or {}).get(HEADER)
-    if not isinstance(header, dict) or "id" not in header or not request.worker_pid:
+    header = _saga_header(request)
+    if header is None or not request.worker_pid:
         return
     holder = holder_name(str(request.hostname), int(request.worker_pid), request.id)
     execution_id = str(header["id"])
