@@ -108,6 +108,17 @@ def _lose_first_claim(app: TestApp, execution_id: str, name: str) -> None:
         )
 
 
+def _rewind(app: TestApp, execution_id: str, name: str, **before: Any) -> None:
+    """What a crash does to a later claim committed without its flush: the record as it
+    was before that claim (``before``: its columns then)."""
+    with app.engine.db.transaction() as connection:
+        connection.execute(
+            update(step_records)
+            .where(step_records.c.execution_id == execution_id, step_records.c.name == name)
+            .values(lease_expires_at=None, **before)
+        )
+
+
 def _kinds(app: TestApp, execution_id: str) -> list[tuple[str, str | None, int | None]]:
     rows = history.load(app.engine.db, execution_id)
     return [(e.kind, e.step, e.attempt) for e in rows if e.kind != "started"]
@@ -147,15 +158,8 @@ def test_a_retry_whose_claim_the_store_lost_is_written_back_on_what_was_there(
         ran.append(ctx.attempt)
         if ctx.attempt == 1:
             raise ConnectionError("provider down")
-        with eager.engine.db.transaction() as connection:  # the retry's claim undone
-            connection.execute(
-                update(step_records)
-                .where(
-                    step_records.c.execution_id == ctx.execution_id,
-                    step_records.c.name == "flaky",
-                )
-                .values(status="pending", attempts=1, holder=None, lease_expires_at=None)
-            )
+        # The retry's claim undone: the record as the first attempt's outcome left it.
+        _rewind(eager, ctx.execution_id, "flaky", status="pending", attempts=1, holder=None)
         return "done"
 
     name = f"lostretry{uuid.uuid4().hex[:6]}"
@@ -199,19 +203,14 @@ def test_a_reversal_whose_claim_the_store_lost_is_written_back_and_recorded(
 
     def undo(ctx: SagaContext) -> None:
         undone.append(ctx.attempt)
-        with eager.engine.db.transaction() as connection:  # the reversal's claim undone
-            connection.execute(
-                update(step_records)
-                .where(
-                    step_records.c.execution_id == ctx.execution_id,
-                    step_records.c.name == "reserve",
-                )
-                .values(
-                    compensation_attempts=step_records.c.compensation_attempts - 1,
-                    compensation_lease_expires_at=None,
-                    compensation_holder=None,
-                )
-            )
+        _rewind(  # the reversal's claim undone
+            eager,
+            ctx.execution_id,
+            "reserve",
+            compensation_attempts=step_records.c.compensation_attempts - 1,
+            compensation_lease_expires_at=None,
+            compensation_holder=None,
+        )
 
     def refuse(ctx: SagaContext) -> None:
         raise ValueError("card declined")
