@@ -65,6 +65,7 @@ import history_partitions
 from sqlalchemy import Connection, create_engine, delete, text
 
 from celery_saga import SagaEngine
+from celery_saga.store import history as history_rows
 from celery_saga.store import retention
 from celery_saga.store.tables import executions
 from celery_saga.worker import engine as engine_module
@@ -87,14 +88,15 @@ PACKED = "bench_packed_archive"
 def _chunked(chunk: int, rest: float) -> Callable[..., Any]:
     """``retention._retire_once`` with its work in chunks, resting inside the transaction."""
 
-    def retire_once(*args: Any, replace: bool) -> tuple[list[Any], list[str]]:
+    def retire_once(*args: Any, replace: bool, actor: str | None) -> tuple[list[Any], list[str]]:
         db, cutoff, now, archive, batch, position = args
         with db.transaction() as connection:
             began = time.perf_counter()
             roots = retention._claim_candidates(connection, cutoff, batch, position)
             ids = retention._families(connection, [root for _, root in roots])
             for start in range(0, len(ids), chunk):
-                _retire_ids(connection, ids[start : start + chunk], now, archive, replace)
+                chunk_ids = ids[start : start + chunk]
+                _retire_ids(connection, chunk_ids, (cutoff, now), archive, replace, actor)
                 time.sleep((time.perf_counter() - began) * rest)
                 began = time.perf_counter()
         return roots, ids
@@ -102,7 +104,7 @@ def _chunked(chunk: int, rest: float) -> Callable[..., Any]:
     return retire_once
 
 
-def _asynchronous(*args: Any, replace: bool) -> tuple[list[Any], list[str]]:
+def _asynchronous(*args: Any, replace: bool, actor: str | None) -> tuple[list[Any], list[str]]:
     """``retention._retire_once``, committing without waiting for the WAL's flush."""
     db, cutoff, now, archive, batch, position = args
     with db.transaction() as connection:
@@ -110,7 +112,7 @@ def _asynchronous(*args: Any, replace: bool) -> tuple[list[Any], list[str]]:
         roots = retention._claim_candidates(connection, cutoff, batch, position)
         ids = retention._families(connection, [root for _, root in roots])
         if ids:
-            _retire_ids(connection, ids, now, archive, replace)
+            _retire_ids(connection, ids, (cutoff, now), archive, replace, actor)
     return roots, ids
 
 
@@ -143,10 +145,19 @@ def _create_packed(engine: SagaEngine) -> None:
 
 
 def _retire_ids(
-    connection: Connection, ids: Sequence[str], now: datetime, archive: bool, replace: bool
+    connection: Connection,
+    ids: Sequence[str],
+    when: tuple[datetime, datetime],
+    archive: bool,
+    replace: bool,
+    actor: str | None,
 ) -> None:
+    """As ``retention._retire_once`` does, for ``when`` (cutoff, now)."""
+    cutoff, now = when
     if archive:
+        why = retention.archived_because(cutoff)
         retention._copy_to_archive(connection, ids, now, replace)
+        history_rows.write_archived(connection, ids, now, actor, why)
     connection.execute(delete(executions).where(executions.c.id.in_(ids)))
 
 

@@ -354,7 +354,7 @@ def recover(ctx: click.Context, stale_after: str | None) -> None:
     """Run one recovery sweep now (beat runs it on its own)."""
     engine = engine_of(ctx)
     seconds = parse_duration(stale_after).total_seconds() if stale_after else None
-    click.echo(f"recovered {engine.recover(seconds)} run(s)")
+    click.echo(f"recovered {engine.recover(seconds, actor=shell_operator())} run(s)")
 
 
 @saga.command()
@@ -366,7 +366,7 @@ def cleanup(ctx: click.Context, older_than: str, archive: bool) -> None:
     """Delete (or archive) terminal runs; parked and waiting runs are never touched."""
     age = parse_duration(older_than)
     engine = engine_of(ctx)
-    gone = engine.archive(age) if archive else engine.cleanup(age)
+    gone = engine.archive(age, actor=shell_operator()) if archive else engine.cleanup(age)
     click.echo(f"{'archived' if archive else 'deleted'} {gone} run(s) older than {older_than}")
 
 

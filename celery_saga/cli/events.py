@@ -13,6 +13,7 @@ Entry = dict[str, Any]
 _SPANS = {
     "signalled": ("wait-entered", "waited"),
     "wait-timed-out": ("wait-entered", "waited"),
+    "wait-resumed": ("wait-entered", "waited"),
     "resumed": ("parked", "parked"),
     "abandoned": ("parked", "parked"),
 }

@@ -171,6 +171,7 @@ class Progress(StepFailures):
         group = joins.join_if_settled(
             self.db,
             step,
+            group=target.name,
             members=[s.name for s in target.steps],
             compensations=compensations_of(definition),
             now=get_clock().now(),

@@ -43,8 +43,16 @@ class Recoverer:
     def __init__(self, executor: Executor) -> None:
         self.executor = executor
 
-    def sweep(self, stale_after: timedelta, page: int = 200, most: int = 10_000) -> int:
+    def sweep(
+        self,
+        stale_after: timedelta,
+        page: int = 200,
+        most: int = 10_000,
+        actor: str | None = None,
+    ) -> int:
         """Republish for every run idle for ``stale_after``; returns how many were acted on.
+        ``actor``: the operator who ran this sweep (``saga recover``), named in each run's
+        ``recovered`` history row.
 
         Pages through every idle run (runs left alone, e.g. with a step in flight, must not
         hide the ones behind them), at most ``most`` per sweep; one run that cannot be
@@ -60,7 +68,7 @@ class Recoverer:
         after = None
         while seen < most:
             rows = recovery.list_stale(db, cutoff=now - stale_after, limit=page, after=after)
-            acted += self._recover_page([i for _, i in rows], now, stale_after)
+            acted += self._recover_page([i for _, i in rows], now, stale_after, actor)
             seen += len(rows)
             if len(rows) < page:
                 break
@@ -80,7 +88,13 @@ class Recoverer:
         )
         return True
 
-    def _recover_page(self, execution_ids: list[str], now: datetime, stale_after: timedelta) -> int:
+    def _recover_page(
+        self,
+        execution_ids: list[str],
+        now: datetime,
+        stale_after: timedelta,
+        actor: str | None = None,
+    ) -> int:
         planned = []
         for execution_id in execution_ids:
             try:
@@ -105,7 +119,7 @@ class Recoverer:
                 )
                 continue
             try:
-                acted += self._act(found, now, stale_after)
+                acted += self._act(found, now, stale_after, actor)
             except Exception:
                 logger.exception("recovery of execution %s failed", found.execution.id)
         return acted
@@ -193,11 +207,15 @@ class Recoverer:
             return None
         return _Planned(definition, execution, steps, action, child)
 
-    def _recover_one(self, execution_id: str, now: datetime, stale_after: timedelta) -> int:
+    def _recover_one(
+        self, execution_id: str, now: datetime, stale_after: timedelta, actor: str | None
+    ) -> int:
         """Recover one run (a child, through its parent's recovery)."""
-        return self._recover_page([execution_id], now, stale_after)
+        return self._recover_page([execution_id], now, stale_after, actor)
 
-    def _act(self, planned: _Planned, now: datetime, stale_after: timedelta) -> int:
+    def _act(
+        self, planned: _Planned, now: datetime, stale_after: timedelta, actor: str | None
+    ) -> int:
         """Carry out what ``_plan`` decided; a run waiting on its child recovers the child
         instead (a child is driven through its parent, never on its own)."""
         definition, execution, _, action, child = planned
@@ -208,10 +226,11 @@ class Recoverer:
             seen_version=execution.version,
             now=now,
             action=action.kind.value,
+            actor=actor,
         ):
             return 0
         if action.kind is RecoveryKind.RECOVER_CHILD and child is not None:
-            return self._recover_one(child.id, now, stale_after)
+            return self._recover_one(child.id, now, stale_after, actor)
         logger.warning("recovering execution %s: %s", execution_id, action.kind.value)
         self.executor.emit(
             "saga-recovered",

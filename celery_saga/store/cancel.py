@@ -16,7 +16,7 @@ from datetime import datetime
 from sqlalchemy import Connection, select, update
 
 from celery_saga.decisions.cancel import bodies_in_flight, interrupted_steps
-from celery_saga.decisions.unwind import UnwindStep
+from celery_saga.decisions.unwind import UnwindKind, UnwindStep
 from celery_saga.records import ExecutionState, StepRecord, StepStatus
 from celery_saga.store import history
 from celery_saga.store.database import Database, to_db_time
@@ -77,10 +77,10 @@ def request_cancel(
 def begin_cancelled_unwind(
     db: Database, *, execution_id: str, compensations: Collection[str], now: datetime
 ) -> tuple[UnwindStep, str] | None:
-    """Begin the unwind of a cancelled run, its interrupted steps recorded failed; returns
-    its first move and the run's reason. None while a body is in flight or a child is
-    still going (whoever ends last comes back)."""
-    stamp = to_db_time(now)
+    """Begin the unwind of a cancelled run, its interrupted steps recorded failed, with its
+    ``unwind-begun`` history row naming them (and ``unwind-closed`` when nothing is owed a
+    reversal); returns its first move and the run's reason. None while a body is in flight
+    or a child is still going (whoever ends last comes back)."""
     try:
         with db.transaction() as connection:
             locked = connection.execute(
@@ -89,7 +89,7 @@ def begin_cancelled_unwind(
                     executions.c.id == execution_id,
                     executions.c.state == ExecutionState.CANCELLING.value,
                 )
-                .values(version=executions.c.version + 1, updated_at=stamp)
+                .values(version=executions.c.version + 1, updated_at=to_db_time(now))
             )
             run = load_execution_row(connection, execution_id) if locked.rowcount == 1 else None
             if run is None:
@@ -97,38 +97,65 @@ def begin_cancelled_unwind(
             steps = load_steps(connection, execution_id)
             if bodies_in_flight(steps, now) or _children_going(connection, steps):
                 raise Conflict(execution_id)
-            cut_short = {s.id for s in interrupted_steps(steps)}
-            if cut_short:
-                connection.execute(
-                    update(step_records)
-                    .where(step_records.c.id.in_(cut_short))
-                    .values(
-                        status=StepStatus.FAILED.value,
-                        error=CUT_SHORT,
-                        lease_expires_at=None,
-                        completed_at=stamp,
-                    )
-                )
-                # as written, without reading them again
-                steps = [
-                    replace(
-                        s,
-                        status=StepStatus.FAILED,
-                        error=CUT_SHORT,
-                        lease_expires_at=None,
-                        completed_at=now,
-                    )
-                    if s.id in cut_short
-                    else s
-                    for s in steps
-                ]
+            steps, cut_short = _cut_short(connection, steps, now)
             reason = run.failure_reason or cancel_reason(None)
             plan = fail_run_locked(
                 connection, execution_id, reason, False, compensations, now, steps
             )
+            _write_begun(connection, execution_id, plan, reason, cut_short, now)
             return plan, reason
     except Conflict:
         return None
+
+
+def _cut_short(
+    connection: Connection, steps: list[StepRecord], now: datetime
+) -> tuple[list[StepRecord], list[str]]:
+    """Record failed the steps the cancel cut short; the steps as written (without reading
+    them again), and the names of those cut short."""
+    stamp = to_db_time(now)
+    cut_short = {s.id for s in interrupted_steps(steps)}
+    if not cut_short:
+        return steps, []
+    connection.execute(
+        update(step_records)
+        .where(step_records.c.id.in_(cut_short))
+        .values(
+            status=StepStatus.FAILED.value,
+            error=CUT_SHORT,
+            lease_expires_at=None,
+            completed_at=stamp,
+        )
+    )
+    written = [
+        replace(
+            s, status=StepStatus.FAILED, error=CUT_SHORT, lease_expires_at=None, completed_at=now
+        )
+        if s.id in cut_short
+        else s
+        for s in steps
+    ]
+    return written, [s.name for s in steps if s.id in cut_short]
+
+
+def _write_begun(
+    connection: Connection,
+    execution_id: str,
+    plan: UnwindStep,
+    reason: str,
+    cut_short: list[str],
+    now: datetime,
+) -> None:
+    """The cancel's ``unwind-begun`` row, naming the steps it cut short; ``unwind-closed``
+    after it when ``plan`` (the unwind's first move) finds nothing owed a reversal."""
+    detail = (
+        f"{reason}; cut short, recorded failed: {', '.join(cut_short)}" if cut_short else reason
+    )
+    data = {"cut_short": cut_short} if cut_short else None
+    history.note(connection, execution_id, Kind.UNWIND_BEGUN, now, detail, data=data)
+    if plan.kind is UnwindKind.DONE:
+        assert plan.rollback_status is not None
+        history.write_unwind_closed(connection, execution_id, plan.rollback_status, now)
 
 
 def _children_going(connection: Connection, steps: list[StepRecord]) -> bool:

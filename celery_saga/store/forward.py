@@ -296,10 +296,14 @@ def pass_position(
     db: Database, *, execution_id: str, node: int, sub: int, advance: Advance, now: datetime
 ) -> bool:
     """Move a run past a position where nothing ran (a loop whose condition ended it, an
-    empty for_each): only while the run is live exactly there."""
+    empty for_each): only while the run is live exactly there. Past its last node, with its
+    ``run-completed`` history row."""
     try:
-        with db.single_statement() as connection:
+        with db.transaction() if advance.finished else db.single_statement() as connection:
             lock_execution(connection, execution_id, node, sub, now, **advance_values(advance, now))
+            if advance.finished:
+                why = "its last node ran nothing (a loop that ended, no item left)"
+                history.note(connection, execution_id, Kind.RUN_COMPLETED, now, why)
     except Conflict:
         return False
     return True
@@ -369,7 +373,8 @@ def fail_execution(
     compensations: Collection[str],
     now: datetime,
 ) -> UnwindStep | None:
-    """Fail a live run for a reason outside any step (e.g. its definition changed).
+    """Fail a live run for a reason outside any step (e.g. its definition changed), with its
+    ``run-failed`` history row.
 
     Refused (None) while a step of the run is held by a live lease: its body may still be
     running, and reversing it now would race it. The pivot is read under the row lock, so a
@@ -388,17 +393,18 @@ def fail_execution(
             run = load_execution_row(connection, execution_id) if result.rowcount == 1 else None
             if run is None:
                 return None
-            stamp = to_db_time(now)
             in_flight = connection.execute(
                 select(step_records.c.id).where(
                     step_records.c.execution_id == execution_id,
                     step_records.c.status == StepStatus.RUNNING.value,
-                    step_records.c.lease_expires_at > stamp,
+                    step_records.c.lease_expires_at > to_db_time(now),
                 )
             ).first()
             if in_flight is not None:
                 raise Conflict(execution_id)
             committed = run.committed_at is not None
-            return fail_run_locked(connection, execution_id, reason, committed, compensations, now)
+            plan = fail_run_locked(connection, execution_id, reason, committed, compensations, now)
+            history.note(connection, execution_id, Kind.RUN_FAILED, now, reason)
+            return plan
     except Conflict:
         return None

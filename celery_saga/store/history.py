@@ -14,12 +14,12 @@ from datetime import datetime
 from enum import Enum
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, func, insert, select
+from sqlalchemy import Connection, bindparam, func, insert, literal, select
 
-from celery_saga.records import StepRecord
+from celery_saga.records import RollbackStatus, StepRecord
 from celery_saga.store.codec import pack, unpack_or_sealed
 from celery_saga.store.database import Database, from_db_time, rowcount_in, to_db_time
-from celery_saga.store.tables import history, history_archive
+from celery_saga.store.tables import executions, history, history_archive
 
 #: The width of the ``actor`` column.
 ACTOR_WIDTH = 200
@@ -57,6 +57,24 @@ class Kind(str, Enum):
     REVERSAL_RETRYING = "reversal-retrying"
     REVERSAL_LOST = "reversal-lost"
     REVERSAL_RELEASED = "reversal-released"
+    #: A run completed at a node where nothing ran (a loop that ended, no item left, a last
+    #: gate whose signal was there): no step attempt's row ends it.
+    RUN_COMPLETED = "run-completed"
+    #: A run failed for a reason no step raised: a choice that could not be made, a value
+    #: that could not be stored, a changed definition (the reason is the run's).
+    RUN_FAILED = "run-failed"
+    #: An unwind begun on no step's account: a completed child reopened by its parent's
+    #: unwind, a failed run taken up by the recovery sweep, a cancelled run once its bodies
+    #: stopped.
+    UNWIND_BEGUN = "unwind-begun"
+    #: An unwind closed on no reversal's account: nothing (more) was owed a reversal.
+    UNWIND_CLOSED = "unwind-closed"
+    #: A parallel group joined late, when a settled member's message came again.
+    GROUP_JOINED = "group-joined"
+    #: A waiting run moved on by the timer sweep, which found its signal already stored.
+    WAIT_RESUMED = "wait-resumed"
+    #: The run moved to the archive tables (``saga cleanup --archive``, ``engine.archive``).
+    ARCHIVED = "archived"
 
 
 #: The kinds a reversal attempt's end writes.
@@ -154,6 +172,54 @@ def _insert_row() -> Any:
     return insert(history).values(
         {name: bindparam(name, type_=history.c[name].type) for name in names}
     )
+
+
+def note(
+    connection: Connection,
+    execution_id: str,
+    kind: Kind,
+    now: datetime,
+    detail: str | None = None,
+    *,
+    step: str | None = None,
+    actor: str | None = None,
+    data: Any = None,
+) -> None:
+    """Add a row of the run itself (no attempt, no holder) inside the caller's transaction."""
+    entry = HistoryEntry(now, kind.value, step=step, actor=actor, detail=detail, data=data)
+    write(connection, execution_id, entry)
+
+
+def write_unwind_closed(
+    connection: Connection, execution_id: str, rollback: RollbackStatus, now: datetime
+) -> None:
+    """The ``unwind-closed`` row of an unwind that ended with nothing (more) to reverse."""
+    why = f"nothing left to reverse: rollback {rollback.value}"
+    note(connection, execution_id, Kind.UNWIND_CLOSED, now, why)
+
+
+def write_archived(
+    connection: Connection,
+    execution_ids: Sequence[str],
+    now: datetime,
+    actor: str | None,
+    detail: str,
+) -> None:
+    """One ``archived`` row per run, straight into the archive while the runs' live rows
+    are still there: numbered after the run's last row (an index seek each), one statement
+    for a whole batch."""
+    actor = actor[:ACTOR_WIDTH] if actor else actor
+    last = select(func.max(history.c.id)).where(history.c.execution_id == executions.c.id)
+    columns = {
+        "execution_id": executions.c.id,
+        "id": func.coalesce(last.scalar_subquery(), 0) + 1,
+        "at": literal(to_db_time(now), history.c.at.type),
+        "kind": literal(Kind.ARCHIVED.value, history.c.kind.type),
+        "actor": literal(actor, history.c.actor.type),
+        "detail": literal(detail, history.c.detail.type),
+    }
+    chosen = select(*columns.values()).where(executions.c.id.in_(execution_ids))
+    connection.execute(insert(history_archive).from_select(list(columns), chosen))
 
 
 def write_parked(

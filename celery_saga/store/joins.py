@@ -23,7 +23,7 @@ from sqlalchemy import Connection, bindparam, select, update
 
 from celery_saga.decisions.cursor import Advance, group_outcome
 from celery_saga.records import StepAttempt, StepStatus
-from celery_saga.store import attempts, forward, prepared
+from celery_saga.store import attempts, forward, history, prepared
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.forward import Conflict, GroupResult
 from celery_saga.store.history import Kind
@@ -78,6 +78,7 @@ def join_if_settled(
     db: Database,
     step: StepAttempt,
     *,
+    group: str,
     members: Sequence[str],
     compensations: Collection[str],
     now: datetime,
@@ -87,15 +88,34 @@ def join_if_settled(
     counts missed a member (settled by a worker of a release that kept none). Asked when a
     settled member's message comes again (the recovery sweep sends them to a run that
     stopped moving); counts the group's records under the run row's lock and stores the
-    counts. None: the run is not at the group (nothing changed)."""
+    counts; a join writes its ``group-joined`` history row. None: the run is not at the
+    group (nothing changed)."""
     try:
         with db.transaction() as connection:
             forward.lock_execution(connection, step.execution_id, step.node, step.sub, now)
             # still short, the counts stored now are right, and they do the join
             counts = _count_records(connection, step, members)
-            return _join(connection, step, members, counts, compensations, now, advance, None)
+            result = _join(connection, step, members, counts, compensations, now, advance, None)
+            if result.settled:
+                detail = _joined_late(step.name, members, advance, result.failure_reason)
+                history.note(
+                    connection, step.execution_id, Kind.GROUP_JOINED, now, detail, step=group
+                )
+            return result
     except Conflict:
         return None
+
+
+def _joined_late(member: str, members: Sequence[str], advance: Advance, failure: str | None) -> str:
+    """What a late join's history row says: why it was late, and what it did to the run."""
+    if failure is not None:
+        move = f"the run failed: {failure}"
+    else:
+        move = "the run completed" if advance.finished else "the run moves on"
+    return (
+        f"every member ({', '.join(members)}) had settled but the group was not joined; "
+        f"joined when the message of {member!r} came again: {move}"
+    )
 
 
 def _join(

@@ -15,7 +15,7 @@ from sqlalchemy import func, or_, select, text, update
 from celery_saga.records import ExecutionState
 from celery_saga.store import history
 from celery_saga.store.database import Database, to_db_time
-from celery_saga.store.history import HistoryEntry, Kind
+from celery_saga.store.history import Kind
 from celery_saga.store.queries import keyset_after, top_level
 from celery_saga.store.tables import executions
 
@@ -57,11 +57,18 @@ def list_stale(
 
 
 def claim_stale(
-    db: Database, *, execution_id: str, seen_version: int, now: datetime, action: str
+    db: Database,
+    *,
+    execution_id: str,
+    seen_version: int,
+    now: datetime,
+    action: str,
+    actor: str | None = None,
 ) -> bool:
     """Compare-and-set on the version the sweeper decided on: with two sweepers (two beat
     processes, or beat and a starting worker) exactly one acts on a given snapshot; it
-    records the ``recovered`` history row (``action``: what the sweep does)."""
+    records the ``recovered`` history row (``action``: what the sweep does; ``actor``: the
+    operator who ran the sweep, None for beat's)."""
     with db.transaction() as connection:
         result = connection.execute(
             update(executions)
@@ -74,9 +81,7 @@ def claim_stale(
         )
         if result.rowcount != 1:
             return False
-        history.write(
-            connection, execution_id, HistoryEntry(now, Kind.RECOVERED.value, detail=action)
-        )
+        history.note(connection, execution_id, Kind.RECOVERED, now, action, actor=actor)
         return True
 
 

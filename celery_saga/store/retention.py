@@ -5,6 +5,9 @@ their child runs, and only when every one of those children is terminal too: a p
 waiting run is never removed. Candidates are claimed with ``FOR UPDATE SKIP LOCKED`` where
 the database has it, so two beat processes split the work instead of colliding.
 
+An archived run takes an ``archived`` history row with it, written in the transaction that
+moves it; a deleted run's history is deleted with it (nothing of the run is kept).
+
 Each batch costs the same whatever the backlog (guarantee 32): candidates are read in the
 order of the index on (state, created_at, id), one terminal state after the other, from
 where the previous batch stopped, so no batch reads or sorts the backlog behind it.
@@ -23,6 +26,7 @@ from sqlalchemy import Connection, and_, delete, insert, literal, or_, select
 from sqlalchemy.exc import IntegrityError
 
 from celery_saga.records import ExecutionState, RollbackStatus
+from celery_saga.store import history
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.queries import keyset_after, top_level
 from celery_saga.store.tables import ARCHIVES, executions, executions_archive
@@ -158,17 +162,26 @@ def _copy_to_archive(
 
 
 def retire_batch(
-    db: Database, *, cutoff: datetime, now: datetime, archive: bool, batch: int, position: Position
+    db: Database,
+    *,
+    cutoff: datetime,
+    now: datetime,
+    archive: bool,
+    batch: int,
+    position: Position,
+    actor: str | None = None,
 ) -> tuple[int, Position | None]:
-    """One bounded transaction: retire up to ``batch`` families from ``position`` on.
-    Returns how many runs went and where the next batch starts (None: nothing left)."""
+    """One bounded transaction: retire up to ``batch`` families from ``position`` on (an
+    archived run takes an ``archived`` history row naming ``actor`` with it). Returns how
+    many runs went and where the next batch starts (None: nothing left)."""
+    args = (db, cutoff, now, archive, batch, position)
     try:
-        roots, ids = _retire_once(db, cutoff, now, archive, batch, position, replace=False)
+        roots, ids = _retire_once(*args, replace=False, actor=actor)
     except IntegrityError:
         if not archive:
             raise
         # A run id archived before: the batch again, replacing the older copies.
-        roots, ids = _retire_once(db, cutoff, now, archive, batch, position, replace=True)
+        roots, ids = _retire_once(*args, replace=True, actor=actor)
     if len(roots) == batch:
         # Runs kept back (a child still parked) must not hide the ones behind them.
         return len(ids), Position(position.range_index, roots[-1])
@@ -185,6 +198,7 @@ def _retire_once(
     batch: int,
     position: Position,
     replace: bool,
+    actor: str | None = None,
 ) -> tuple[list[tuple[datetime, str]], list[str]]:
     with db.transaction() as connection:
         roots = _claim_candidates(connection, cutoff, batch, position)
@@ -192,6 +206,9 @@ def _retire_once(
         if ids:
             if archive:
                 _copy_to_archive(connection, ids, now, replace)
+                # after the copy (a replace deletes older copies first), before the delete
+                # (each row is numbered after its run's last live one); one statement a batch
+                history.write_archived(connection, ids, now, actor, archived_because(cutoff))
             # Steps, signals and decisions go with their run (ON DELETE CASCADE).
             connection.execute(delete(executions).where(executions.c.id.in_(ids)))
     return roots, ids
@@ -206,17 +223,25 @@ def retire(
     batch: int = 500,
     budget: float | None = None,
     rest: float = REST,
+    actor: str | None = None,
 ) -> int:
     """Delete (or archive, then delete) old terminal runs; returns how many runs went,
     children included. With ``budget`` (seconds) it stops after the batch that passes it,
     and the next call carries on: a backlog never holds one worker for hours. After each
-    batch that retired runs it sleeps ``rest`` times that batch's duration (``REST``)."""
+    batch that retired runs it sleeps ``rest`` times that batch's duration (``REST``).
+    ``actor``: who archives (named in each archived run's ``archived`` history row)."""
     total, batches, began = 0, 0, time.monotonic()
     position: Position | None = Position()
     while position is not None:
         started = time.monotonic()
         gone, position = retire_batch(
-            db, cutoff=cutoff, now=now, archive=archive, batch=batch, position=position
+            db,
+            cutoff=cutoff,
+            now=now,
+            archive=archive,
+            batch=batch,
+            position=position,
+            actor=actor,
         )
         if gone and rest > 0:
             time.sleep((time.monotonic() - started) * rest)
@@ -230,6 +255,11 @@ def retire(
             logger.info("retention: %d run(s) %s; the rest next time", total, _verb(archive))
             break
     return total
+
+
+def archived_because(cutoff: datetime) -> str:
+    """Why a run was archived, as its ``archived`` history row says."""
+    return f"ended, and not updated since {cutoff.isoformat()}"
 
 
 def _verb(archive: bool) -> str:

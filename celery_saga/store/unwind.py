@@ -196,6 +196,7 @@ def _plan_and_finish(
                 updated_at=to_db_time(now),
             )
         )
+        history.write_unwind_closed(connection, record.id, plan.rollback_status, now)
     elif plan.kind is not UnwindKind.COMPENSATE:
         assert plan.record is not None
         _park(connection, record.id, plan, now)
@@ -258,7 +259,8 @@ def release_compensation(
 def plan_unwind(
     db: Database, *, execution_id: str, compensations: Collection[str], now: datetime
 ) -> UnwindStep | None:
-    """Decide (and apply, if it finishes or parks) the next move of a compensating run."""
+    """Decide (and apply, if it finishes or parks) the next move of a compensating run; an
+    unwind it closes writes its ``unwind-closed`` row (a parked one its ``parked`` row)."""
     try:
         with db.transaction() as connection:
             record = _lock_compensating(connection, execution_id, now)
@@ -277,7 +279,8 @@ def reopen_for_unwind(
 ) -> UnwindStep | None:
     """Start the unwind of a run that is not compensating yet: a completed child whose
     parent is unwinding (unless it passed its pivot), or a run recorded failed before its
-    unwind started. ``reason`` becomes its failure reason if it has none. None: neither."""
+    unwind started. ``reason`` becomes its failure reason if it has none, and the detail of
+    its ``unwind-begun`` history row. None: neither."""
     reopenable = (
         (executions.c.state == ExecutionState.COMPLETED.value) & executions.c.committed_at.is_(None)
     ) | (
@@ -297,6 +300,7 @@ def reopen_for_unwind(
         record = load_execution_row(connection, execution_id) if result.rowcount == 1 else None
         if record is None:
             return None
+        history.note(connection, execution_id, Kind.UNWIND_BEGUN, now, reason)
         return _plan_and_finish(connection, record, compensations, now)
 
 

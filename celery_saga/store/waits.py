@@ -163,8 +163,9 @@ def park_for_signal(
     advance: Advance,
     now: datetime,
 ) -> Arrival:
-    """The run reached ``gate``: park it with its deadline, unless the signal is already
-    there, in which case it moves on at once. REFUSE: not the run's position any more."""
+    """The run reached ``gate``: park it with its deadline (``wait-entered``), unless the
+    signal is already there, in which case it moves on at once (past its last node, with its
+    ``run-completed`` row). REFUSE: not the run's position any more."""
     with db.transaction() as connection:
         run = lock_execution(connection, execution_id)
         present = run is not None and _received(connection, execution_id, event) is not None
@@ -179,6 +180,10 @@ def park_for_signal(
             return arrival
         params = {"run_id": execution_id, "run_updated_at": stamp, **prefixed("set_", values)}
         rowcount_in(connection, _moved(tuple(sorted(values))), params)
+        if arrival is Arrival.PASS and advance.finished:
+            # no step ends the run: its signal, stored before, did (guarantee 33)
+            why = f"{event!r}: its signal was stored when the run reached its last gate"
+            history.note(connection, execution_id, Kind.RUN_COMPLETED, now, why)
         if arrival is Arrival.PARK:
             until = None if wake_at is None else wake_at.isoformat()
             detail = f"for {event!r} " + (f"until {until}" if until else "(no deadline)")
@@ -243,7 +248,8 @@ def expire_wait(
 ) -> WakeResult:
     """Fire one expired deadline. The row is claimed with SKIP LOCKED where the database
     has it, so two sweepers (two beat processes) never fire the same wait twice; the signal
-    is re-checked under the lock before the run is failed."""
+    is re-checked under the lock before the run is failed (``wait-timed-out``), and a run
+    whose signal is there moves on (``wait-resumed``)."""
     with db.transaction() as connection:
         run = lock_execution(connection, execution_id, skip_locked=True)
         if run is None:
@@ -252,6 +258,10 @@ def expire_wait(
         wake = decide_wake(run, present, now)
         if wake is Wake.RESUME:
             _resume(connection, execution_id, run.cursor, advance, now)
+            # its ``signalled`` row, written before, did not resume the run: this row does
+            detail = f"{event!r}: its signal was stored already; the timer sweep moved the run on"
+            data = {"event": event}
+            history.note(connection, execution_id, Kind.WAIT_RESUMED, now, detail, data=data)
             return WakeResult(wake)
         if wake is Wake.NOTHING:
             return WakeResult(wake)

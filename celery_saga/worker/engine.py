@@ -347,13 +347,16 @@ class SagaEngine:
         """
         return signal_run(self, execution_id, event, payload, actor)
 
-    def recover(self, stale_after: float | None = None) -> int:
+    def recover(self, stale_after: float | None = None, *, actor: str | None = None) -> int:
         """Run one recovery sweep now: republish the next message of every live run idle for
-        ``stale_after`` seconds (default ``saga_recover_after``). Beat runs it on its own."""
+        ``stale_after`` seconds (default ``saga_recover_after``). Beat runs it on its own.
+        ``actor`` (who ran it) is recorded in each recovered run's history."""
+        check_actor(actor)
         self.ensure_schema()
         seconds = self.settings.recover_after if stale_after is None else stale_after
         return self._store(
-            "the recovery sweep", lambda: self.recoverer.sweep(timedelta(seconds=seconds))
+            "the recovery sweep",
+            lambda: self.recoverer.sweep(timedelta(seconds=seconds), actor=actor),
         )
 
     def fire_timers(self) -> int:
@@ -376,19 +379,33 @@ class SagaEngine:
         ``budget`` (seconds) it stops after the batch that passes it; the next call goes on."""
         return self._retire(older_than, archive=False, budget=budget)
 
-    def archive(self, older_than: float | timedelta, *, budget: float | None = None) -> int:
+    def archive(
+        self,
+        older_than: float | timedelta,
+        *,
+        budget: float | None = None,
+        actor: str | None = None,
+    ) -> int:
         """Move terminal runs not updated for ``older_than`` (inclusive) into the
-        ``saga_*_archive`` tables, as ``cleanup`` would delete them."""
-        return self._retire(older_than, archive=True, budget=budget)
+        ``saga_*_archive`` tables, as ``cleanup`` would delete them, each with an
+        ``archived`` history row naming ``actor`` (who archived it; None: beat)."""
+        check_actor(actor)
+        return self._retire(older_than, archive=True, budget=budget, actor=actor)
 
-    def _retire(self, older_than: float | timedelta, archive: bool, budget: float | None) -> int:
+    def _retire(
+        self,
+        older_than: float | timedelta,
+        archive: bool,
+        budget: float | None,
+        actor: str | None = None,
+    ) -> int:
         age = check_age(older_than, "archive(older_than)" if archive else "cleanup(older_than)")
         self.ensure_schema()
         now = get_clock().now()
         return self._store(
             "archiving" if archive else "cleaning up",
             lambda: retention.retire(
-                self.db, cutoff=now - age, now=now, archive=archive, budget=budget
+                self.db, cutoff=now - age, now=now, archive=archive, budget=budget, actor=actor
             ),
         )
 
