@@ -138,5 +138,5 @@ def seconds_since_start(db: Database) -> float | None:
         return float(rows[0]["uptime"])
     if db.dialect in ("mysql", "mariadb"):
         rows = db.read(text("SHOW GLOBAL STATUS LIKE 'Uptime'"))
-        return float(rows[0]["Value"])
+        return float(rows[0]["Value"]) if rows else None  # a proxy may not pass it on
     return None
