@@ -135,7 +135,7 @@ class DeployRig:
 
     def _forget_earlier_runs(self) -> None:
         """This rig's sagas start from nothing (live-run counts are exact)."""
-        names = {"names": ["deploy", "approve", "pay"]}
+        names = {"names": ["deploy", "approve", "pay", "rollout"]}
         with self.client.db.engine.begin() as connection:
             for table in ("saga_executions", "saga_versions"):
                 statement = f"DELETE FROM {table} WHERE saga_name = ANY(:names)"

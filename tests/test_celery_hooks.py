@@ -109,7 +109,12 @@ def test_a_second_app_keeps_plain_run_retry_and_control_commands(
     assert saga_table["enable_events"].__wrapped__ is control.enable_events
     assert saga_table["disable_events"].__wrapped__ is control.disable_events
     own = {n for n in saga_table if n not in control.Panel.data}
-    assert own == {"saga_claim_holder"}, "the engine adds its claim holder's answer, only"
+    assert own == {
+        "saga_claim_holder",
+        "saga_runs_running",
+        "saga_hand_backs",
+        "saga_worker_arrived",
+    }, "the engine adds its claim holders' answers and its hand-backs' commands, only"
     assert "saga_claim_holder" not in plain_table
     assert {n: f for n, f in saga_table.items() if not n.endswith("_events") and n not in own} == {
         n: f for n, f in control.Panel.data.items() if not n.endswith("_events")

@@ -59,6 +59,7 @@ def test_a_signal_from_a_process_without_the_version_is_handed_on(tmp_path: Path
         "id": run.id,
         "saga": "approve",
         "v": old.definition("approve").hash,
+        "store": new.hand_backs.store,  # the store the run lives in
     }
     execution_id, command, arguments = message.decode()[0]
     assert (execution_id, command, arguments["event"]) == (run.id, "signal", "ok")

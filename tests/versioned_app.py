@@ -92,6 +92,16 @@ def _deploy(version: str) -> Saga:
     return saga.step("audit", work).step("bill", work, compensate=undo)
 
 
+def _rollout(version: str) -> Saga:
+    """Version 2 adds a first step, ``vet``, whose task (``rollout.vet``) the workers of
+    version 1 do not have; ``rollout.apply`` is one task for both versions. Its labels are
+    its own (``saga list --version 1`` names ``deploy``'s)."""
+    saga = Saga("rollout", version=f"rollout-{version}")
+    if version == "2":
+        saga = saga.step("vet", work)
+    return saga.step("apply", work, compensate=undo)
+
+
 def _approve(version: str) -> Saga:
     saga = Saga("approve", version=version).step("hold", work, compensate=undo).wait_for("ok")
     saga = saga.step("done", work)
@@ -121,7 +131,7 @@ def make_app(broker: str, store: str, queue: str, versions: str) -> SagaEngine:
     ledger_metadata.create_all(_sql)
     engine.register(Saga("pay").step("card", work, compensate=undo))
     for version in versions.split(","):
-        engine.register(_deploy(version), _approve(version))
+        engine.register(_deploy(version), _approve(version), _rollout(version))
     return engine
 
 

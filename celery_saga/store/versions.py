@@ -121,9 +121,9 @@ def live_runs(db: Database) -> dict[tuple[str, str], int]:
 
 def mark_waiting(
     db: Database, *, execution_id: str, definition_hash: str, handed_back_by: str, now: datetime
-) -> None:
+) -> bool:
     """Record that ``handed_back_by`` handed back a message of the run (lacking its
-    version). Nothing of the run itself changes."""
+    version). Nothing of the run itself changes. False: this store does not hold the run."""
     stamp = to_db_time(now)
     key = version_waits.c.execution_id == execution_id
     with db.transaction() as connection:
@@ -131,7 +131,7 @@ def mark_waiting(
             select(executions.c.id).where(executions.c.id == execution_id)
         ).first()
         if exists is None:
-            return
+            return False
         touched = connection.execute(
             update(version_waits)
             .where(key)
@@ -152,6 +152,7 @@ def mark_waiting(
                     times=1,
                 )
             )
+    return True
 
 
 def waiting_for_version(db: Database, execution_ids: Sequence[str]) -> dict[str, VersionWait]:

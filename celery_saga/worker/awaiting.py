@@ -3,7 +3,10 @@
 A step message that no worker takes is the usual first-day stall: either no worker consumes
 its queue (``progress`` names such queues), or a worker that never imported the module
 registering the saga received it and dropped it as an unregistered task; Celery only logs
-that on the worker. The store shows which: no claim on the step its cursor points at.
+that on the worker. The store shows which: no claim on the step its cursor points at. A
+worker of the engine hands such a message back instead, and marks the run as waiting for
+its version when its store holds it; what the workers say about it (``hand_back_notes``)
+then explains the stall better than a guess.
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ if TYPE_CHECKING:
     from celery_saga.worker.engine import SagaEngine
 
 
-def _untaken(saga: str, what: str, task: str | None) -> str:
+def _untaken(saga: str, what: str, task: str | None, explained: bool) -> str:
     named = f" {task!r}" if task else ""
+    if explained:  # the workers said why (``hand_back_notes``)
+        return f"{what}, whose task{named} no worker has taken"
     return (
         f"{what}, whose task{named} no worker has taken: a worker that has not imported the "
         f"module registering saga {saga!r} drops it (its log says 'Received unregistered "
@@ -32,7 +37,7 @@ def _task_name(engine: SagaEngine, saga: str, spec: StepSpec, kind: str) -> str 
     return None if task is None else str(task.name)
 
 
-def _forward(engine: SagaEngine, execution: Execution) -> str:
+def _forward(engine: SagaEngine, execution: Execution, explained: bool) -> str:
     record, saga = execution.record, execution.record.saga_name
     definition = engine.catalog.known(saga)
     nodes = definition.nodes if definition is not None else ()
@@ -42,13 +47,27 @@ def _forward(engine: SagaEngine, execution: Execution) -> str:
     if running:
         return f"at step {running[0].name!r}, attempt {running[0].attempts}, claimed by a worker"
     pending = [s for s in here if s.status is StepStatus.PENDING]
+    version = execution.waiting_for_version
     if pending:
         what = f"at step {pending[0].name!r}, waiting for attempt {pending[0].attempts + 1}"
-        return _untaken(saga, what, None)
+        return _version_wait(saga, what, version) or _untaken(saga, what, None, explained)
     if not here and len(specs) == 1:
         task = _task_name(engine, saga, specs[0], "forward")
-        return _untaken(saga, f"at step {specs[0].name!r}", task)
-    return f"at node {record.cursor}"
+        what = f"at step {specs[0].name!r}"
+        if version is not None:
+            what = _untaken(saga, what, task, explained=True)
+        return _version_wait(saga, what, version) or _untaken(saga, what, task, explained)
+    return _version_wait(saga, f"at node {record.cursor}", version) or f"at node {record.cursor}"
+
+
+def _version_wait(saga: str, what: str, version: str | None) -> str | None:
+    """A run marked as waiting for its version (a worker without it handed it back)."""
+    if version is None:
+        return None
+    return (
+        f"{what}: waiting for a worker with version {version} of saga {saga!r} (a worker "
+        "without it handed the message back; `celery saga versions` shows where each runs)"
+    )
 
 
 def _next_reversal(steps: tuple[StepRecord, ...]) -> StepRecord | None:
@@ -62,22 +81,26 @@ def _next_reversal(steps: tuple[StepRecord, ...]) -> StepRecord | None:
     return max(owed, key=lambda s: s.id, default=None)  # reverse start order
 
 
-def _backward(engine: SagaEngine, execution: Execution) -> str:
+def _backward(execution: Execution, explained: bool) -> str:
     step = _next_reversal(execution.steps)
     if step is None:
         return "unwinding"
     what = f"unwinding, at the reversal of step {step.name!r}"
     if step.compensation_attempts:
         return f"{what}, after {step.compensation_attempts} attempt(s)"
-    return _untaken(execution.record.saga_name, what, None)
+    saga = execution.record.saga_name
+    return _version_wait(saga, what, execution.waiting_for_version) or _untaken(
+        saga, what, None, explained
+    )
 
 
-def waiting_for(engine: SagaEngine, execution: Execution) -> str:
-    """Where the run stands and what would move it; "" when nothing more can be said."""
+def waiting_for(engine: SagaEngine, execution: Execution, explained: bool = False) -> str:
+    """Where the run stands and what would move it; "" when nothing more can be said.
+    ``explained``: a hint from the workers says why no worker took its message."""
     if execution.state is ExecutionState.RUNNING:
-        return _forward(engine, execution)
+        return _forward(engine, execution, explained)
     if execution.state is ExecutionState.COMPENSATING:
-        return _backward(engine, execution)
+        return _backward(execution, explained)
     if execution.state is ExecutionState.WAITING:
         return "waiting for a signal (engine.signal) or its deadline"
     return ""

@@ -15,8 +15,12 @@ it is given, ``CeleryHooks.install()``:
   its pool forks, every other task of the app is wrapped too, the saga event switch takes
   the worker's ``-E``, and the callbacks given to ``when_worker_starts`` run;
 - adds a consumer bootstep (``app.steps["consumer"]``): it keeps the app's running consumers
-  in view, so a step registered after a worker started is traced through its wrapper, hands
-  back a saga message for a task the worker lacks (``hand_back``), and
+  in view, so a step registered after a worker started is traced through its wrapper; wraps
+  the handler the consumer makes for task messages (``Consumer.create_task_handler``), so a
+  saga message the worker cannot run (a task or version it lacks, a run of another store) is
+  held and handed back at the pace of its backoff before Celery looks at it
+  (``hand_back``), and let go when the consumer stops; tells the workers consuming the same
+  queues, as it starts, what it can run (``arrivals``); and
   gives that worker's remote-control mailbox a command table of its own in which
   ``enable_events`` / ``disable_events`` switch saga events too and the engine's own
   commands (``commands``: the claim holder's answer) are added. Celery's process-wide
@@ -78,8 +82,12 @@ class CeleryHooks:
         self.on_pool_loss: Callable[[Any], None] = lambda request: None
         #: The node name of the worker being built in this process, once one is.
         self.worker_name: str | None = None
-        #: Wraps a consumer's ``on_unknown_task`` (see ``worker/hand_back.py``).
-        self.unknown_task: Callable[[Any], Any] | None = None
+        #: Wraps a consumer's task message handler: (consumer, handler) -> handler
+        #: (see ``worker/hand_back.py``).
+        self.task_handler: Callable[[Any, Any], Any] | None = None
+        #: Called with a consumer that starts (again, after a lost connection), and stops.
+        self.on_consumer_start: Callable[[Any], None] = lambda consumer: None
+        self.on_consumer_stop: Callable[[Any], None] = lambda consumer: None
 
     def install(self) -> None:
         self.app.steps["worker"].add(_worker_step(self))
@@ -243,16 +251,33 @@ def _consumer_step(hooks: CeleryHooks) -> type:
         def __init__(self, consumer: Any, **kwargs: Any) -> None:
             super().__init__(consumer, **kwargs)
             hooks.own_command_table(consumer)
-            if hooks.unknown_task is not None:  # read when its task handler is made
-                consumer.on_unknown_task = hooks.unknown_task(consumer.on_unknown_task)
+            if hooks.task_handler is not None:  # made again each time its loop starts
+                consumer.create_task_handler = _wrapped_handler(
+                    consumer, consumer.create_task_handler, hooks.task_handler
+                )
 
         def start(self, consumer: Any) -> None:
             hooks.consumers.add(consumer)
+            hooks.on_consumer_start(consumer)
 
         def stop(self, consumer: Any) -> None:
             hooks.consumers.discard(consumer)
+            hooks.on_consumer_stop(consumer)
+
+        def shutdown(self, consumer: Any) -> None:
+            self.stop(consumer)
 
     return SagaConsumer
+
+
+def _wrapped_handler(
+    consumer: Any, create: Callable[..., Any], wrap: Callable[[Any, Any], Any]
+) -> Callable[..., Any]:
+    @functools.wraps(create)
+    def create_task_handler(*args: Any, **kwargs: Any) -> Any:
+        return wrap(consumer, create(*args, **kwargs))
+
+    return create_task_handler
 
 
 def _retry_request(

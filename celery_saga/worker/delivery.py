@@ -12,11 +12,14 @@ from typing import TYPE_CHECKING, Any
 from celery.exceptions import WorkerShutdown, WorkerTerminate
 from sqlalchemy.exc import SQLAlchemyError
 
+from celery_saga.decisions.hand_back import HandBackReason, names_another_store
 from celery_saga.errors import PayloadKeyError, VersionNotDeployedError
 from celery_saga.runtime.limits import restore_soft_limit
 from celery_saga.runtime.outcomes import Outcome
+from celery_saga.store.identity import holds_run
 from celery_saga.store.transient import describe_store_error, is_transient
-from celery_saga.worker.hand_back import hand_back_running
+from celery_saga.worker.hand_back_pool import hand_back_running
+from celery_saga.worker.saga_header import STORE, read_header, version_of
 
 if TYPE_CHECKING:
     from celery_saga.worker.engine import SagaEngine
@@ -51,15 +54,30 @@ def handle_message(
 ) -> Outcome:
     """Run ``handle(redelivered)`` on the task's store connection; a store that stays
     unreachable sends the message again (see ``sent_again_on_lost_store``), a run whose
-    version this worker lacks gets its message handed back (``hand_back``)."""
+    version this worker lacks, or that another store holds, gets its message handed back
+    (``hand_back``)."""
     with sent_again_on_lost_store(task, resends, send_again), engine.db.task_connection():
         engine.ensure_schema()
+        eager = engine.app.conf.task_always_eager  # no other worker to hand it to
+        header = read_header(task.request)
+        if header is not None and not eager and _another_stores_run(engine, header):
+            saga, version = str(header.get("saga")), version_of(header)
+            return hand_back_running(engine, task, HandBackReason.RUN_NOT_IN_STORE, saga, version)
         try:
             return handle(redelivered(task.request, resends))
         except VersionNotDeployedError as missing:
-            if engine.app.conf.task_always_eager:
-                raise  # run in place: there is no other worker to hand it to
-            return hand_back_running(engine, task, missing.saga_name, missing.definition_hash)
+            if eager:
+                raise
+            saga, version = missing.saga_name, missing.definition_hash
+            return hand_back_running(engine, task, HandBackReason.VERSION_NOT_HERE, saga, version)
+
+
+def _another_stores_run(engine: SagaEngine, header: dict[str, Any]) -> bool:
+    """The message names another store, and this one does not hold its run (a worker of
+    another deployment shares the queue). Read only for a message naming another store."""
+    if not names_another_store(header.get(STORE), engine.hand_backs.store):
+        return False
+    return not holds_run(engine.db, str(header["id"]))
 
 
 @contextmanager

@@ -38,14 +38,14 @@ from celery_saga.store.database import Database
 from celery_saga.store.transient import describe_store_error, is_transient, retry_transient
 from celery_saga.store.url_errors import configuration_error, quieted
 from celery_saga.store.versions import waiting_for_version
-from celery_saga.worker import holders
+from celery_saga.worker import arrivals, hand_back_notes, holders
 from celery_saga.worker.arguments import check_age, enum_values
 from celery_saga.worker.beat import install_beat_entries
 from celery_saga.worker.celery_hooks import CeleryHooks
 from celery_saga.worker.delivery import stopped_by_worker
 from celery_saga.worker.discovery import Packages, SagaDiscovery
 from celery_saga.worker.events import EventHub, Listener
-from celery_saga.worker.hand_back import on_unknown_task
+from celery_saga.worker.hand_back import HandBacks
 from celery_saga.worker.handle import SagaHandle
 from celery_saga.worker.holders import CeleryHolders
 from celery_saga.worker.publisher import CeleryPublisher
@@ -119,7 +119,15 @@ class SagaEngine:
         install_beat_entries(app)
         self.versioning = Versions(self)
         self.hooks.when_worker_starts(self.versioning.announce)
-        self.hooks.unknown_task = lambda original: on_unknown_task(self, original)
+        self.hand_backs = HandBacks(self)
+        publisher.store = self.hand_backs.store
+        self.hooks.task_handler = self.hand_backs.task_handler
+        self.hooks.on_consumer_start = functools.partial(arrivals.announce, self)
+        self.hooks.on_consumer_stop = self.hand_backs.let_go
+        self.hooks.commands[hand_back_notes.COMMAND] = functools.partial(
+            hand_back_notes.answer, self
+        )
+        self.hooks.commands[arrivals.COMMAND] = functools.partial(arrivals.answer, self)
         self.hooks.install()
         # A body cut short by this worker's shutdown is a lost attempt, not a failure.
         stopping.set_probe(stopped_by_worker)

@@ -45,9 +45,11 @@ class SagaHandle:
 
         A run that does not change for ``QUIET_SECONDS`` (5 s) while only a worker can move
         it makes ``wait`` ask the workers which queues they consume: if none consumes the
-        queue of the run's next message, a warning names it, and so does the
-        error. Past ``timeout``: ``RunNotSettledError`` (a ``TimeoutError`` too), saying where
-        the run stands and what would move it."""
+        queue of the run's next message, a warning names it, and so does the error; if its
+        consumers hand the message back (a task or a version they lack, a store without
+        the run), the warning and the error say which worker and why. Past ``timeout``:
+        ``RunNotSettledError`` (a ``TimeoutError`` too), saying where the run stands and
+        what would move it."""
         wanted = tuple(states)
         started = time.monotonic()
         deadline = started + timeout
@@ -71,9 +73,8 @@ class SagaHandle:
             f"execution {self.id!r} of saga {saga!r} still {execution.state.value} "
             f"after {timeout:g}s"
         )
-        return "; ".join(
-            part for part in (message, waiting_for(self.engine, execution), hint) if part
-        )
+        where = waiting_for(self.engine, execution, explained=bool(hint))
+        return "; ".join(part for part in (message, where, hint) if part)
 
     def __repr__(self) -> str:
         return f"SagaHandle({self.id!r})"

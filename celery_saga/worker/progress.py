@@ -2,8 +2,10 @@
 
 The usual reason a freshly started run sits still is that no worker consumes the queue its
 next message went to (no worker started, or one started without ``-Q`` for that queue).
-``ProgressWatch`` notices that a run has not changed for a while; ``missing_consumers``
-then asks the workers which queues they consume and names the queues nobody does.
+``ProgressWatch`` notices that a run has not changed for a while; ``queue_consumers``
+then asks the workers which queues they consume and names the queues nobody does. When
+every queue has a consumer, the consumers are asked whether they hand the run's message
+back, and why (``hand_back_notes``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from celery import Celery
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import node_steps
 from celery_saga.records import Execution, ExecutionState
+from celery_saga.worker.hand_back_notes import hand_back_hint
 from celery_saga.worker.publisher import CeleryPublisher
 
 if TYPE_CHECKING:
@@ -85,45 +88,58 @@ def saga_queues(app: Celery, definition: SagaDefinition, execution: Execution) -
     return queues
 
 
-def missing_consumers(app: Celery, queues: list[str]) -> list[str] | None:
-    """The queues in ``queues`` that no worker answering a broadcast consumes; None when
-    the broker cannot broadcast, so nothing can be said."""
+def queue_consumers(app: Celery, queues: list[str]) -> dict[str, list[str]] | None:
+    """The workers answering a broadcast that consume each of ``queues``; None when the
+    broker cannot broadcast, so nothing can be said."""
     try:
         replies = app.control.inspect(timeout=INSPECT_TIMEOUT).active_queues() or {}
     except Exception:  # a transport without broadcast support: no hint rather than a crash
         logger.debug("could not ask the workers for their queues", exc_info=True)
         return None
-    consumed = {q.get("name") for answer in replies.values() for q in answer or []}
-    return [queue for queue in queues if queue not in consumed]
+    found: dict[str, list[str]] = {queue: [] for queue in queues}
+    for node, answer in replies.items():
+        for consumed in answer or []:
+            if consumed.get("name") in found:
+                found[consumed["name"]].append(str(node))
+    return found
 
 
-def no_consumer_hint(
-    app: Celery, definition: SagaDefinition, execution: Execution, quiet_for: float
-) -> str | None:
-    """A sentence naming the queues of the run's next messages that no worker consumes, or
-    None when every such queue has a consumer (the run is slow, not stranded)."""
-    missing = missing_consumers(app, saga_queues(app, definition, execution))
-    if not missing:
-        return None
+def no_consumer_hint(execution: Execution, missing: list[str], quiet_for: float) -> str:
+    """A sentence naming the queues of the run's next messages that no worker consumes."""
     names = ", ".join(repr(q) for q in missing)
     noun = "queue" if len(missing) == 1 else "queues"
     return (
-        f"execution {execution.id!r} of saga {execution.record.saga_name!r} made no progress "
-        f"for {quiet_for:.0f} s: no worker seems to consume {noun} {names} "
+        f"{_no_progress(execution, quiet_for)}: no worker seems to consume {noun} {names} "
         f"(start one with: celery -A <your app> worker -Q {','.join(missing)})"
     )
 
 
 def stall_hint(engine: SagaEngine, execution: Execution, quiet_for: float) -> str:
-    """For ``SagaHandle.wait``: the no-consumer sentence, logged once as a warning, or ""
-    when the run is not one a worker should be moving or every queue has a consumer (then
-    the same question is not asked again during this wait)."""
+    """For ``SagaHandle.wait``: the no-consumer sentence, else what the consumers of the
+    run's queues say about handing its message back (``hand_back_notes``), logged once as a
+    warning; "" when the run is not one a worker should be moving or nothing is wrong that
+    the workers know of (then the same question is not asked again during this wait)."""
     if not moved_by_workers(execution):
         return ""
     definition = engine.catalog(execution.record.saga_name)
     if definition is None:
         return ""
-    hint = no_consumer_hint(engine.app, definition, execution, quiet_for)
-    if hint:
-        logger.warning("%s", hint)
-    return hint or ""
+    consumers = queue_consumers(engine.app, saga_queues(engine.app, definition, execution))
+    if consumers is None:
+        return ""
+    missing = [queue for queue, nodes in consumers.items() if not nodes]
+    if missing:
+        hint = no_consumer_hint(execution, missing, quiet_for)
+    else:
+        workers = sorted({node for nodes in consumers.values() for node in nodes})
+        handed = hand_back_hint(engine.app, execution.id, workers)
+        if handed is None:
+            return ""
+        hint = f"{_no_progress(execution, quiet_for)}: {handed}"
+    logger.warning("%s", hint)
+    return hint
+
+
+def _no_progress(execution: Execution, quiet_for: float) -> str:
+    saga = execution.record.saga_name
+    return f"execution {execution.id!r} of saga {saga!r} made no progress for {quiet_for:.0f} s"

@@ -26,6 +26,7 @@ from celery_saga.worker.eager import EagerRunner
 from celery_saga.worker.saga_header import (
     HEADER,
     REVERSES,
+    STORE,
     VERSION,
     describe,
     node_header,
@@ -67,6 +68,8 @@ class CeleryPublisher:
         self.on_unsent = on_unsent
         self.hard_limit_grace = hard_limit_grace
         self.compensation_timeout = compensation_timeout
+        #: The store this process's runs live in, named in each message it sends.
+        self.store: str | None = None
 
     def _limits(self, options: dict[str, Any], timeout: float | None) -> dict[str, Any]:
         """A step's ``timeout`` becomes the message's soft time limit, with a hard limit
@@ -79,6 +82,7 @@ class CeleryPublisher:
     def send(self, execution_id: str, name: str, **options: Any) -> None:
         """Send one message of the run ``execution_id`` (run in place under
         ``task_always_eager``)."""
+        self._name_store(options.get("headers"))
         if self.app.conf.task_always_eager:
             self.eager.send(name, options)
             return
@@ -88,6 +92,12 @@ class CeleryPublisher:
             if self.on_unsent is None:
                 raise
             self.on_unsent(execution_id, error)
+
+    def _name_store(self, headers: dict[str, Any] | None) -> None:
+        """The message names the store of its run; one sent again keeps the name it has."""
+        header = None if self.store is None or headers is None else headers.get(HEADER)
+        if isinstance(header, dict):
+            headers[HEADER] = {STORE: self.store, **header}  # type: ignore[index]
 
     def _options(self, target: Any, readable_name: str) -> dict[str, Any]:
         if not is_celery_task(target):
@@ -180,10 +190,12 @@ class CeleryPublisher:
         if self.app.conf.task_always_eager:
             raise missing
         header = {"id": execution_id, "saga": missing.saga_name, VERSION: missing.definition_hash}
+        headers = {HEADER: header}
+        self._name_store(headers)
         self.app.send_task(  # a broker error reaches the caller, who stored nothing for it
             COMMAND_TASK,
             args=[execution_id, command, arguments],
-            headers={HEADER: header},
+            headers=headers,
             argsrepr=repr([execution_id, command]),  # a signal's payload stays out of logs
             **self._options(None, f"{missing.saga_name}.{command}"),
         )

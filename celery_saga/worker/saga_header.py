@@ -2,10 +2,12 @@
 
 One header, ``celery_saga``, holds a small dict: for a forward step the execution id, saga,
 node, sub-position, parallel member and attempt; for a reversal the execution id, saga,
-step and attempt; ``v`` names the version (definition hash) the run is on. ``resent``
-counts the times the engine sent the same message again because the store was unreachable,
-``handed`` the times a worker without the run's version handed it back. A message without
-the header is a plain call of the task, which runs as it always did.
+step and attempt; ``v`` names the version (definition hash) the run is on, ``store`` the
+store it lives in (``store/identity.py``). ``resent`` counts the times the engine sent the
+same message again because the store was unreachable, ``handed`` the times a worker that
+could not run it handed it back (``worker/hand_back.py``; ``marked`` once the run is marked
+as waiting for its version, ``absent`` the stores found not holding the run). A message
+without the header is a plain call of the task, which runs as it always did.
 """
 
 from __future__ import annotations
@@ -20,8 +22,14 @@ HEADER = "celery_saga"
 
 #: The header key of the version (definition hash) a run is on.
 VERSION = "v"
-#: The header key counting hand-backs by workers without that version.
+#: The header key counting hand-backs by workers that could not run the message.
 HANDED = "handed"
+#: The header key naming the store the run lives in (``store.identity.store_identity``).
+STORE = "store"
+#: The header key listing the stores whose workers found the run missing.
+ABSENT = "absent"
+#: The header key set once the run is marked as waiting for its version.
+MARKED = "marked"
 
 
 def node_header(saga_name: str, message: NodeMessage, version: str | None = None) -> dict[str, Any]:
