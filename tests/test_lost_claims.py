@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +24,8 @@ from sqlalchemy import delete, insert, update
 from celery_saga import ExecutionState, RollbackStatus, Saga, SagaContext
 from celery_saga.decisions.lost_claims import ClaimFound, ClaimState, claim_state
 from celery_saga.decisions.recovery import Recovery, RecoveryKind, left_to_running
-from celery_saga.records import StepStatus
-from celery_saga.store import history, queries, recovery
+from celery_saga.records import ReversalAttempt, StepAttempt, StepStatus
+from celery_saga.store import forward, history, queries, recovery, unwind
 from celery_saga.store.tables import executions, step_records
 from tests.sagaapp import TestApp
 from tests.test_decisions import NOW, execution, record
@@ -65,10 +65,10 @@ def test_a_failed_renewal_means_lost_only_when_nobody_claimed_since_and_the_step
         (None, set(), False),  # nobody runs it: send it again
         (None, {"w1@h/7/t"}, True),  # runs on a claim the store lost
         ("w1@h/7/t", {"w1@h/7/t"}, False),  # its own holder, lease lapsed: asked and fenced
-        ("w1@h/7/t", {"w2@h/9/u"}, True),  # a takeover's claim was lost
+        ("w1@h/7/t", {"w2@h/9/u"}, False),  # a claim is recorded: its holder is asked
     ],
 )
-def test_the_sweep_leaves_a_run_only_to_a_process_its_record_does_not_name(
+def test_the_sweep_leaves_a_run_to_a_process_running_it_only_where_no_claim_is_recorded(
     record_holder: str | None, running: set[str], left: bool
 ) -> None:
     run = execution()  # live at node 2
@@ -225,6 +225,131 @@ def test_a_reversal_whose_claim_the_store_lost_is_written_back_and_recorded(
     assert execution.state is ExecutionState.FAILED
     assert execution.rollback_status is RollbackStatus.COMPLETED
     assert ("claim-restored", "reserve", 1) in _kinds(eager, run.id)
+
+
+def test_an_outcome_meeting_a_claim_its_heartbeat_wrote_back_first_is_recorded(
+    eager: TestApp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The outcome write and the lease's heartbeat both meet the loss; the heartbeat writes
+    the claim back first, between the outcome's refused write and its own look: the claim
+    is this attempt's again, so the outcome is written, not kept as a late one."""
+    real = forward.record_step_completed
+    calls: list[bool] = []
+
+    def refused_then_heartbeat(db: Any, step: StepAttempt, **kwargs: Any) -> bool:
+        if calls:
+            calls.append(real(db, step, **kwargs))
+            return calls[-1]
+        calls.append(False)  # refused: the claim is gone; now the heartbeat writes it back
+        assert eager.engine.executor.lost_claims.step(step, True) is ClaimState.RESTORED
+        return False
+
+    def charge(ctx: SagaContext) -> str:
+        _lose_first_claim(eager, ctx.execution_id, "charge")
+        return "charged"
+
+    monkeypatch.setattr(forward, "record_step_completed", refused_then_heartbeat)
+    name = f"lostrace{uuid.uuid4().hex[:6]}"
+    eager.engine.register(Saga(name).step("charge", charge))
+    run = eager.engine.start(name, {})
+    assert calls == [False, True]
+    assert run.get().state is ExecutionState.COMPLETED
+    assert "late-outcome" not in [k for k, _, _ in _kinds(eager, run.id)]
+
+
+def test_a_reversal_retry_whose_claim_the_store_lost_is_counted_and_runs_again(
+    eager: TestApp,
+) -> None:
+    undone: list[int] = []
+
+    def undo(ctx: SagaContext) -> None:
+        undone.append(ctx.attempt)
+        if ctx.attempt == 1:
+            _rewind(  # the first reversal attempt's claim undone, then it fails
+                eager,
+                ctx.execution_id,
+                "reserve",
+                compensation_attempts=0,
+                compensation_lease_expires_at=None,
+                compensation_holder=None,
+            )
+            raise ConnectionError("warehouse down")
+
+    def refuse(ctx: SagaContext) -> None:
+        raise ValueError("card declined")
+
+    name = f"lostundoretry{uuid.uuid4().hex[:6]}"
+    saga = Saga(name).step(
+        "reserve", lambda ctx: "held", compensate=undo, compensation_retry=2, backoff=0.01
+    )
+    eager.engine.register(saga.step("charge", refuse))
+    run = eager.engine.start(name, {})
+    execution = run.get()
+    assert undone == [1, 2]
+    assert execution.rollback_status is RollbackStatus.COMPLETED
+    kinds = _kinds(eager, run.id)
+    assert ("claim-restored", "reserve", 1) in kinds
+    assert ("reversal-retrying", "reserve", 1) in kinds
+
+
+def test_a_holders_claim_ends_nothing_another_process_claimed_under_the_same_number(
+    eager: TestApp,
+) -> None:
+    """After a loss, another process claimed the same attempt number: this holder's give-up,
+    reversal release and reversal outcome match nothing of the other's."""
+    seen: dict[str, Any] = {}
+
+    def undo(ctx: SagaContext) -> None:
+        db = eager.engine.db
+        _rewind(eager, ctx.execution_id, "reserve", compensation_holder=OTHER)
+        mine = ReversalAttempt(ctx.execution_id, "reserve", ctx.attempt, None, "mine/1/x")
+        now = datetime.now(timezone.utc)
+        seen["released"] = unwind.release_compensation(db, mine, reason="r", now=now)
+        seen["given_up"] = unwind.give_up_reversal_claim(db, mine, now=now)
+        seen["record"] = queries.load_step(db, ctx.execution_id, "reserve")
+
+    def refuse(ctx: SagaContext) -> None:
+        raise ValueError("card declined")
+
+    name = f"lostsame{uuid.uuid4().hex[:6]}"
+    eager.engine.register(
+        Saga(name).step("reserve", lambda ctx: "held", compensate=undo).step("charge", refuse)
+    )
+    run = eager.engine.start(name, {})
+    assert seen["released"] is False and seen["given_up"] is False
+    assert seen["record"].compensation_holder == OTHER
+    assert run.get().step("reserve").compensation_status is None, "the other holder's"
+    record = queries.load_step(eager.engine.db, run.id, "reserve")
+    assert record is not None
+    step = StepAttempt(run.id, "reserve", 0, 0, record.attempts, None, "mine/1/x")
+    with eager.engine.db.transaction() as connection:
+        connection.execute(
+            update(step_records)
+            .where(step_records.c.execution_id == run.id, step_records.c.name == "reserve")
+            .values(status="running", holder=OTHER)
+        )
+    now = datetime.now(timezone.utc)
+    assert forward.give_up_step_claim(eager.engine.db, step, now=now, why="w") is False
+
+
+def test_a_worker_main_process_asked_about_a_lost_claim_keeps_it_for_its_body(
+    eager: TestApp,
+) -> None:
+    """The main process knows neither the attempt's position nor what its claim stored:
+    a lost claim is LOST there (answered held; the body's heartbeat writes it back), never
+    ENDED because the run is not at node 0."""
+    states: list[ClaimState] = []
+
+    def ship(ctx: SagaContext) -> str:
+        _lose_first_claim(eager, ctx.execution_id, "ship")
+        attempt = StepAttempt(ctx.execution_id, "ship", 0, 0, 1, None, "w@h/1/t")
+        states.append(eager.engine.executor.lost_claims.step(attempt, None))
+        return "sent"
+
+    name = f"lostmain{uuid.uuid4().hex[:6]}"
+    eager.engine.register(Saga(name).step("pack", lambda ctx: "packed").step("ship", ship))
+    eager.engine.start(name, {})
+    assert states == [ClaimState.LOST]
 
 
 def test_the_heartbeat_writes_back_a_claim_the_store_lost_while_the_body_runs(

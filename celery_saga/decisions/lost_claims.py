@@ -28,6 +28,10 @@ class ClaimState(str, Enum):
     ENDED = "ended"
 
 
+#: The claim is this attempt's (again): its outcome may be written.
+MINE = frozenset((ClaimState.HELD, ClaimState.RESTORED))
+
+
 @dataclass(frozen=True)
 class ClaimFound:
     """A step's (or a reversal's) claim columns as read after a write matched nothing."""

@@ -118,21 +118,17 @@ def left_to_running(
     running: Collection[str],
 ) -> bool:
     """Pure: whether the sweep leaves a run it would send again to the processes still
-    running it (``running``: the holders the workers named). One the record does not name
-    runs it on a claim the store lost (a crash, a failover): it writes the claim back
-    (guarantee 30). The record's own holder, whose lease lapsed, is no reason to wait: its
-    message goes out and the holder is asked, and fenced if it is cut off."""
+    running it (``running``: the holders the workers named). Where the record holds no
+    claim at all, such a process runs on a claim the store lost (a crash, a failover) and
+    writes it back (guarantee 30). Where a claim is recorded, its lease lapsed: its message
+    goes out and its holder is asked, and fenced if it is cut off; waiting instead could
+    last as long as a body nobody can stop runs (a threads pool's, one taken over)."""
     if not running:
         return False
     if action.kind is RecoveryKind.REPUBLISH_POSITION:
         here = (execution.cursor, execution.cursor_sub)
-        named = {
-            s.holder for s in steps if (s.node, s.sub) == here and s.status is StepStatus.RUNNING
-        }
-    elif action.kind is RecoveryKind.REPUBLISH_COMPENSATION and action.record is not None:
-        record = action.record
-        held = record.compensation_lease_expires_at is not None
-        named = {record.compensation_holder} if held else set()
-    else:
-        return False
-    return bool(set(running) - named)
+        held = ((s.node, s.sub) == here and s.status is StepStatus.RUNNING for s in steps)
+        return not any(held)
+    if action.kind is RecoveryKind.REPUBLISH_COMPENSATION and action.record is not None:
+        return action.record.compensation_lease_expires_at is None
+    return False

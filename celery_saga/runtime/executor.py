@@ -406,10 +406,13 @@ class Executor(Progress):
                     return Ran(shown)
                 if self.refused_while_cancelling(held):
                     return TakenOver(f"step {name!r} of a cancelled run", shown)
-                by_other = self.lost_claims.step(held, None) is ClaimState.TAKEN
-                what = f"step {name!r}"
+                try:
+                    by_other = self.lost_claims.step(held, None) is ClaimState.TAKEN
+                except SQLAlchemyError:  # the result is kept all the same, best effort
+                    by_other = True
+                step = f"step {name!r}"
                 keep_late_outcome(
-                    self.db, execution_id, what, name, attempt, key, blob, holder, by_other
+                    self.db, execution_id, step, name, attempt, key, blob, holder, by_other
                 )
                 taken = f"step {name!r} of execution {execution_id} attempt {attempt}"
                 return TakenOver(taken, shown)

@@ -62,7 +62,9 @@ class StepFailures(RuntimeParts):
         """Whether an earlier try of this attempt's outcome write committed: asked before
         retrying a write whose reply was lost with its connection."""
         record = queries.load_step(self.db, step.execution_id, step.name)
-        return record is not None and record.status is status and record.attempts == step.attempt
+        if record is None or record.status is not status or record.attempts != step.attempt:
+            return False
+        return step.holder is None or record.holder == step.holder
 
     def settle(
         self,
@@ -237,6 +239,7 @@ class StepFailures(RuntimeParts):
             message.sub,
             taken,
             get_clock().now(),
+            self.holders.me(),
         )
         self.settle_failure(definition, step, _members(definition, step), reason, None)
         return True

@@ -40,11 +40,14 @@ class LostClaims:
 
     def step(self, step: StepAttempt, compensatable: bool | None) -> ClaimState:
         """The state of ``step``'s claim; a lost one is written back (``RESTORED``), unless
-        ``compensatable`` (what the claim stored) is unknown here (None: ``LOST``)."""
+        what the claim stored (``compensatable``, its holder) is unknown here: ``LOST``."""
         execution, record = self._read(step.execution_id, step.name)
-        state = claim_state(_step_found(execution, record, step), step.attempt, step.holder)
-        if state is not ClaimState.LOST or execution is None or compensatable is None:
+        found = _step_found(execution, record, step, compensatable is not None)
+        state = claim_state(found, step.attempt, step.holder)
+        if state is not ClaimState.LOST or execution is None:
             return state
+        if compensatable is None or step.holder is None:
+            return state  # not known here: the body's own heartbeat writes it back
         now = get_clock().now()
         claimed = forward.claim_step(
             self.db,
@@ -63,8 +66,7 @@ class LostClaims:
         )
         if claimed != step.attempt:  # claimed by another since it was read
             execution, record = self._read(step.execution_id, step.name)
-            found = _step_found(execution, record, step)
-            return claim_state(found, step.attempt, step.holder)
+            return claim_state(_step_found(execution, record, step), step.attempt, step.holder)
         _restored("step", step.execution_id, step.name, step.attempt, step.holder)
         return ClaimState.RESTORED
 
@@ -101,12 +103,19 @@ class LostClaims:
 
 
 def _step_found(
-    execution: ExecutionRecord | None, record: StepRecord | None, step: StepAttempt
+    execution: ExecutionRecord | None,
+    record: StepRecord | None,
+    step: StepAttempt,
+    placed: bool = True,
 ) -> ClaimFound:
+    """``placed``: the attempt knows its position (not so when a worker's main process asks
+    about it: its node and sub are 0 there, and with no record the run being live is all
+    that can be told)."""
+    here = (step.node, step.sub) if record is None else (record.node, record.sub)
     owed = (
         execution is not None
         and execution.state is ExecutionState.RUNNING
-        and (execution.cursor, execution.cursor_sub) == (step.node, step.sub)
+        and ((record is None and not placed) or (execution.cursor, execution.cursor_sub) == here)
     )
     if record is None:
         return ClaimFound(attempts=0, holder=None, running=False, open=True, owed=owed)

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from celery_saga.decisions.admission import NodeMessage
-from celery_saga.decisions.lost_claims import ClaimState
+from celery_saga.decisions.lost_claims import MINE
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import StepSpec
 from celery_saga.errors import VersionNotDeployedError
@@ -151,11 +151,12 @@ class RuntimeParts:
         return self.settings.lease_seconds
 
     def restore_step(self, definition: SagaDefinition, step: StepAttempt) -> bool:
-        """An outcome of ``step`` matched nothing: whether the store had lost its claim and
-        it was written back just now (then the outcome is written again)."""
+        """An outcome of ``step`` matched nothing: whether its claim is its own again, as
+        the store had lost it and it was written back (here, or a moment ago by the lease's
+        heartbeat): then the outcome is written again."""
         spec = definition.find_step(step.name)
         compensatable = True if spec is None else spec.compensatable
-        return self.lost_claims.step(step, compensatable) is ClaimState.RESTORED
+        return self.lost_claims.step(step, compensatable) in MINE
 
     def holding(self, renew: Renewal, what: str) -> AbstractContextManager[None]:
         """Keep this claim's lease alive while the block runs: the body, and the write of

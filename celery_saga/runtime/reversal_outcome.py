@@ -13,7 +13,7 @@ from datetime import timedelta
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from celery_saga.decisions.lost_claims import ClaimState
+from celery_saga.decisions.lost_claims import MINE
 from celery_saga.decisions.unwind import UnwindStep
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.records import CompensationOutcome, ReversalAttempt, StepRecord
@@ -52,7 +52,7 @@ class ReversalOutcomes(RuntimeParts):
                 what=f"the outcome of the reversal of step {name!r} of execution {execution_id}",
                 landed=lambda: self._landed(held, outcome),
                 if_landed=already,
-                restore=lambda: self.lost_claims.reversal(held) is ClaimState.RESTORED,
+                restore=lambda: self.lost_claims.reversal(held) in MINE,
             )
         except SQLAlchemyError as store_error:
             self._park_unknown(definition, execution_id, name, outcome, store_error)

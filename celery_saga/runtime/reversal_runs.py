@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from celery_saga.decisions.lost_claims import MINE
 from celery_saga.decisions.retry import backoff_delay
 from celery_saga.decisions.unwind import UnwindStep
 from celery_saga.definition.builder import SagaDefinition
@@ -144,8 +145,12 @@ class ReversalRuns(ReversalOutcomes):
             "reversal of step", definition.name, held.name, attempt, reason
         )
         if attempt < spec.compensation_retry:
-            now = get_clock().now()
-            if not unwind.release_compensation(self.db, held, reason=reason, now=now):
+
+            def release() -> bool:
+                now = get_clock().now()
+                return unwind.release_compensation(self.db, held, reason=reason, now=now)
+
+            if not (release() or (self.lost_claims.reversal(held) in MINE and release())):
                 return TakenOver(f"{description}; its claim was taken over")
             delay = backoff_delay(attempt, spec.backoff, spec.backoff_max, get_clock().random())
             self.emit("saga-compensation-retry", {**fields, "error": reason, "countdown": delay})

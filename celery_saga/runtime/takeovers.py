@@ -96,7 +96,10 @@ def _lease_state(state: ClaimState) -> LeaseState:
         return LeaseState.TAKEN
     if state is ClaimState.ENDED:
         return LeaseState.ENDED
-    return LeaseState.HELD  # held, written back, or lost and written back by its body's side
+    # HELD, RESTORED, or LOST and not written back from here (what the claim stored is not
+    # known in a worker's main process; the body's own heartbeat writes it back): kept, and
+    # the next renewal asks again.
+    return LeaseState.HELD
 
 
 def keep_late_outcome(

@@ -173,25 +173,26 @@ def settle_step(connection: Connection, step: StepAttempt, **changes: Any) -> No
 
 
 def _held_by(step: StepAttempt) -> Any:
-    """The step is still running under this attempt's claim (no one re-claimed it)."""
-    return (
+    """The step is still running under this attempt's claim (no one re-claimed it; where
+    its holder is known, not even under the same number after the store lost ours)."""
+    guard = (
         (step_records.c.execution_id == step.execution_id)
         & (step_records.c.name == step.name)
         & (step_records.c.status == StepStatus.RUNNING.value)
         & (step_records.c.attempts == step.attempt)
     )
+    if step.holder is not None:
+        guard &= step_records.c.holder == step.holder
+    return guard
 
 
 def renew_step_lease(db: Database, step: StepAttempt, *, lease_expires_at: datetime) -> bool:
-    """Extend the lease of a step this attempt still holds (the heartbeat's write); with
-    ``step.holder``, only its own: after a claim the store lost, another process may have
-    claimed the step under the same attempt number."""
-    guard = _held_by(step)
-    if step.holder is not None:
-        guard &= step_records.c.holder == step.holder
+    """Extend the lease of a step this attempt still holds (the heartbeat's write)."""
     with db.single_statement() as connection:
         result = connection.execute(
-            update(step_records).where(guard).values(lease_expires_at=to_db_time(lease_expires_at))
+            update(step_records)
+            .where(_held_by(step))
+            .values(lease_expires_at=to_db_time(lease_expires_at))
         )
         return bool(result.rowcount == 1)
 

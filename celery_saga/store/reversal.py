@@ -248,6 +248,9 @@ def _run_changes(plan: UnwindStep, name: str, reason: str | None) -> dict[str, A
 
 
 def _step_settled() -> Any:
+    """The reversal is still this attempt's: no outcome, its number, and its holder (param
+    ``reversal_holder``, None: not known), as ``prepared.step_held`` for a step."""
+    holder = prepared.param("reversal_holder", step_records.c.compensation_holder)
     return (
         (step_records.c.execution_id == prepared.param("run_id", step_records.c.execution_id))
         & (step_records.c.name == prepared.param("step_name", step_records.c.name))
@@ -256,6 +259,7 @@ def _step_settled() -> Any:
             step_records.c.compensation_attempts
             == prepared.param("attempt", step_records.c.compensation_attempts)
         )
+        & (holder.is_(None) | (step_records.c.compensation_holder == holder))
     )
 
 
@@ -333,6 +337,7 @@ def record_compensation(
         "run_id": reversal.execution_id,
         "step_name": name,
         "attempt": reversal.attempt,
+        "reversal_holder": reversal.holder,
         "outcome": outcome.value,
         "reason": reason,
         "at": stamp,

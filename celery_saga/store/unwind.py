@@ -115,12 +115,17 @@ def claim_compensation(
 
 
 def _reversal_held_by(reversal: ReversalAttempt) -> Any:
-    """The reversal has no outcome yet and this attempt's claim is the latest."""
-    return (
+    """The reversal has no outcome yet and this attempt's claim is the latest (and, where
+    its holder is known, its own: after a claim the store lost, another process may hold
+    the same number)."""
+    guard = (
         _step(reversal.execution_id, reversal.name)
         & step_records.c.compensation_status.is_(None)
         & (step_records.c.compensation_attempts == reversal.attempt)
     )
+    if reversal.holder is not None:
+        guard &= step_records.c.compensation_holder == reversal.holder
+    return guard
 
 
 def renew_compensation_lease(
@@ -129,8 +134,6 @@ def renew_compensation_lease(
     """Extend the lease of a reversal this attempt still holds (the heartbeat's write); with
     ``reversal.holder``, only its own (as ``forward.renew_step_lease``)."""
     guard = _reversal_held_by(reversal)
-    if reversal.holder is not None:
-        guard &= step_records.c.compensation_holder == reversal.holder
     with db.single_statement() as connection:
         result = connection.execute(
             update(step_records)

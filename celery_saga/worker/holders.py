@@ -51,8 +51,10 @@ logger = logging.getLogger("celery_saga")
 COMMAND = "saga_claim_holder"
 #: Asked of every worker before the recovery sweep sends a run's message again.
 RUNS_COMMAND = "saga_runs_running"
-#: Seconds the sweep waits for the workers' answers (each only looks at what it runs).
-ASK_RUNS_TIMEOUT = 1.0
+#: Seconds the sweep waits for the workers' answers (each only looks at what it runs; as
+#: for a live lease's holder, a busy main process gets two). A worker silent that long
+#: counts as running none of them.
+ASK_RUNS_TIMEOUT = 2.0
 #: Seconds a taker waits for the answer about a live lease (the holder only looks it up),
 #: and about a lapsed one (the holder first tries to renew it, then may stop the body).
 ASK_LIVE_TIMEOUT = 2.0
@@ -120,13 +122,15 @@ class CeleryHolders(Holders):
         return Answer.SILENT
 
     def running(self, execution_ids: Collection[str]) -> dict[str, set[str]] | None:
-        """This process's own, and every worker's answer over the remote control (on the
-        in-process broker only this process can run anything)."""
+        """This process's own, and every worker's answer over the remote control. On the
+        in-process broker only this process can run anything; a broker without broadcasts
+        (no remote control) leaves nobody else to ask, as before this question existed."""
         running = super().running(execution_ids)
         assert running is not None
         try:
             with self.engine.app.connection_for_write() as connection:
-                if connection.transport.driver_type == "memory":
+                transport = connection.transport
+                if transport.driver_type == "memory" or not _broadcasts(transport):
                     return running
             replies = self.engine.app.control.broadcast(
                 RUNS_COMMAND,
@@ -210,6 +214,12 @@ def answer_holder(engine: SagaEngine, state: Any, **arguments: Any) -> dict[str,
         pid,
     )
     return {"answer": Answer.STOPPED.value}
+
+
+def _broadcasts(transport: Any) -> bool:
+    """Whether Celery's remote control can reach every worker over this transport."""
+    implements = getattr(transport, "implements", None)
+    return "fanout" in (getattr(implements, "exchange_type", None) or ())
 
 
 def answer_runs(engine: SagaEngine, state: Any, **arguments: Any) -> dict[str, Any]:
