@@ -170,6 +170,33 @@ def test_a_body_stopped_by_a_cancel_ends_revoked_in_flowers_state(
     assert not [t.name for t in mine if t.state in ("STARTED", "RECEIVED")]
 
 
+def test_a_timeout_that_no_revoke_announced_ends_failure_in_flowers_state(
+    harness: Harness,
+    flower_state: tuple[EventsState, list[tuple[str, str]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A body the cancel's stop never reached runs on until its own ``timeout=``, in a run
+    being cancelled: no worker announced its task REVOKED, so the task ends as any timed-out
+    attempt does (FAILURE, ``StepTimeoutError``), never left STARTED."""
+    state, seen = flower_state
+    monkeypatch.setattr(harness.engine.executor.holders, "stop", lambda holder: None)
+    plan = {"slow": {"sleep": 30, "tick": True}}
+    run = harness.start("timed", {"order": 12, "plan": plan})
+    entries = harness.test_app.entries
+    _until(lambda: any(e.direction == "tick" for e in entries(run.id)), 30, "slow's body running")
+    holder = harness.engine.get(run.id).step("slow").holder or ""
+    timed_out = holder.rsplit("/", 1)[-1]
+    assert harness.engine.cancel(run.id, "fraud suspected") is CancelVerdict.CANCEL
+    assert run.wait(60).state is ExecutionState.CANCELLED  # after slow's timeout, 5 s in
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and state.tasks[timed_out].state == "STARTED":
+        time.sleep(0.25)
+    events = [kind for task_id, kind in list(seen) if task_id == timed_out]
+    assert state.tasks[timed_out].state == "FAILURE", events
+    assert str(state.tasks[timed_out].exception).startswith("StepTimeoutError"), events
+    assert "task-revoked" not in events, events
+
+
 def test_flower_shows_a_failed_step_as_failure_under_the_users_task_name(
     harness: Harness, flower: int
 ) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from celery import signals
 
-from celery_saga import ExecutionState, RollbackStatus
+from celery_saga import CancelVerdict, ExecutionState, RollbackStatus
 from tests.conftest import Harness
 
 #: How each message of a task ended: (state, exception type), by (task name, task id).
@@ -103,3 +103,25 @@ def test_a_timed_out_async_step_ends_its_tasks_as_a_timed_out_sync_step_does(
     # failure_reason names: no RETRY of one task id, no wrapper.
     expected = [[("FAILURE", "StepTimeoutError")], [("FAILURE", "StepTimeoutError")]]
     assert by_saga == {"timeout_sync": expected, "timeout_async": expected}, seen
+
+
+def test_a_timeout_while_its_run_is_cancelled_ends_failure_on_a_threads_pool(
+    sqlite_harness: Harness,
+) -> None:
+    """The threads pool cannot stop a body, so the cancel's revoke announces nothing: the
+    body's own timeout, in the run being cancelled, still ends its task as a timed-out
+    attempt's (FAILURE with ``StepTimeoutError``), not ignored and left STARTED."""
+    harness = sqlite_harness
+    with _in_process_signals({"timed.slow"}) as endings:
+        run = harness.start("timed", {"order": 82, "plan": {"slow": {"sleep": 30, "tick": True}}})
+        deadline = time.monotonic() + 30
+        while not any(e.direction == "tick" for e in harness.test_app.entries(run.id)):
+            assert time.monotonic() < deadline, "slow's body never ran"
+            time.sleep(0.1)
+        assert harness.engine.cancel(run.id, "fraud suspected") is CancelVerdict.CANCEL
+        assert run.wait(60).state is ExecutionState.CANCELLED
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not endings():
+            time.sleep(0.1)
+        seen = endings()
+    assert list(seen.values()) == [[("FAILURE", "StepTimeoutError")]], seen

@@ -45,6 +45,7 @@ from celery_saga.runtime.outcomes import (
     attempt_failed,
 )
 from celery_saga.runtime.ports import RuntimeParts
+from celery_saga.runtime.revocation import stopped_by_revoke
 from celery_saga.runtime.scrubbing import failure_secrets, log_failure, scrub_exception
 from celery_saga.runtime.stopping import RESEND_AFTER, give_up
 from celery_saga.runtime.store_retry import write_outcome
@@ -154,7 +155,11 @@ class StepFailures(RuntimeParts):
         }
         stopped = isinstance(error, (SoftTimeLimitExceeded, StepTimeoutError))
         if stopped and self.refused_while_cancelling(step):
-            return Stopped(f"{description}: stopped by the run's cancel")
+            if stopped_by_revoke(step.holder):
+                return Stopped(f"{description}: stopped by the run's cancel")
+            # Its own timeout, which no revoke announced: it ends as any timed-out attempt
+            # does, since a task ended with Ignore would stay STARTED (tests/test_flower.py).
+            return Failed(f"{description}; the run is being cancelled", body_error())
         delay = _retry_delay(spec, attempt, error)
         final = delay is None
         log_failure(

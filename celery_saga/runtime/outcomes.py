@@ -32,7 +32,8 @@ class Retrying:
 
 @dataclass(frozen=True)
 class Failed:
-    """The attempt failed for good and its failure is recorded (the run may unwind)."""
+    """The attempt failed for good and its failure is recorded (the run may unwind), or,
+    in a run being cancelled, left for the cancel's unwind to record."""
 
     description: str
     body_error: BaseException | None = None
@@ -58,8 +59,9 @@ class NoBody:
 @dataclass(frozen=True)
 class Stopped:
     """The run's cancel stopped the body: its task was revoked (``SoftTimeLimitExceeded``
-    in the body), nothing of the attempt is recorded, and the cancel's unwind records the
-    step. The task ends as that revoke left it: REVOKED, not as a success or a failure."""
+    in the body) and its worker announced it REVOKED (``runtime/revocation.py``), nothing of
+    the attempt is recorded, and the cancel's unwind records the step. The task ends as that
+    revoke left it: REVOKED, not as a success or a failure."""
 
     description: str
 

@@ -27,7 +27,7 @@ from celery_saga.errors import (
 from celery_saga.ids import new_execution_id
 from celery_saga.limits import check_lookup_id, listed_saga_names, storable_cursor_id
 from celery_saga.records import Execution, ExecutionState, RollbackStatus
-from celery_saga.runtime import stopping
+from celery_saga.runtime import revocation, stopping
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.executor import Executor
 from celery_saga.runtime.ports import Catalog, Settings
@@ -49,6 +49,7 @@ from celery_saga.worker.hand_back import HandBacks
 from celery_saga.worker.handle import SagaHandle
 from celery_saga.worker.holders import CeleryHolders
 from celery_saga.worker.publisher import CeleryPublisher
+from celery_saga.worker.revocation import remember_worker_process, revoke_announced
 from celery_saga.worker.run_commands import (
     abandon_run,
     adopt,
@@ -131,6 +132,9 @@ class SagaEngine:
         self.hooks.install()
         # A body cut short by this worker's shutdown is a lost attempt, not a failure.
         stopping.set_probe(stopped_by_worker)
+        # A body its run's cancel stopped ends REVOKED only if its worker announced so.
+        revocation.set_probe(revoke_announced)
+        self.hooks.when_worker_starts(remember_worker_process)
         app.saga_engine = self
 
     @classmethod
