@@ -12,19 +12,26 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from celery_saga import ExecutionState, RunNotSettledError, Saga, SagaEngine
-from celery_saga.decisions.hand_back import SPREAD
+from celery_saga.decisions import hand_back as hand_back_decisions
+from celery_saga.decisions.hand_back import SPREAD, HandBackReason
 from celery_saga.decisions.versions import hand_back_countdown
+from celery_saga.worker import hand_back_pool
 from celery_saga.worker import handle as handle_module
 from celery_saga.worker.embedded import embedded_worker
+from celery_saga.worker.hand_back_notes import Handed
+from celery_saga.worker.hand_back_pool import Marks
+from celery_saga.worker.saga_header import HEADER, VERSION
 from tests.conftest import unconsumed_app
 
 
@@ -196,3 +203,75 @@ def _first(execution_id: str) -> Any:
     from celery_saga.decisions.admission import NodeMessage
 
     return NodeMessage(execution_id, 0, 0, 0, 1)
+
+
+def test_a_stale_message_under_another_spelling_of_the_store_is_dropped_after_its_bound(
+    deploys: dict[str, SagaEngine],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """A worker reaching its store under another URL (a host alias, PgBouncer) names it
+    otherwise: a message of a deleted run is handed back as another store's, until it has
+    been handed back ``ABSENT_HAND_BACKS`` times (2 here); then it is dropped, at INFO."""
+    monkeypatch.setattr(hand_back_decisions, "ABSENT_HAND_BACKS", 2)
+    mine = deploys["1,2"]
+    queue = mine.app.conf.task_default_queue
+    alias = _engine(queue, f"sqlite:///{tmp_path}/./store.sqlite3", "1", "2")
+    assert alias.hand_backs.store != mine.hand_backs.store, "one file, two spellings"
+    with _worker(mine, "mine"):
+        run = mine.start("bill").wait(timeout=10)
+    with mine.db.engine.begin() as connection:
+        connection.exec_driver_sql("DELETE FROM saga_steps")
+        connection.exec_driver_sql("DELETE FROM saga_executions")
+    mine.publisher.publish_node("bill", mine.definition("bill").nodes[0].step, _first(run.id))
+    try:
+        with caplog.at_level(logging.INFO, logger="celery_saga"), _worker(alias, "alias"):
+            time.sleep(3.0)  # pauses of about 0.5 and 1 s, then the drop
+    finally:
+        alias.db.dispose()
+    lines = [r.getMessage() for r in caplog.records if run.id in r.getMessage()]
+    dropped = [r for r in caplog.records if run.id in r.getMessage() and "dropped" in r.message]
+    assert len(dropped) == 1 and dropped[0].levelno == logging.INFO, lines
+    assert "handed back 2 times" in dropped[0].getMessage(), lines
+    assert not any("handed back (3)" in line for line in lines), lines
+
+
+def test_the_consumer_decides_without_importing_any_module(
+    deploys: dict[str, SagaEngine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The consumer's loop looks a version up among those registered, never by discovery
+    (module imports) on a miss."""
+    engine = deploys["1"]
+    discovered: list[int] = []
+    monkeypatch.setattr(engine.discovery, "discover", lambda: discovered.append(1))
+    header = {"id": "run-1", "saga": "bill", VERSION: "0123456789abcdef"}
+    message = SimpleNamespace(headers={"task": "bill.charge", HEADER: header})
+    consumer = SimpleNamespace(strategies={"bill.charge": None})
+    assert engine.hand_backs.reason(consumer, message) is HandBackReason.VERSION_NOT_HERE
+    assert not discovered, "the consumer ran discovery"
+
+
+def test_a_store_outage_keeps_at_most_one_pending_mark_per_run(
+    deploys: dict[str, SagaEngine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every hand-back step of a run not yet marked asks for its mark again; while the store
+    is down the marks wait, one per run, and the store gets one write per run when it is
+    back (not one per hand-back)."""
+    store_back = threading.Event()
+    written: list[str] = []
+
+    def mark_waiting(engine: Any, execution_id: str, version: str) -> bool:
+        store_back.wait(10)
+        written.append(execution_id)
+        return False  # the store failed: the next hand-back asks again
+
+    monkeypatch.setattr(hand_back_pool, "mark_waiting", mark_waiting)
+    marks = Marks(deploys["1"])
+    for times in range(1, 41):
+        for run in ("run-a", "run-b", "run-c"):
+            reason = HandBackReason.VERSION_NOT_HERE
+            marks.submit(Handed(run, "bill", "bill.charge", "v2", reason, times, 0.5))
+    store_back.set()
+    time.sleep(0.5)
+    assert Counter(written) == {"run-a": 1, "run-b": 1, "run-c": 1}, Counter(written)

@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from celery_saga.decisions.hand_back import (
+    ABSENT_HAND_BACKS,
     SPREAD,
     Arrival,
     HandBackReason,
@@ -16,6 +17,7 @@ from celery_saga.decisions.hand_back import (
     hand_back_reason,
     hold_seconds,
     names_another_store,
+    raises_window,
 )
 from celery_saga.decisions.versions import HAND_BACK_COUNTDOWNS, hand_back_countdown
 from celery_saga.store.identity import shown_store, store_identity
@@ -78,3 +80,27 @@ def test_a_store_is_named_by_where_it_is_never_by_who_reaches_it() -> None:
     assert same != store_identity("postgresql+psycopg://app:secret@db:5432/shop_staging")
     assert "secret" not in same and len(same) == 8
     assert "secret" not in shown_store("postgresql+psycopg://app:secret@db:5432/shop")
+
+
+def test_a_run_absent_here_goes_to_the_store_again_once_handed_back_its_bound() -> None:
+    def reason(times: int) -> HandBackReason | None:
+        return hand_back_reason(
+            task_known=True, version_known=True, absent_here=True, times_handed_back=times
+        )
+
+    assert reason(ABSENT_HAND_BACKS - 1) is HandBackReason.RUN_NOT_IN_STORE
+    assert reason(ABSENT_HAND_BACKS) is None, (
+        "the pool reads the store once more, and drops the message if the run is still absent"
+    )
+
+
+@given(
+    prefetch=st.integers(min_value=0, max_value=64), kept=st.integers(min_value=0, max_value=200)
+)
+def test_a_consumer_raises_its_window_for_at_most_its_prefetch_of_kept_messages(
+    prefetch: int, kept: int
+) -> None:
+    raised = 0
+    for _ in range(kept):
+        raised += raises_window(raised, prefetch)
+    assert raised == min(kept, max(prefetch, 1)), "twice its window at most, in all"

@@ -23,18 +23,45 @@ class HandBackReason(str, Enum):
 
 
 def hand_back_reason(
-    *, task_known: bool, version_known: bool | None, absent_here: bool
+    *, task_known: bool, version_known: bool | None, absent_here: bool, times_handed_back: int = 0
 ) -> HandBackReason | None:
     """Why the consumer hands a saga message back, or None when it goes to Celery as usual.
     ``version_known`` is None for a message that names no version (an older release): then
-    only the run, read in the pool, can say (``VersionNotDeployedError``)."""
+    only the run, read in the pool, can say (``VersionNotDeployedError``). A run found
+    absent here whose message has been handed back ``ABSENT_HAND_BACKS`` times goes to the
+    pool too, which reads the store once more and drops it if the run is still absent."""
     if not task_known:
         return HandBackReason.UNKNOWN_TASK
     if version_known is False:
         return HandBackReason.VERSION_NOT_HERE
-    if absent_here:
+    if absent_here and not gives_up_on_absent_run(times_handed_back):
         return HandBackReason.RUN_NOT_IN_STORE
     return None
+
+
+#: How many hand-backs a message of a run absent from a worker's store gets before that
+#: worker drops it (about 4.5 minutes of backoff): the same store reached under another
+#: URL (a host alias, PgBouncer) has another name, so a stale message of a deleted run
+#: would otherwise be handed back for ever. A run that another store does hold is sent
+#: again by that store's recovery sweep, as for any lost message.
+ABSENT_HAND_BACKS = 30
+
+
+def gives_up_on_absent_run(times_handed_back: int) -> bool:
+    """Whether a message whose run is absent from this worker's store is dropped as stale
+    instead of handed back once more."""
+    return times_handed_back >= ABSENT_HAND_BACKS
+
+
+def raises_window(raised_already: int, prefetch: int) -> bool:
+    """Whether a consumer keeping a message it cannot run raises its prefetch window by one
+    for it (as Celery does for a task with an ETA), with ``raised_already`` of its kept
+    messages raising it now and ``prefetch`` its window without them. Up to ``prefetch``
+    it does, so its own work goes on; beyond, a kept message takes one of the consumer's
+    own slots, and a consumer whose slots are all kept fetches nothing more until one goes
+    back: it keeps at most twice its window, and the rest of the queue stays with the
+    other workers (tests/test_hand_back_broker.py)."""
+    return raised_already < max(prefetch, 1)
 
 
 #: A pause is its step of the backoff times a factor drawn in [1 - SPREAD, 1 + SPREAD):

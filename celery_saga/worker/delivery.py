@@ -12,14 +12,18 @@ from typing import TYPE_CHECKING, Any
 from celery.exceptions import WorkerShutdown, WorkerTerminate
 from sqlalchemy.exc import SQLAlchemyError
 
-from celery_saga.decisions.hand_back import HandBackReason, names_another_store
+from celery_saga.decisions.hand_back import (
+    HandBackReason,
+    gives_up_on_absent_run,
+    names_another_store,
+)
 from celery_saga.errors import PayloadKeyError, VersionNotDeployedError
 from celery_saga.runtime.limits import restore_soft_limit
 from celery_saga.runtime.outcomes import Outcome
 from celery_saga.store.identity import holds_run
 from celery_saga.store.transient import describe_store_error, is_transient
-from celery_saga.worker.hand_back_pool import hand_back_running
-from celery_saga.worker.saga_header import STORE, read_header, version_of
+from celery_saga.worker.hand_back_pool import drop_absent_run, hand_back_running
+from celery_saga.worker.saga_header import HANDED, STORE, read_header, version_of
 
 if TYPE_CHECKING:
     from celery_saga.worker.engine import SagaEngine
@@ -61,6 +65,8 @@ def handle_message(
         eager = engine.app.conf.task_always_eager  # no other worker to hand it to
         header = read_header(task.request)
         if header is not None and not eager and _another_stores_run(engine, header):
+            if gives_up_on_absent_run(int(header.get(HANDED) or 0)):
+                return drop_absent_run(engine, task, header)
             saga, version = str(header.get("saga")), version_of(header)
             return hand_back_running(engine, task, HandBackReason.RUN_NOT_IN_STORE, saga, version)
         try:

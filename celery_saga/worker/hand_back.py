@@ -6,14 +6,17 @@ and keeps its task id, arguments, headers and routing.
 
 In the consumer (``HandBacks.task_handler``), before Celery honours the message's ETA or
 hands it to the pool, the saga header alone decides (``decisions/hand_back.py``). The
-message is held unacknowledged for this hand-back's step of the backoff (the prefetch window
-grows by one meanwhile, as for a Celery ETA task), then sent again with the header's
-``handed`` count raised, and acknowledged: a worker that can run it runs it as soon as it
-takes it. A worker that stops or loses its connection meanwhile gives it back to
-the broker unacknowledged, which offers it again at once. One WARNING line per hand-back; the
-run is marked as waiting for its version once per message, from a thread of its own (the
-consumer never waits for the store). When a worker that can run a held message starts
-(``arrivals``), the message goes back at once and its backoff stays short for a while.
+message is kept unacknowledged for this hand-back's step of the backoff (the first ones
+raise the prefetch window by one meanwhile, as for a Celery ETA task; a consumer keeps at
+most twice its window, ``raises_window``), then sent again with the header's ``handed``
+count raised, from a thread of its own (``hand_back_sender``: the consumer's loop never
+waits for the broker), and acknowledged from the consumer's timer once the broker has the
+copy: a worker that can run it runs it as soon as it takes it. A worker that stops or loses
+its connection meanwhile gives it back to the broker unacknowledged, which offers it again
+at once. One WARNING line per hand-back; the run is marked as waiting for its version once
+per message, from a thread of its own (the consumer never waits for the store). When a
+worker that can run a kept message starts (``arrivals``), the message goes back at once and
+its backoff stays short for a while.
 
 Where only the store can tell (a message naming no version, a run of another store), a pool
 process hands the message back instead (``hand_back_pool``).
@@ -21,6 +24,7 @@ process hands the message back instead (``hand_back_pool``).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -35,11 +39,13 @@ from celery_saga.decisions.hand_back import (
     can_take,
     hand_back_reason,
     hold_seconds,
+    raises_window,
 )
 from celery_saga.runtime.clock import get_clock
 from celery_saga.store.identity import shown_store, store_identity
 from celery_saga.worker.hand_back_notes import HandBackNotes, Handed, log_hand_back
 from celery_saga.worker.hand_back_pool import Mark, Marks
+from celery_saga.worker.hand_back_sender import Sender
 from celery_saga.worker.saga_header import ABSENT, HANDED, HEADER, MARKED, STORE, version_of
 
 if TYPE_CHECKING:
@@ -47,22 +53,30 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("celery_saga")
 
-#: The message properties a hand-back sends again as they came (the rest is the broker's).
-_PROPERTIES = ("correlation_id", "reply_to", "priority", "delivery_mode")
 #: How long after a worker that can take a message arrived its hand-backs stay short.
 ARRIVAL_SECONDS = 60.0
+#: While copies are on their way, how often the consumer's timer looks for those sent, to
+#: settle their originals in the consumer's loop (where their channel may be used).
+SETTLE_EVERY = 0.05
 
 
 @dataclass(eq=False)
 class _Held:
-    """A message held by a consumer, what it needs, and how it will be sent back."""
+    """A message kept by a consumer, what it needs, and how it will be sent back:
+    ``raised`` when keeping it raised the prefetch window of ``qos`` (the consumer's window
+    of the connection it came on), ``sending`` once its copy is on its way, ``sent`` once
+    the sender knows whether the copy went out."""
 
     consumer: Any
     message: Any
     wanted: Wanted
     header: dict[str, Any]
     mark: Mark | None
+    raised: bool
+    qos: Any
     entry: Any = field(default=None)
+    sending: bool = False
+    sent: bool | None = None
 
 
 class HandBacks:
@@ -74,8 +88,11 @@ class HandBacks:
         self.shown_store = shown_store(engine.db.url)
         self.notes = HandBackNotes()
         self._marks = Marks(engine)
+        self._sender = Sender(engine.app)
         self._lock = threading.Lock()
+        #: Each consumer's kept messages not yet settled (acknowledged or given back).
         self._held: weakref.WeakKeyDictionary[Any, set[_Held]] = weakref.WeakKeyDictionary()
+        self._settling: weakref.WeakSet[Any] = weakref.WeakSet()  # consumers timed to settle
         self._arrived: dict[str, tuple[Arrival, float]] = {}  # worker -> (it, until when)
 
     def task_handler(self, consumer: Any, received: Any) -> Any:
@@ -95,7 +112,9 @@ class HandBacks:
         return on_task_received
 
     def reason(self, consumer: Any, message: Any) -> HandBackReason | None:
-        """Why this worker hands ``message`` back, from its headers alone; None: it runs."""
+        """Why this worker hands ``message`` back, from its headers alone; None: it runs.
+        Only the registered versions are looked at: discovery (module imports) on a miss
+        would stall the consumer's loop."""
         headers = getattr(message, "headers", None)
         if not isinstance(headers, dict):
             return None  # protocol 1: Celery decides
@@ -105,11 +124,12 @@ class HandBacks:
         saga, version = header.get("saga"), version_of(header)
         known = None
         if isinstance(saga, str) and version is not None:
-            known = self.engine.catalog(saga, version) is not None
+            known = self.engine.catalog.known(saga, version) is not None
         return hand_back_reason(
             task_known=headers.get("task") in consumer.strategies,
             version_known=known,
             absent_here=self.store in (header.get(ABSENT) or ()),
+            times_handed_back=int(header.get(HANDED) or 0),
         )
 
     def hold(self, consumer: Any, message: Any, reason: HandBackReason) -> None:
@@ -124,43 +144,63 @@ class HandBacks:
         self.notes.add(handed)
         first = reason is not HandBackReason.RUN_NOT_IN_STORE and not header.get(MARKED)
         mark = self._marks.submit(handed) if first else None
-        held = _Held(consumer, message, wanted, {**header, HANDED: times + 1}, mark)
-        consumer.qos.increment_eventually()
+        qos = consumer.qos
         with self._lock:
-            self._held.setdefault(consumer, set()).add(held)
-        held.entry = consumer.timer.call_after(wait, self._release, (held,), priority=6)
+            held = self._held.setdefault(consumer, set())
+            raised = raises_window(
+                sum(1 for h in held if h.raised and h.qos is qos),
+                int(getattr(consumer, "initial_prefetch_count", 0) or 0),
+            )
+            one = _Held(consumer, message, wanted, {**header, HANDED: times + 1}, mark, raised, qos)
+            held.add(one)
+        if raised:
+            qos.increment_eventually()
+        one.entry = consumer.timer.call_after(wait, self._release, (one,), priority=6)
 
     def _release(self, held: _Held) -> None:
+        """The pause is over (or a worker that can run it arrived): the copy goes out from
+        the sender's thread; the consumer's timer settles the original once it is sent."""
+        consumer = held.consumer
         with self._lock:
-            mine = self._held.get(held.consumer, set())
-            if held not in mine:
-                return  # released already (a worker arrived), or let go
-            mine.discard(held)
+            if held.sending or held not in self._held.get(consumer, ()):
+                return  # on its way already, or let go with its consumer
+            held.sending = True
+            time_it = consumer not in self._settling
+            self._settling.add(consumer)
         if held.mark is not None and held.mark.wrote:
             held.header[MARKED] = True
-        consumer, message = held.consumer, held.message
-        errors = getattr(consumer, "connection_errors", ())
-        try:
-            republish(self.engine, message, held.header)
-        except Exception as error:
-            logger.warning(
-                "execution %s: its message could not be sent back (%r); the broker offers "
-                "it again as it came",
-                held.header.get("id"),
-                error,
-            )
-            message.reject_log_error(logger, errors, requeue=True)
-        else:
-            message.ack_log_error(logger, errors)
-        finally:
-            consumer.qos.decrement_eventually()
+        self._sender.send(held.message, held.header, functools.partial(self._sent, held))
+        if time_it:
+            consumer.timer.call_after(SETTLE_EVERY, self._settle_sent, (consumer,), priority=6)
+
+    def _sent(self, held: _Held, sent: bool) -> None:
+        with self._lock:
+            held.sent = sent
+
+    def _settle_sent(self, consumer: Any) -> None:
+        """In the consumer's loop (its timer): settle the originals whose copies the sender
+        is done with, and look again soon while others are on their way."""
+        with self._lock:
+            held = self._held.get(consumer, set())
+            done = [h for h in held if h.sent is not None]
+            held.difference_update(done)
+            again = any(h.sending for h in held)
+            if not again:
+                self._settling.discard(consumer)
+        for one in done:
+            _settle(one)
+        if again:
+            consumer.timer.call_after(SETTLE_EVERY, self._settle_sent, (consumer,), priority=6)
 
     def let_go(self, consumer: Any) -> None:
-        """``consumer`` stops or lost its connection: its held messages go back to the
+        """``consumer`` stops or lost its connection: its kept messages go back to the
         broker as they came (a broker that lost the connection has them back already; the
-        in-process ``memory://`` one would keep them unacknowledged for good)."""
+        in-process ``memory://`` one would keep them unacknowledged for good). One whose
+        copy is on its way stays unacknowledged: the broker offers it again once the
+        connection is gone, and its step still runs once (the run's admission)."""
         with self._lock:
-            held = self._held.pop(consumer, set())
+            held = [h for h in self._held.pop(consumer, set()) if not h.sending]
+            self._settling.discard(consumer)
         for one in held:
             try:
                 consumer.timer.cancel(one.entry)
@@ -171,12 +211,19 @@ class HandBacks:
             logger.info("%d held message(s) go back to the broker as they came", len(held))
 
     def arrived(self, node: str, arrival: Arrival) -> int:
-        """A worker that can take some held messages started: they go back now, and the
+        """A worker that can take some kept messages started: they go back now, and the
         next hand-backs of what it can take stay short for ``ARRIVAL_SECONDS``."""
         with self._lock:
             self._arrived[node] = (arrival, time.monotonic() + ARRIVAL_SECONDS)
-            due = [h for held in self._held.values() for h in held if can_take(arrival, h.wanted)]
+            due = [
+                h
+                for held in self._held.values()
+                for h in held
+                if not h.sending and can_take(arrival, h.wanted)
+            ]
         for held in due:
+            if held.entry is not None:
+                held.consumer.timer.cancel(held.entry)
             self._release(held)
         return len(due)
 
@@ -191,6 +238,22 @@ class HandBacks:
         return False
 
 
+def _settle(held: _Held) -> None:
+    """Acknowledge the original of a copy sent; give back, as it came, one whose copy was
+    not sent (never acknowledged without its copy)."""
+    errors = getattr(held.consumer, "connection_errors", ())
+    try:
+        if held.sent:
+            held.message.ack_log_error(logger, errors)
+        else:
+            held.message.reject_log_error(logger, errors, requeue=True)
+    except Exception:  # its channel went with its connection: so did the original
+        logger.debug("could not settle a handed-back message", exc_info=True)
+    finally:
+        if held.raised:
+            held.qos.decrement_eventually()
+
+
 def _wanted(task: Any, header: dict[str, Any]) -> Wanted:
     saga, store = header.get("saga"), header.get(STORE)
     return Wanted(
@@ -199,25 +262,3 @@ def _wanted(task: Any, header: dict[str, Any]) -> Wanted:
         version_of(header),
         str(store) if store is not None else None,
     )
-
-
-def republish(engine: SagaEngine, message: Any, header: dict[str, Any]) -> None:
-    """Send ``message`` again as it came (body, headers, properties, exchange and routing
-    key), with the saga header ``header``. A message's own ETA (a retry's countdown) stays:
-    a worker that can run it holds it until then, as Celery does."""
-    info = message.delivery_info or {}
-    properties = message.properties or {}
-    kept = {key: properties[key] for key in _PROPERTIES if properties.get(key) is not None}
-    app = engine.app
-    with app.producer_or_acquire() as producer:
-        producer.publish(
-            message.body,
-            exchange=info.get("exchange") or "",
-            routing_key=info.get("routing_key"),
-            headers={**message.headers, HEADER: header},
-            content_type=message.content_type,
-            content_encoding=message.content_encoding,
-            retry=True,
-            retry_policy=app.conf.task_publish_retry_policy,
-            **kept,
-        )

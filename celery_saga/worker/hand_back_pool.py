@@ -80,6 +80,22 @@ def hand_back_running(
     return NoBody(f"handed back: {reason.value}")
 
 
+def drop_absent_run(engine: SagaEngine, task: Any, header: dict[str, Any]) -> NoBody:
+    """The message's run is still absent from this worker's store after its bound of
+    hand-backs (``gives_up_on_absent_run``): it is dropped as stale, with one INFO line."""
+    logger.info(
+        "execution %s of saga %r is not in this worker's saga store (%s) and its message %s "
+        "was handed back %d times: dropped as stale (a run that another store holds is sent "
+        "again by that store's recovery sweep)",
+        header.get("id"),
+        header.get("saga"),
+        engine.hand_backs.shown_store,
+        task.name,
+        int(header.get(HANDED) or 0),
+    )
+    return NoBody("dropped: run absent from this store")
+
+
 def mark_waiting(engine: SagaEngine, execution_id: str, version: str) -> bool:
     """Mark the run as waiting for its version; best effort: a hand-back never waits for a
     store that is down. False: not marked (not in this store, or the store failed)."""
@@ -108,17 +124,25 @@ class Mark:
 class Marks:
     """Marks runs as waiting for their version from one thread of its own (the consumer's
     never waits for the store), started on first use: in a worker's main process, after its
-    pool has forked."""
+    pool has forked. A run already waiting for its mark is not queued again: through a store
+    outage every hand-back step of an unmarked run asks anew, and the store then gets one
+    write per run when it is back, not a burst of one per step."""
 
     def __init__(self, engine: SagaEngine) -> None:
         self.engine = engine
         self._queue: SimpleQueue[Mark] = SimpleQueue()
+        self._pending: dict[str, Mark] = {}  # execution id -> its mark not yet tried
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
     def submit(self, handed: Handed) -> Mark:
-        mark = Mark(handed.execution_id, handed.version or "unknown")
         with self._lock:
+            pending = self._pending.get(handed.execution_id)
+            if pending is not None:
+                return pending
+            mark = self._pending[handed.execution_id] = Mark(
+                handed.execution_id, handed.version or "unknown"
+            )
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="saga-hand-back-marks", daemon=True
@@ -130,4 +154,9 @@ class Marks:
     def _run(self) -> None:
         while True:
             mark = self._queue.get()
-            mark.wrote = mark_waiting(self.engine, mark.execution_id, mark.version)
+            try:
+                mark.wrote = mark_waiting(self.engine, mark.execution_id, mark.version)
+            except Exception:  # best effort, as a store error is: the thread goes on
+                logger.exception("execution %s: not marked as waiting", mark.execution_id)
+            with self._lock:
+                self._pending.pop(mark.execution_id, None)
