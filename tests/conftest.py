@@ -199,6 +199,18 @@ def stop_workers(workers: list[subprocess.Popen[bytes]]) -> None:
             worker.wait(timeout=5)
 
 
+def client_app(env: dict[str, str], broker: str, store: str, queue: str) -> TestApp:
+    """The test process's own app, built under a rig's ``SAGA_TEST_*`` settings (lease,
+    sweeps...) as its worker processes get them, without leaving them in this process."""
+    saved = dict(os.environ)
+    os.environ.update({k: v for k, v in env.items() if k.startswith("SAGA_TEST_")})
+    try:
+        return TestApp(broker, store, queue)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 @pytest.fixture(scope="session", params=["sqlite", "postgres-rabbitmq", "postgres-redis"])
 def harness(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory

@@ -31,11 +31,11 @@ from tests.conftest import (
     _spawn_workers,
     _test_database_url,
     _wait_ready,
+    client_app,
     require_services,
     spawn_beat,
     stop_workers,
 )
-from tests.sagaapp import TestApp
 
 pytestmark = pytest.mark.services
 
@@ -68,13 +68,8 @@ class DatabaseCrashRig:
             "SAGA_TEST_SWEEP_INTERVAL": timing["sweep"],
             "PYTHONPATH": str(Path.cwd()),
         }
-        saved = dict(os.environ)
-        os.environ.update({k: v for k, v in self.env.items() if k.startswith("SAGA_TEST_")})
-        try:
-            self.client = TestApp(BROKERS["postgres-rabbitmq"], self.cluster.url(), self.queue)
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+        broker = BROKERS["postgres-rabbitmq"]
+        self.client = client_app(self.env, broker, self.cluster.url(), self.queue)
         self.client.engine.ensure_schema()
         self.workers: list[subprocess.Popen[bytes]] = []
         self.generation = 0

@@ -27,12 +27,12 @@ from tests.conftest import (
     _spawn_workers,
     _test_database_url,
     _wait_ready,
+    client_app,
     require_services,
     spawn_beat,
     stop_workers,
 )
 from tests.faults import CuttableProxy
-from tests.sagaapp import TestApp
 from tests.test_crash_recovery import step_running, wait_for
 from tests.test_faults import FaultRig
 
@@ -138,13 +138,7 @@ class PartitionRig:
         }
         self.env_a = {**base, "SAGA_TEST_STORE": direct.replace(":5432", f":{self.proxy.port}")}
         self.env_b = {**base, "SAGA_TEST_STORE": direct}
-        saved = dict(os.environ)
-        os.environ.update({k: v for k, v in self.env_b.items() if k.startswith("SAGA_TEST_")})
-        try:
-            self.client = TestApp(BROKERS["postgres-rabbitmq"], direct, self.queue)
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+        self.client = client_app(self.env_b, BROKERS["postgres-rabbitmq"], direct, self.queue)
         (tmp / "a").mkdir()
         (tmp / "b").mkdir()
         self.workers, _ = _spawn_workers(self.env_a, self.queue, tmp / "a", count=1)

@@ -29,12 +29,12 @@ from tests.conftest import (
     _spawn_workers,
     _test_database_url,
     _wait_ready,
+    client_app,
     require_services,
     spawn_beat,
     stop_workers,
 )
 from tests.faults import CuttableProxy
-from tests.sagaapp import TestApp
 
 pytestmark = pytest.mark.services
 TERMINAL = (ExecutionState.COMPLETED, ExecutionState.FAILED, ExecutionState.CANCELLED)
@@ -68,13 +68,7 @@ class FaultRig:
             "SAGA_TEST_SWEEP_INTERVAL": timing.get("sweep", "5"),
             "PYTHONPATH": str(Path.cwd()),
         }
-        saved = dict(os.environ)
-        os.environ.update({k: v for k, v in self.env.items() if k.startswith("SAGA_TEST_")})
-        try:
-            self.client = TestApp(client_broker, store, self.queue)
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+        self.client = client_app(self.env, client_broker, store, self.queue)
         self.workers, _ = _spawn_workers(self.env, self.queue, tmp, count=2)
         _wait_ready(self.client, 2, self.workers)
         self.beat = spawn_beat(self.env, tmp)

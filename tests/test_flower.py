@@ -131,6 +131,17 @@ def flower_state(harness: Harness) -> Iterator[tuple[EventsState, list[tuple[str
             consumer.join(10)
 
 
+def _cancelled_mid_body(harness: Harness, saga: str, step: str, order: int) -> tuple[Any, str]:
+    """Start ``saga`` with ``step``'s body ticking for 30 s and cancel the run once it runs;
+    the run's handle and the id of the body's task."""
+    run = harness.start(saga, {"order": order, "plan": {step: {"sleep": 30, "tick": True}}})
+    entries = harness.test_app.entries
+    _until(lambda: any(e.direction == "tick" for e in entries(run.id)), 30, f"{step} running")
+    holder = harness.engine.get(run.id).step(step).holder or ""
+    assert harness.engine.cancel(run.id, "fraud suspected") is CancelVerdict.CANCEL
+    return run, holder.rsplit("/", 1)[-1]
+
+
 def test_a_body_stopped_by_a_cancel_ends_revoked_in_flowers_state(
     harness: Harness, flower_state: tuple[EventsState, list[tuple[str, str]]]
 ) -> None:
@@ -138,13 +149,7 @@ def test_a_body_stopped_by_a_cancel_ends_revoked_in_flowers_state(
     announces ``task-revoked``); the stopped task must send nothing that Flower ranks above
     REVOKED (``task-succeeded``, ``task-failed``)."""
     state, seen = flower_state
-    plan = {"b": {"sleep": 30, "tick": True}}
-    run = harness.start("failed_eligible", {"order": 11, "plan": plan})
-    entries = harness.test_app.entries
-    _until(lambda: any(e.direction == "tick" for e in entries(run.id)), 30, "b's body running")
-    holder = harness.engine.get(run.id).step("b").holder or ""
-    stopped = holder.rsplit("/", 1)[-1]
-    assert harness.engine.cancel(run.id, "fraud suspected") is CancelVerdict.CANCEL
+    run, stopped = _cancelled_mid_body(harness, "failed_eligible", "b", 11)
     assert run.wait(60).state is ExecutionState.CANCELLED
     # Both reversals ran after the stopped task ended: its own events were sent before theirs.
     undone = _until(
@@ -180,13 +185,7 @@ def test_a_timeout_that_no_revoke_announced_ends_failure_in_flowers_state(
     attempt does (FAILURE, ``StepTimeoutError``), never left STARTED."""
     state, seen = flower_state
     monkeypatch.setattr(harness.engine.executor.holders, "stop", lambda holder: None)
-    plan = {"slow": {"sleep": 30, "tick": True}}
-    run = harness.start("timed", {"order": 12, "plan": plan})
-    entries = harness.test_app.entries
-    _until(lambda: any(e.direction == "tick" for e in entries(run.id)), 30, "slow's body running")
-    holder = harness.engine.get(run.id).step("slow").holder or ""
-    timed_out = holder.rsplit("/", 1)[-1]
-    assert harness.engine.cancel(run.id, "fraud suspected") is CancelVerdict.CANCEL
+    run, timed_out = _cancelled_mid_body(harness, "timed", "slow", 12)
     assert run.wait(60).state is ExecutionState.CANCELLED  # after slow's timeout, 5 s in
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and state.tasks[timed_out].state == "STARTED":
