@@ -118,13 +118,20 @@ def left_to_running(
     running: Collection[str],
 ) -> bool:
     """Pure: whether the sweep leaves a run it would send again to the processes still
-    running it (``running``: the holders the workers named). Where the record holds no
-    claim at all, such a process runs on a claim the store lost (a crash, a failover) and
-    writes it back (guarantee 30). Where a claim is recorded, its lease lapsed: its message
-    goes out and its holder is asked, and fenced if it is cut off; waiting instead could
-    last as long as a body nobody can stop runs (a threads pool's, one taken over)."""
-    if not running:
-        return False
+    running it (``running``: the holders the workers named): only where the store records
+    no claim for it (``claim_missing``)."""
+    return bool(running) and claim_missing(execution, steps, action)
+
+
+def claim_missing(
+    execution: ExecutionRecord, steps: Sequence[StepRecord], action: Recovery
+) -> bool:
+    """Pure: whether what the sweep would send again has no claim in the store. A process
+    still running it then runs on a claim the store lost (a crash, a failover) and writes it
+    back (guarantee 30): the workers are asked. Where a claim is recorded, its lease lapsed:
+    its message goes out and its holder is asked, and fenced if it is cut off; waiting
+    instead could last as long as a body nobody can stop runs (a threads pool's, one taken
+    over)."""
     if action.kind is RecoveryKind.REPUBLISH_POSITION:
         here = (execution.cursor, execution.cursor_sub)
         held = ((s.node, s.sub) == here and s.status is StepStatus.RUNNING for s in steps)

@@ -11,6 +11,7 @@ from celery_saga.decisions.admission import NodeMessage
 from celery_saga.decisions.recovery import (
     Recovery,
     RecoveryKind,
+    claim_missing,
     decide_recovery,
     left_to_running,
     waited_on_child,
@@ -26,9 +27,6 @@ from celery_saga.store import queries, recovery, unwind, versions
 from celery_saga.store.transient import retry_transient
 
 logger = logging.getLogger("celery_saga")
-
-#: What the sweep sends again only once no worker says it still runs the run.
-_RESENDS = (RecoveryKind.REPUBLISH_POSITION, RecoveryKind.REPUBLISH_COMPENSATION)
 
 
 class _Planned(NamedTuple):
@@ -104,10 +102,13 @@ class Recoverer:
                 continue
             if found is not None:
                 planned.append(found)
-        running = self._running([p.execution.id for p in planned if p.action.kind in _RESENDS])
+        # Only a run whose claim is missing from the store may be left to a worker: only
+        # those are asked about (the question waits for the workers' answers).
+        asked = {p.execution.id for p in planned if claim_missing(p.execution, p.steps, p.action)}
+        running = self._running(sorted(asked))
         acted = 0
         for found in planned:
-            if running is None and found.action.kind in _RESENDS:
+            if running is None and found.execution.id in asked:
                 continue  # unknown whether a worker still runs it: the next sweep asks again
             holders = (running or {}).get(found.execution.id, set())
             if left_to_running(found.execution, found.steps, found.action, holders):
