@@ -5,7 +5,7 @@ status its step records, signals and history give it. Pure functions of the desc
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, assert_never
 
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import (
@@ -19,6 +19,7 @@ from celery_saga.definition.nodes import (
     StepSpec,
     SubSagaNode,
     WaitNode,
+    loop_body,
 )
 
 NOT_RUN = "not run"
@@ -83,10 +84,9 @@ def _branch(run: dict[str, Any], index: int, node: BranchNode) -> dict[str, Any]
 
 
 def _loop(run: dict[str, Any], index: int, node: LoopNode | ForEachNode) -> dict[str, Any]:
-    body = node.steps if isinstance(node, LoopNode) else (node.step,)
-    children = [_step(run, index, spec) for spec in body]
-    rounds = max((c.get("iterations", 0) for c in children), default=0)
     kind = "loop" if isinstance(node, LoopNode) else "for_each"
+    children = [_step(run, index, spec) for spec in loop_body(node)]
+    rounds = max((c.get("iterations", 0) for c in children), default=0)
     unit = "iteration" if kind == "loop" else "item"
     detail = f"{rounds} {unit}{'s' if rounds != 1 else ''} run"
     return {**_node(kind, node.name, _overall(children), detail), "children": children}
@@ -121,21 +121,24 @@ def _sub_saga(run: dict[str, Any], index: int, node: SubSagaNode) -> dict[str, A
 
 
 def _of(run: dict[str, Any], index: int, node: Node) -> dict[str, Any]:
-    if isinstance(node, StepNode):
-        return _step(run, index, node.step)
-    if isinstance(node, ParallelNode):
-        children = [_step(run, index, spec) for spec in node.steps]
-        return {**_node("parallel", node.name, _overall(children)), "children": children}
-    if isinstance(node, BranchNode):
-        return _branch(run, index, node)
-    if isinstance(node, (LoopNode, ForEachNode)):
-        return _loop(run, index, node)
-    if isinstance(node, WaitNode):
-        return _wait(run, index, node)
-    if isinstance(node, SubSagaNode):
-        return _sub_saga(run, index, node)
-    assert isinstance(node, PivotNode)
-    return _node("pivot", "pivot", "passed" if run["committed_at"] else NOT_RUN)
+    match node:
+        case StepNode(step):
+            return _step(run, index, step)
+        case ParallelNode(name, steps):
+            children = [_step(run, index, spec) for spec in steps]
+            return {**_node("parallel", name, _overall(children)), "children": children}
+        case BranchNode():
+            return _branch(run, index, node)
+        case LoopNode() | ForEachNode():
+            return _loop(run, index, node)
+        case WaitNode():
+            return _wait(run, index, node)
+        case SubSagaNode():
+            return _sub_saga(run, index, node)
+        case PivotNode():
+            return _node("pivot", "pivot", "passed" if run["committed_at"] else NOT_RUN)
+        case _:
+            assert_never(node)
 
 
 def tree(run: dict[str, Any], definition: SagaDefinition | None) -> Tree:

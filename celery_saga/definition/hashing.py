@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, assert_never
 
 from celery_saga.definition.nodes import (
     BranchNode,
@@ -20,6 +20,7 @@ from celery_saga.definition.nodes import (
     LoopNode,
     Node,
     ParallelNode,
+    PivotNode,
     StepNode,
     StepSpec,
     SubSagaNode,
@@ -44,22 +45,26 @@ def _step_shape(spec: StepSpec) -> list[Any]:
 
 def node_shape(node: Node) -> list[Any]:
     """What a node is, as far as a stored run is concerned (see the module docstring)."""
-    if isinstance(node, StepNode):
-        return ["step", _step_shape(node.step)]
-    if isinstance(node, ParallelNode):
-        return ["parallel", node.name, [_step_shape(s) for s in node.steps]]
-    if isinstance(node, BranchNode):
-        paths = {name: [_step_shape(s) for s in steps] for name, steps in node.paths.items()}
-        return ["branch", node.name, sorted(paths.items())]
-    if isinstance(node, WaitNode):
-        return ["wait", node.event]
-    if isinstance(node, SubSagaNode):
-        return ["sub_saga", node.name, node.saga]
-    if isinstance(node, LoopNode):
-        return [node.kind.value, node.name, [_step_shape(s) for s in node.steps]]
-    if isinstance(node, ForEachNode):
-        return ["for_each", node.name, _step_shape(node.step)]
-    return ["pivot"]
+    match node:
+        case StepNode(step):
+            return ["step", _step_shape(step)]
+        case ParallelNode(name, steps):
+            return ["parallel", name, [_step_shape(s) for s in steps]]
+        case BranchNode(name, _, paths):
+            shapes = {path: [_step_shape(s) for s in steps] for path, steps in paths.items()}
+            return ["branch", name, sorted(shapes.items())]
+        case WaitNode(event):
+            return ["wait", event]
+        case SubSagaNode(name, saga):
+            return ["sub_saga", name, saga]
+        case LoopNode(name, kind, _, steps):
+            return [kind.value, name, [_step_shape(s) for s in steps]]
+        case ForEachNode(name, _, step):
+            return ["for_each", name, _step_shape(step)]
+        case PivotNode():
+            return ["pivot"]
+        case _:
+            assert_never(node)
 
 
 def structural_hash(saga: str, nodes: Sequence[Node], label: str | None = None) -> str:

@@ -6,7 +6,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, assert_never
 
 #: Maps the saga context to the keyword arguments a step or compensation is called with.
 ArgsMapper = Callable[[Any], Mapping[str, Any]]
@@ -144,21 +144,25 @@ Node = (
 
 def node_steps(node: Node) -> tuple[StepSpec, ...]:
     """Every step a node may run (all paths of a branch, the body of a loop)."""
-    if isinstance(node, StepNode):
-        return (node.step,)
-    if isinstance(node, (ParallelNode, LoopNode)):
-        return node.steps
-    if isinstance(node, BranchNode):
-        return tuple(step for path in node.paths.values() for step in path)
-    if isinstance(node, ForEachNode):
-        return (node.step,)
-    return ()
+    match node:
+        case StepNode(step) | ForEachNode(step=step):
+            return (step,)
+        case ParallelNode(steps=steps) | LoopNode(steps=steps):
+            return steps
+        case BranchNode(paths=paths):
+            return tuple(step for path in paths.values() for step in path)
+        case PivotNode() | WaitNode() | SubSagaNode():
+            return ()
+        case _:
+            assert_never(node)
 
 
 def loop_body(node: Node) -> tuple[StepSpec, ...]:
     """The steps a loop repeats (empty for any other node)."""
-    if isinstance(node, LoopNode):
-        return node.steps
-    if isinstance(node, ForEachNode):
-        return (node.step,)
-    return ()
+    match node:
+        case LoopNode(steps=steps):
+            return steps
+        case ForEachNode(step=step):
+            return (step,)
+        case _:
+            return ()

@@ -7,7 +7,7 @@ import math
 import re
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, assert_never
 
 from celery_saga.definition.nodes import (
     BranchNode,
@@ -16,6 +16,7 @@ from celery_saga.definition.nodes import (
     Node,
     ParallelNode,
     PivotNode,
+    StepNode,
     StepSpec,
     SubSagaNode,
     WaitNode,
@@ -160,14 +161,19 @@ def _helpers(node: Node) -> list[tuple[str, Any]]:
         found.append((f"the compensation_args= of step {spec.name!r}", spec.compensation_args))
         found.append((f"the input_schema of step {spec.name!r}", spec.input_schema))
         found.append((f"the output_schema of step {spec.name!r}", spec.output_schema))
-    if isinstance(node, BranchNode):
-        found.append((f"the selector of branch {node.name!r}", node.selector))
-    elif isinstance(node, LoopNode):
-        found.append((f"the condition of {node.kind.value} {node.name!r}", node.condition))
-    elif isinstance(node, ForEachNode):
-        found.append((f"the items of for_each {node.name!r}", node.items))
-    elif isinstance(node, SubSagaNode):
-        found.append((f"the input of sub-saga {node.name!r}", node.input))
+    match node:
+        case BranchNode(name, selector):
+            found.append((f"the selector of branch {name!r}", selector))
+        case LoopNode(name, kind, condition):
+            found.append((f"the condition of {kind.value} {name!r}", condition))
+        case ForEachNode(name, items):
+            found.append((f"the items of for_each {name!r}", items))
+        case SubSagaNode(name, _, mapper):
+            found.append((f"the input of sub-saga {name!r}", mapper))
+        case StepNode() | ParallelNode() | PivotNode() | WaitNode():
+            pass
+        case _:
+            assert_never(node)
     return found
 
 
@@ -185,18 +191,19 @@ def _refuse_async_helpers(saga: str, node: Node) -> None:
 
 def _check_node(saga: str, node: Node) -> None:
     _refuse_async_helpers(saga, node)
-    if isinstance(node, ParallelNode) and not node.steps:
-        raise DefinitionError(f"saga {saga!r}: parallel group {node.name!r} has no steps")
-    if isinstance(node, BranchNode):
-        if not callable(node.selector):
-            raise DefinitionError(f"saga {saga!r}: branch {node.name!r} needs a callable selector")
-        if not node.paths:
-            raise DefinitionError(f"saga {saga!r}: branch {node.name!r} has no paths")
-        for path_name, steps in node.paths.items():
-            if not steps:
-                raise DefinitionError(
-                    f"saga {saga!r}: path {path_name!r} of branch {node.name!r} has no steps"
-                )
+    match node:
+        case ParallelNode(name, ()):
+            raise DefinitionError(f"saga {saga!r}: parallel group {name!r} has no steps")
+        case BranchNode(name, selector, paths):
+            if not callable(selector):
+                raise DefinitionError(f"saga {saga!r}: branch {name!r} needs a callable selector")
+            if not paths:
+                raise DefinitionError(f"saga {saga!r}: branch {name!r} has no paths")
+            for path_name, steps in paths.items():
+                if not steps:
+                    raise DefinitionError(
+                        f"saga {saga!r}: path {path_name!r} of branch {name!r} has no steps"
+                    )
 
 
 def record_names(node: Node) -> tuple[str, ...]:

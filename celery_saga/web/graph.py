@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, assert_never
 
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import (
@@ -117,33 +117,36 @@ def _node(
     steps: Mapping[str, Mapping[str, Any]],
     iterations: Mapping[str, list[Mapping[str, Any]]],
 ) -> Box:
-    if isinstance(node, StepNode):
-        return _step(node.step, steps)
-    if isinstance(node, ParallelNode):
-        return _group("parallel", node.name, tuple(_step(s, steps) for s in node.steps))
-    if isinstance(node, BranchNode):
-        paths = []
-        for name, path in node.paths.items():
-            inner = tuple(_step(s, steps) for s in path)
-            taken = any(box.status != NOT_REACHED for box in inner)
-            paths.append(_group("path", name, inner, "taken" if taken else ""))
-        return _group("branch", node.name, tuple(paths))
-    if isinstance(node, LoopNode):
-        body = tuple(_repeated(s, iterations) for s in node.steps)
-        return _group("loop", node.name, body, f"{node.kind.value}, at most {node.max_iterations}")
-    if isinstance(node, ForEachNode):
-        body = (_repeated(node.step, iterations),)
-        return _group("for_each", node.name, body, f"at most {node.max_iterations}")
-    if isinstance(node, WaitNode):
-        return _wait(index, node, run)
-    if isinstance(node, SubSagaNode):
-        record = steps.get(node.name)
-        child = record.get("child") if record else None
-        link = str(child["id"]) if child else None
-        status, forward = step_status(record), forward_status(record)
-        return Box("sub_saga", node.name, status, f"saga {node.saga}", (), link, forward)
-    assert isinstance(node, PivotNode)
-    return Box("pivot", "pivot", "completed" if run.get("committed_at") else NOT_REACHED)
+    match node:
+        case StepNode(step):
+            return _step(step, steps)
+        case ParallelNode(name, members):
+            return _group("parallel", name, tuple(_step(s, steps) for s in members))
+        case BranchNode(name, _, paths):
+            return _group("branch", name, tuple(_path(n, p, steps) for n, p in paths.items()))
+        case LoopNode(name, kind, _, body, most):
+            inner = tuple(_repeated(s, iterations) for s in body)
+            return _group("loop", name, inner, f"{kind.value}, at most {most}")
+        case ForEachNode(name, _, step, most):
+            return _group("for_each", name, (_repeated(step, iterations),), f"at most {most}")
+        case WaitNode():
+            return _wait(index, node, run)
+        case SubSagaNode(name, saga):
+            record = steps.get(name)
+            child = record.get("child") if record else None
+            link = str(child["id"]) if child else None
+            status, forward = step_status(record), forward_status(record)
+            return Box("sub_saga", name, status, f"saga {saga}", (), link, forward)
+        case PivotNode():
+            return Box("pivot", "pivot", "completed" if run.get("committed_at") else NOT_REACHED)
+        case _:
+            assert_never(node)
+
+
+def _path(name: str, path: tuple[StepSpec, ...], steps: Mapping[str, Mapping[str, Any]]) -> Box:
+    inner = tuple(_step(s, steps) for s in path)
+    taken = any(box.status != NOT_REACHED for box in inner)
+    return _group("path", name, inner, "taken" if taken else "")
 
 
 def _wait(index: int, node: WaitNode, run: Mapping[str, Any]) -> Box:
