@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from celery_saga.cli.events import events
+from celery_saga.cli.chronology import events
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.sensitivity import Sensitivity
 from celery_saga.redaction import redact, run_secrets, scrub

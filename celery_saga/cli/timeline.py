@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from celery_saga.cli import graph, waiting
-from celery_saga.cli.events import earlier_reversal_attempts, events
+from celery_saga.cli.chronology import earlier_reversal_attempts, events
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import (
     BranchNode,
