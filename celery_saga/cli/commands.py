@@ -10,11 +10,8 @@ command, and every mistake in a command line (``output.OneLineErrors``), prints 
 from __future__ import annotations
 
 import functools
-import json
-import sys
 from collections.abc import Callable
 from datetime import datetime
-from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -28,14 +25,12 @@ from celery_saga.cli.follow import follow_until_ended, shell_operator
 from celery_saga.cli.output import OneLineErrors, as_json, table
 from celery_saga.cli.redacted import redacted
 from celery_saga.cli.version_names import version_hashes
-from celery_saga.decisions.cancel import CancelVerdict
-from celery_saga.errors import ExecutionNotFoundError, InvalidStateError, SagaError
+from celery_saga.errors import ExecutionNotFoundError, SagaError
 from celery_saga.records import ExecutionRecord, ExecutionState, RollbackStatus
 from celery_saga.runtime.clock import get_clock
 from celery_saga.store import inspection
 from celery_saga.store.versions import waiting_for_version
 from celery_saga.worker.engine import SagaEngine
-from celery_saga.worker.run_commands import NO_OP
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -187,7 +182,7 @@ def _loaders(engine: SagaEngine) -> tuple[timeline.LoadRun, timeline.FindDefinit
     )
 
 
-def _stored(engine: SagaEngine, execution_id: str) -> inspection.StoredRun:
+def stored_run(engine: SagaEngine, execution_id: str) -> inspection.StoredRun:
     engine.ensure_schema()
     run = inspection.load_run(engine.db, execution_id)
     if run is None:
@@ -217,7 +212,7 @@ def show(
     iterations, reversals, waits, signals, operator actions, child runs)."""
     engine = engine_of(ctx)
     load, find = _loaders(engine)
-    described = timeline.describe(_stored(engine, execution_id), load, find)
+    described = timeline.describe(stored_run(engine, execution_id), load, find)
     if not reveal:
         described = redacted(described, engine.catalog)
     waits = waiting_for_version(engine.db, [execution_id])
@@ -240,110 +235,6 @@ def _redacted_again(
 ) -> dict[str, Any] | None:
     described = again()
     return None if described is None else redacted(described, engine.catalog)
-
-
-def _live(engine: SagaEngine, execution_id: str) -> ExecutionRecord:
-    run = _stored(engine, execution_id)
-    if run.archived_at is not None:
-        raise InvalidStateError(
-            f"execution {execution_id!r} is archived; archived runs are read-only"
-        )
-    return run.record
-
-
-def _payload(payload: str | None, payload_file: str | None) -> Any:
-    if payload is not None and payload_file is not None:
-        raise click.UsageError("give --payload or --payload-file, not both")
-    if payload_file is not None:
-        try:
-            payload = sys.stdin.read() if payload_file == "-" else Path(payload_file).read_text()
-        except OSError as error:
-            raise SagaError(
-                f"cannot read --payload-file {payload_file!r}: {error.strerror}"
-            ) from None
-    if payload is None:
-        return None
-    try:
-        return json.loads(payload)
-    except json.JSONDecodeError as error:
-        raise SagaError(f"the payload is not valid JSON: {error}") from None
-
-
-@saga.command()
-@click.argument("execution_id")
-@click.argument("event")
-@click.option("--payload", help="The signal's payload as JSON.")
-@click.option("--payload-file", help="Read the JSON payload from a file ('-': stdin).")
-@click.pass_context
-@operator_command
-def signal(
-    ctx: click.Context,
-    execution_id: str,
-    event: str,
-    payload: str | None,
-    payload_file: str | None,
-) -> None:
-    """Deliver EVENT to a run waiting for it (or about to)."""
-    value = _payload(payload, payload_file)
-    engine = engine_of(ctx)
-    _live(engine, execution_id)
-    resumed = engine.signal(execution_id, event, value, actor=shell_operator())
-    click.echo(
-        f"signal {event!r} recorded for {execution_id}; "
-        + ("the run resumed" if resumed else "the run will take it when it reaches the gate")
-    )
-
-
-@saga.command()
-@click.argument("execution_id")
-@click.pass_context
-@operator_command
-def resume(ctx: click.Context, execution_id: str) -> None:
-    """Retry the failed reversal of a compensation_stuck run and continue its unwind."""
-    engine = engine_of(ctx)
-    _live(engine, execution_id)
-    engine.resume_compensation(execution_id, actor=shell_operator())
-    click.echo(f"resumed the unwind of {execution_id}; the workers carry it on")
-
-
-@saga.command()
-@click.argument("execution_id")
-@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-@click.option("--reason", help="Why: recorded in the run's history and shown by show.")
-@click.pass_context
-@operator_command
-def abandon(ctx: click.Context, execution_id: str, yes: bool, reason: str | None) -> None:
-    """Give up a parked unwind: the run ends failed, outstanding reversals skipped."""
-    engine = engine_of(ctx)
-    record = _live(engine, execution_id)
-    if record.state is not ExecutionState.COMPENSATION_STUCK:
-        raise InvalidStateError(
-            f"abandon needs execution {execution_id!r} (saga {record.saga_name!r}) to be "
-            f"compensation_stuck; it is {record.state.value}"
-        )
-    if not yes:
-        click.confirm(
-            f"The steps of {execution_id} (saga {record.saga_name}) not yet reversed will "
-            "never be reversed, and the run ends failed. Abandon its unwind?",
-            abort=True,
-        )
-    skipped = engine.abandon_compensation(execution_id, actor=shell_operator(), reason=reason)
-    click.echo(f"abandoned {execution_id}: {skipped} step(s) marked compensation_skipped")
-
-
-@saga.command()
-@click.argument("execution_id")
-@click.option("--reason", help="Why: recorded as the run's failure reason and shown by show.")
-@click.pass_context
-@operator_command
-def cancel(ctx: click.Context, execution_id: str, reason: str | None) -> None:
-    """Cancel a run: nothing new starts, its running body is stopped, what it did is
-    unwound, and it ends cancelled. Refused past the pivot and once ended."""
-    verdict = engine_of(ctx).cancel(execution_id, reason, actor=shell_operator())
-    if verdict is CancelVerdict.CANCEL:
-        click.echo(f"cancelled {execution_id}; what it did is unwound by the workers")
-    else:
-        click.echo(f"execution {execution_id} {NO_OP[verdict]}")
 
 
 @saga.command()
