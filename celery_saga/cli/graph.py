@@ -7,20 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, assert_never
 
+from celery_saga.definition import nodes as kinds
 from celery_saga.definition.builder import SagaDefinition
-from celery_saga.definition.nodes import (
-    BranchNode,
-    ForEachNode,
-    LoopNode,
-    Node,
-    ParallelNode,
-    PivotNode,
-    StepNode,
-    StepSpec,
-    SubSagaNode,
-    WaitNode,
-    loop_body,
-)
+from celery_saga.definition.nodes import Node, StepSpec, loop_body
 
 NOT_RUN = "not run"
 Tree = list[dict[str, Any]]
@@ -68,7 +57,7 @@ def _overall(children: Sequence[dict[str, Any]]) -> str:
     return "partly run" if statuses else NOT_RUN
 
 
-def _branch(run: dict[str, Any], index: int, node: BranchNode) -> dict[str, Any]:
+def _branch(run: dict[str, Any], index: int, node: kinds.BranchNode) -> dict[str, Any]:
     taken = [
         (path, steps)
         for path, steps in node.paths.items()
@@ -83,8 +72,10 @@ def _branch(run: dict[str, Any], index: int, node: BranchNode) -> dict[str, Any]
     return {**_node("branch", node.name, _overall(children), detail), "children": children}
 
 
-def _loop(run: dict[str, Any], index: int, node: LoopNode | ForEachNode) -> dict[str, Any]:
-    kind = "loop" if isinstance(node, LoopNode) else "for_each"
+def _loop(
+    run: dict[str, Any], index: int, node: kinds.LoopNode | kinds.ForEachNode
+) -> dict[str, Any]:
+    kind = "loop" if isinstance(node, kinds.LoopNode) else "for_each"
     children = [_step(run, index, spec) for spec in loop_body(node)]
     rounds = max((c.get("iterations", 0) for c in children), default=0)
     unit = "iteration" if kind == "loop" else "item"
@@ -92,7 +83,7 @@ def _loop(run: dict[str, Any], index: int, node: LoopNode | ForEachNode) -> dict
     return {**_node(kind, node.name, _overall(children), detail), "children": children}
 
 
-def _wait(run: dict[str, Any], index: int, node: WaitNode) -> dict[str, Any]:
+def _wait(run: dict[str, Any], index: int, node: kinds.WaitNode) -> dict[str, Any]:
     deadline = "no deadline" if node.timeout is None else f"deadline {node.timeout:g} s"
     detail = f"event {node.event!r}, {deadline}"
     received = [s for s in run["signals"] if s["event"] == node.event]
@@ -110,7 +101,7 @@ def _wait(run: dict[str, Any], index: int, node: WaitNode) -> dict[str, Any]:
     return _node("wait", node.event, status, detail)
 
 
-def _sub_saga(run: dict[str, Any], index: int, node: SubSagaNode) -> dict[str, Any]:
+def _sub_saga(run: dict[str, Any], index: int, node: kinds.SubSagaNode) -> dict[str, Any]:
     records = [s for s in run["steps"] if s["node"] == index]
     if not records:
         return _node("sub_saga", node.name, NOT_RUN, f"saga {node.saga}")
@@ -122,20 +113,20 @@ def _sub_saga(run: dict[str, Any], index: int, node: SubSagaNode) -> dict[str, A
 
 def _of(run: dict[str, Any], index: int, node: Node) -> dict[str, Any]:
     match node:
-        case StepNode(step):
+        case kinds.StepNode(step):
             return _step(run, index, step)
-        case ParallelNode(name, steps):
+        case kinds.ParallelNode(name, steps):
             children = [_step(run, index, spec) for spec in steps]
             return {**_node("parallel", name, _overall(children)), "children": children}
-        case BranchNode():
+        case kinds.BranchNode():
             return _branch(run, index, node)
-        case LoopNode() | ForEachNode():
+        case kinds.LoopNode() | kinds.ForEachNode():
             return _loop(run, index, node)
-        case WaitNode():
+        case kinds.WaitNode():
             return _wait(run, index, node)
-        case SubSagaNode():
+        case kinds.SubSagaNode():
             return _sub_saga(run, index, node)
-        case PivotNode():
+        case kinds.PivotNode():
             return _node("pivot", "pivot", "passed" if run["committed_at"] else NOT_RUN)
         case _:
             assert_never(node)

@@ -14,18 +14,8 @@ import json
 from collections.abc import Sequence
 from typing import Any, assert_never
 
-from celery_saga.definition.nodes import (
-    BranchNode,
-    ForEachNode,
-    LoopNode,
-    Node,
-    ParallelNode,
-    PivotNode,
-    StepNode,
-    StepSpec,
-    SubSagaNode,
-    WaitNode,
-)
+from celery_saga.definition import nodes as kinds
+from celery_saga.definition.nodes import Node, StepSpec
 
 
 def callable_identity(action: Any) -> str:
@@ -46,22 +36,22 @@ def _step_shape(spec: StepSpec) -> list[Any]:
 def node_shape(node: Node) -> list[Any]:
     """What a node is, as far as a stored run is concerned (see the module docstring)."""
     match node:
-        case StepNode(step):
+        case kinds.StepNode(step):
             return ["step", _step_shape(step)]
-        case ParallelNode(name, steps):
+        case kinds.ParallelNode(name, steps):
             return ["parallel", name, [_step_shape(s) for s in steps]]
-        case BranchNode(name, _, paths):
+        case kinds.BranchNode(name, _, paths):
             shapes = {path: [_step_shape(s) for s in steps] for path, steps in paths.items()}
             return ["branch", name, sorted(shapes.items())]
-        case WaitNode(event):
+        case kinds.WaitNode(event):
             return ["wait", event]
-        case SubSagaNode(name, saga):
+        case kinds.SubSagaNode(name, saga):
             return ["sub_saga", name, saga]
-        case LoopNode(name, kind, _, steps):
+        case kinds.LoopNode(name, kind, _, steps):
             return [kind.value, name, [_step_shape(s) for s in steps]]
-        case ForEachNode(name, _, step):
+        case kinds.ForEachNode(name, _, step):
             return ["for_each", name, _step_shape(step)]
-        case PivotNode():
+        case kinds.PivotNode():
             return ["pivot"]
         case _:
             assert_never(node)

@@ -7,19 +7,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, assert_never
 
+from celery_saga.definition import nodes as kinds
 from celery_saga.definition.builder import SagaDefinition
-from celery_saga.definition.nodes import (
-    BranchNode,
-    ForEachNode,
-    LoopNode,
-    Node,
-    ParallelNode,
-    PivotNode,
-    StepNode,
-    StepSpec,
-    SubSagaNode,
-    WaitNode,
-)
+from celery_saga.definition.nodes import Node, StepSpec
 
 NOT_REACHED = "not_reached"
 #: The status a group shows: the first of these any box inside it has (what needs an eye
@@ -118,26 +108,26 @@ def _node(
     iterations: Mapping[str, list[Mapping[str, Any]]],
 ) -> Box:
     match node:
-        case StepNode(step):
+        case kinds.StepNode(step):
             return _step(step, steps)
-        case ParallelNode(name, members):
+        case kinds.ParallelNode(name, members):
             return _group("parallel", name, tuple(_step(s, steps) for s in members))
-        case BranchNode(name, _, paths):
+        case kinds.BranchNode(name, _, paths):
             return _group("branch", name, tuple(_path(n, p, steps) for n, p in paths.items()))
-        case LoopNode(name, kind, _, body, most):
+        case kinds.LoopNode(name, kind, _, body, most):
             inner = tuple(_repeated(s, iterations) for s in body)
             return _group("loop", name, inner, f"{kind.value}, at most {most}")
-        case ForEachNode(name, _, step, most):
+        case kinds.ForEachNode(name, _, step, most):
             return _group("for_each", name, (_repeated(step, iterations),), f"at most {most}")
-        case WaitNode():
+        case kinds.WaitNode():
             return _wait(index, node, run)
-        case SubSagaNode(name, saga):
+        case kinds.SubSagaNode(name, saga):
             record = steps.get(name)
             child = record.get("child") if record else None
             link = str(child["id"]) if child else None
             status, forward = step_status(record), forward_status(record)
             return Box("sub_saga", name, status, f"saga {saga}", (), link, forward)
-        case PivotNode():
+        case kinds.PivotNode():
             return Box("pivot", "pivot", "completed" if run.get("committed_at") else NOT_REACHED)
         case _:
             assert_never(node)
@@ -149,7 +139,7 @@ def _path(name: str, path: tuple[StepSpec, ...], steps: Mapping[str, Mapping[str
     return _group("path", name, inner, "taken" if taken else "")
 
 
-def _wait(index: int, node: WaitNode, run: Mapping[str, Any]) -> Box:
+def _wait(index: int, node: kinds.WaitNode, run: Mapping[str, Any]) -> Box:
     received = {signal["event"] for signal in run["signals"]}
     deadline = "" if node.timeout is None else f"timeout {node.timeout:g} s"
     if node.event in received:
