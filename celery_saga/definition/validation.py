@@ -232,12 +232,17 @@ def _seen_before(saga: str, what: str, name: str, seen: dict[str, str]) -> bool:
     return True
 
 
+def _check_pivots(saga: str, nodes: Sequence[Node]) -> None:
+    pivots = sum(isinstance(node, PivotNode) for node in nodes)
+    if pivots == len(nodes):
+        raise DefinitionError(f"saga {saga!r} has no steps")
+    if pivots > 1:
+        raise DefinitionError(f"saga {saga!r} has more than one pivot")
+
+
 def validate_saga(saga: str, nodes: Sequence[Node]) -> None:
     """Whole-graph checks: not empty, unique step names and events, at most one pivot."""
-    if not any(not isinstance(node, PivotNode) for node in nodes):
-        raise DefinitionError(f"saga {saga!r} has no steps")
-    if sum(isinstance(node, PivotNode) for node in nodes) > 1:
-        raise DefinitionError(f"saga {saga!r} has more than one pivot")
+    _check_pivots(saga, nodes)
     seen: dict[str, str] = {}
     events: dict[str, str] = {}
     for node in nodes:
