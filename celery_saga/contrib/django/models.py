@@ -74,15 +74,21 @@ class Run(models.Model):  # type: ignore[misc]
         return f"{self.saga_name} {self.id}"
 
 
-class Step(models.Model):  # type: ignore[misc]
-    id = models.BigIntegerField(primary_key=True)
-    run = models.ForeignKey(
+def _of_run(related_name: str) -> Any:
+    """A row's run, by its ``execution_id`` column (the store's own schema declares the
+    constraint; these unmanaged models never write)."""
+    return models.ForeignKey(
         Run,
         on_delete=models.DO_NOTHING,
         db_column="execution_id",
         db_constraint=False,
-        related_name="steps",
+        related_name=related_name,
     )
+
+
+class Step(models.Model):  # type: ignore[misc]
+    id = models.BigIntegerField(primary_key=True)
+    run = _of_run("steps")
     name = models.CharField(max_length=200)
     node = models.IntegerField()
     sub = models.IntegerField("position in node")
@@ -114,13 +120,7 @@ class Step(models.Model):  # type: ignore[misc]
 
 class HistoryRow(models.Model):  # type: ignore[misc]
     id = models.BigIntegerField(primary_key=True)
-    run = models.ForeignKey(
-        Run,
-        on_delete=models.DO_NOTHING,
-        db_column="execution_id",
-        db_constraint=False,
-        related_name="history",
-    )
+    run = _of_run("history")
     at = StoredTime()
     kind = models.CharField(max_length=40)
     step = models.CharField(max_length=200, null=True)
