@@ -9,8 +9,8 @@ from datetime import datetime
 from sqlalchemy import Connection
 
 from celery_saga.records import ReversalAttempt, StepAttempt
-from celery_saga.store import prepared
-from celery_saga.store.database import rowcount_in, to_db_time
+from celery_saga.store import drivers, prepared
+from celery_saga.store.database import to_db_time
 from celery_saga.store.history import Kind
 
 
@@ -55,7 +55,7 @@ def _write(
         "attempt_started": started(claimed),
         "attempt_detail": detail,
     }
-    rowcount_in(connection, prepared.attempt_row(ended, reversal), params)
+    drivers.rowcount(connection, prepared.attempt_row(ended, reversal), params)
 
 
 def started(claimed: datetime | None) -> datetime | None:

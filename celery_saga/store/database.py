@@ -20,7 +20,7 @@ from sqlalchemy.exc import DBAPIError, NoSuchModuleError
 from sqlalchemy.pool import StaticPool
 
 from celery_saga.errors import StoreConfigurationError
-from celery_saga.store import direct, url_errors
+from celery_saga.store import drivers, url_errors
 
 VERSION_TABLE = "celery_saga_alembic_version"
 _MIGRATIONS = Path(__file__).with_name("migrations")
@@ -134,29 +134,6 @@ def _server_connect_args(parsed: URL) -> tuple[URL, dict[str, Any]]:
     return parsed, connect_args
 
 
-#: Each store engine's statement counter, for ``rowcount_in``.
-_COUNTERS: weakref.WeakKeyDictionary[Engine, Any] = weakref.WeakKeyDictionary()
-
-
-def rowcount_in(connection: Connection, statement: Any, params: dict[str, Any]) -> int:
-    """``Database.rowcount`` for a write of the hot path inside a transaction, where only
-    the transaction's connection is at hand (SQLite sends it to the driver directly)."""
-    own = _COUNTERS.get(connection.engine)
-    if own is None:
-        return int(connection.execute(statement, params).rowcount)
-    return direct.rowcount(connection, statement, params, own)
-
-
-def rows_in(
-    connection: Connection, statement: Any, params: dict[str, Any]
-) -> Sequence[Mapping[Any, Any]]:
-    """``Database.rows`` inside a transaction, as ``rowcount_in``."""
-    own = _COUNTERS.get(connection.engine)
-    if own is None:
-        return list(connection.execute(statement, params).mappings())
-    return direct.rows(connection, statement, params, own)
-
-
 def _after_fork(reference: weakref.ref[Engine]) -> None:
     engine = reference()
     if engine is not None:
@@ -207,9 +184,9 @@ class Database:
         else:
             event.listen(self.engine, "begin", _on_begin)
         self._counter = self._count
-        # retval: registered as it is (not wrapped), so ``direct`` can tell it from others.
+        # retval: registered as it is (not wrapped), so a driver can tell it from others.
         event.listen(self.engine, "before_cursor_execute", self._counter, retval=True)
-        _COUNTERS[self.engine] = self._counter
+        drivers.use(self.engine, drivers.choose(self.engine, self._counter))
         reference = weakref.ref(self.engine)
         os.register_at_fork(after_in_child=lambda: _after_fork(reference))
         self._migrated = False
@@ -244,19 +221,10 @@ class Database:
             for connection in slot:
                 connection.close()
 
-    def rowcount(self, connection: Connection, statement: Any, params: dict[str, Any]) -> int:
-        """Run one write of the hot path (see ``direct``); its changed rows."""
-        return direct.rowcount(connection, statement, params, self._counter)
-
-    def rows(
-        self, connection: Connection, statement: Any, params: dict[str, Any]
-    ) -> Sequence[Mapping[Any, Any]]:
-        """Run one statement of the hot path that returns rows (see ``direct``)."""
-        return direct.rows(connection, statement, params, self._counter)
-
-    def direct_writes(self, connection: Connection) -> bool:
-        """Whether ``rowcount`` on ``connection`` now bypasses SQLAlchemy's execution."""
-        return direct.applies(connection, self._counter)
+    @property
+    def driver(self) -> drivers.Driver:
+        """How this store's statements built once run (``drivers``), chosen at start."""
+        return drivers.of(self.engine)
 
     def _idle_held(self) -> Connection | None:
         """The task's connection (checked out now if need be) when no statement or
@@ -302,29 +270,30 @@ class Database:
             with self.engine.connect() as connection:
                 yield connection.execution_options(**{_AUTOCOMMIT: True})
 
-    def read(self, query: Any, params: dict[str, Any] | None = None) -> Sequence[Mapping[Any, Any]]:
+    def read(
+        self, query: Any, params: dict[str, Any] | None = None, *, serial: bool = False
+    ) -> Sequence[Mapping[Any, Any]]:
         """Run one read; retried once on a connection the server dropped (no pre-ping).
-        With ``params``, ``query`` is a statement built once (see ``rows``)."""
+        With ``params``, ``query`` is a statement built once (``drivers.rows``).
 
-        def once() -> Sequence[Mapping[Any, Any]]:
-            with self.single_statement() as connection:
-                if params is not None:
-                    return self.rows(connection, query, params)
-                return connection.execute(query).mappings().all()
+        ``serial``: a sweep's read, on PostgreSQL planned without parallel workers. A sweep
+        reads the few rows due; on a big table the planner may still split it over workers,
+        whose start costs more than the read (the recovery sweep at 3M runs: 11 ms, not 0.5).
+        """
+        if serial and self.dialect == "postgresql":
 
-        return _retried_once(once)
+            def once() -> Sequence[Mapping[Any, Any]]:
+                with self.transaction() as connection:
+                    connection.execute(text("SET LOCAL max_parallel_workers_per_gather = 0"))
+                    return connection.execute(query).mappings().all()
 
-    def read_serial(self, query: Any) -> Sequence[Mapping[Any, Any]]:
-        """``read`` for a sweep: on PostgreSQL planned without parallel workers. A sweep reads
-        the few rows due; on a big table the planner may still split it over workers, whose
-        start costs more than the read (the recovery sweep at 3M runs: 11 ms, not 0.5)."""
-        if self.dialect != "postgresql":
-            return self.read(query)
+        else:
 
-        def once() -> Sequence[Mapping[Any, Any]]:
-            with self.transaction() as connection:
-                connection.execute(text("SET LOCAL max_parallel_workers_per_gather = 0"))
-                return connection.execute(query).mappings().all()
+            def once() -> Sequence[Mapping[Any, Any]]:
+                with self.single_statement() as connection:
+                    if params is not None:
+                        return drivers.rows(connection, query, params)
+                    return connection.execute(query).mappings().all()
 
         return _retried_once(once)
 

@@ -13,8 +13,8 @@ from sqlalchemy.exc import IntegrityError
 from celery_saga.decisions.cursor import Advance
 from celery_saga.decisions.unwind import UnwindKind, UnwindStep, next_unwind_step
 from celery_saga.records import ExecutionState, StepAttempt, StepRecord, StepStatus
-from celery_saga.store import attempts, history, prepared
-from celery_saga.store.database import Database, rowcount_in, to_db_time
+from celery_saga.store import attempts, drivers, history, prepared
+from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.history import Kind
 from celery_saga.store.queries import load_execution_row, load_steps
 from celery_saga.store.tables import executions, step_records
@@ -135,11 +135,11 @@ def _inserted_one(
     # RETURNING; count the returned rows wherever SQLAlchemy runs it there (or on MySQL's
     # kin that return). SQLite's rowcount is exact and costs no result to fetch.
     returning = connection.dialect.insert_returning and db.dialect != "sqlite"
-    if returning and not db.direct_writes(connection):
+    if returning and not db.driver.direct(connection):
         statement = prepared.first_claim(returning=True, durable=durable)
         return len(connection.execute(statement, params).all()) == 1
     statement = prepared.first_claim(returning=False, durable=durable)
-    return db.rowcount(connection, statement, params) == 1
+    return drivers.rowcount(connection, statement, params) == 1
 
 
 def lock_execution(
@@ -154,7 +154,7 @@ def lock_execution(
         **prefixed("set_", changes),
     }
     statement = prepared.lock_run_at_cursor(tuple(sorted(changes)))
-    if rowcount_in(connection, statement, params) != 1:
+    if drivers.rowcount(connection, statement, params) != 1:
         raise Conflict(execution_id)
 
 
@@ -168,7 +168,7 @@ def settle_step(connection: Connection, step: StepAttempt, **changes: Any) -> No
         **prefixed("set_", changes),
     }
     statement = prepared.settle_held_step(tuple(sorted(changes)))
-    if rowcount_in(connection, statement, params) != 1:
+    if drivers.rowcount(connection, statement, params) != 1:
         raise Conflict(step.execution_id)
 
 
@@ -263,7 +263,7 @@ def record_step_completed(
         statement, expected = combined
         if db.dialect == "postgresql":
             with db.single_statement() as connection:
-                return db.rowcount(connection, statement, params) == expected
+                return drivers.rowcount(connection, statement, params) == expected
         with db.transaction() as connection:
             if connection.execute(statement, params).rowcount != expected:
                 raise Conflict(step.execution_id)
@@ -327,7 +327,7 @@ def fail_run_locked(
     plan = next_unwind_step(steps, committed, compensations)
     values = {**failed_run_values(plan, reason), "updated_at": to_db_time(now)}
     statement = prepared.update_run(tuple(sorted(values)))
-    rowcount_in(connection, statement, {"run_id": execution_id, **prefixed("set_", values)})
+    drivers.rowcount(connection, statement, {"run_id": execution_id, **prefixed("set_", values)})
     return plan
 
 

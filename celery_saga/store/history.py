@@ -17,8 +17,9 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, func, insert, literal, select
 
 from celery_saga.records import RollbackStatus, StepRecord
+from celery_saga.store import drivers
 from celery_saga.store.codec import pack, unpack_or_sealed
-from celery_saga.store.database import Database, from_db_time, rowcount_in, to_db_time
+from celery_saga.store.database import Database, from_db_time, to_db_time
 from celery_saga.store.tables import executions, history, history_archive
 
 #: The width of the ``actor`` column.
@@ -161,7 +162,7 @@ def write(
     ``blob``: ``entry.data`` already encoded, else it is encoded here."""
     if blob is None and entry.data is not None:
         blob = pack(entry.data, what=f"history of {execution_id!r}")
-    rowcount_in(connection, _insert_row(), _values(execution_id, entry, blob))
+    drivers.rowcount(connection, _insert_row(), _values(execution_id, entry, blob))
 
 
 @functools.cache

@@ -23,7 +23,7 @@ from sqlalchemy import Connection, bindparam, select, update
 
 from celery_saga.decisions.cursor import Advance, group_outcome
 from celery_saga.records import StepAttempt, StepStatus
-from celery_saga.store import attempts, forward, history, prepared
+from celery_saga.store import attempts, drivers, forward, history, prepared
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.forward import Conflict, GroupResult
 from celery_saga.store.history import Kind
@@ -160,7 +160,7 @@ def _counted_in_one(
         "group_size": size,
     }
     with db.single_statement() as connection:
-        return bool(db.rows(connection, prepared.member_in_one(), params))
+        return bool(drivers.rows(connection, prepared.member_in_one(), params))
 
 
 def _count_member(

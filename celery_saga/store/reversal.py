@@ -32,8 +32,8 @@ from celery_saga.records import (
     RollbackStatus,
     StepRecord,
 )
-from celery_saga.store import attempts, history, prepared
-from celery_saga.store.database import Database, rowcount_in, rows_in, to_db_time
+from celery_saga.store import attempts, drivers, history, prepared
+from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.forward import Conflict, prefixed
 from celery_saga.store.history import Kind
 from celery_saga.store.queries import snapshot_from_rows, snapshot_query
@@ -170,20 +170,20 @@ def _claimed_rows(
     the claim is held no one else changes the run's steps."""
     if db.dialect == "postgresql":
         with db.single_statement() as connection:
-            return db.rows(connection, _claim_returning(with_run, db.durable_claims), params)
+            return drivers.rows(connection, _claim_returning(with_run, db.durable_claims), params)
     if db.dialect != "sqlite":  # MySQL refuses an UPDATE whose WHERE reads its own table
         return None
     claim, read = _claim_then_read(with_run)
     if not with_run:
         with db.transaction() as connection:
-            if rowcount_in(connection, claim, params) != 1:
+            if drivers.rowcount(connection, claim, params) != 1:
                 return []
-            return rows_in(connection, read, params)
+            return drivers.rows(connection, read, params)
     with db.single_statement() as connection:
-        if db.rowcount(connection, claim, params) != 1:
+        if drivers.rowcount(connection, claim, params) != 1:
             return []
     with db.single_statement() as connection:
-        return db.rows(connection, read, params)
+        return drivers.rows(connection, read, params)
 
 
 def claim_next_reversal(
@@ -298,9 +298,9 @@ def _outcome_in_a_transaction(
 ) -> None:
     """Elsewhere: the same two row changes in one transaction, run row (its lock) first;
     statements built once per shape (SQLite sends them to its driver directly)."""
-    if rowcount_in(connection, _run_moved(changes), params) != 1:
+    if drivers.rowcount(connection, _run_moved(changes), params) != 1:
         raise Conflict(params["run_id"])
-    if rowcount_in(connection, _step_outcome(), params) != 1:
+    if drivers.rowcount(connection, _step_outcome(), params) != 1:
         raise Conflict(params["run_id"])  # rolls the run's change back
 
 
@@ -350,7 +350,7 @@ def record_compensation(
     parks = plan.kind is UnwindKind.HALT_FAILED
     if db.dialect == "postgresql" and not parks:
         with db.single_statement() as connection:
-            written = db.rowcount(connection, _outcome_in_one(shape), params) == 1
+            written = drivers.rowcount(connection, _outcome_in_one(shape), params) == 1
         return plan if written else None
     try:
         # A park (never the happy path) takes a transaction: its history row goes with it.

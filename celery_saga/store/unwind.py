@@ -23,8 +23,8 @@ from celery_saga.records import (
     RollbackStatus,
     StepRecord,
 )
-from celery_saga.store import attempts, history, prepared
-from celery_saga.store.database import Database, rowcount_in, to_db_time
+from celery_saga.store import attempts, drivers, history, prepared
+from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.forward import Conflict
 from celery_saga.store.history import Kind
 from celery_saga.store.queries import load_execution_row, load_steps
@@ -104,7 +104,7 @@ def claim_compensation(
     statement = _reversal_claim(seen_lease is not None, durable)
     lost = previous is not None and previous.compensation_lease_expires_at is not None
     with db.transaction() if lost or restored_at else db.single_statement() as connection:
-        if rowcount_in(connection, statement, params) != 1:
+        if drivers.rowcount(connection, statement, params) != 1:
             return False
         if lost and previous is not None:
             history.write_reversal_lost(connection, previous, now)
