@@ -236,33 +236,17 @@ def write_parked(
     write(connection, execution_id, entry)
 
 
-def write_lost(connection: Connection, lost: StepRecord, now: datetime) -> None:
-    """The ``step-lost`` row of the attempt ``lost`` (a step record read before its
-    takeover), unless that attempt's worker gave its claim up (``step-released``): the
-    attempt's end is then already recorded."""
-    _write_lost(
-        connection,
-        lost,
-        (Kind.STEP_LOST, Kind.STEP_RELEASED),
-        (lost.attempts, lost.holder, lost.lease_expires_at),
-        now,
-    )
-
-
-def write_reversal_lost(connection: Connection, lost: StepRecord, now: datetime) -> None:
-    """``write_lost`` for the reversal attempt ``lost`` holds (``reversal-lost``)."""
-    held = (lost.compensation_attempts, lost.compensation_holder)
-    lease = lost.compensation_lease_expires_at
-    _write_lost(connection, lost, (Kind.REVERSAL_LOST, Kind.REVERSAL_RELEASED), (*held, lease), now)
-
-
-def _write_lost(
+def write_lost_row(
     connection: Connection,
     lost: StepRecord,
     kinds: tuple[Kind, Kind],
     held: tuple[int, str | None, datetime | None],
     now: datetime,
 ) -> None:
+    """The ``kinds[0]`` row (``step-lost``, ``reversal-lost``) of the attempt that held
+    ``lost`` (a record read before its takeover) as ``held`` (its number, holder and
+    lease), unless that attempt gave its claim up (a ``kinds[1]`` row): its end is then
+    already recorded. ``claims.taken_over`` names both per direction."""
     (lost_kind, released_kind), (attempt, holder, lease) = kinds, held
     # A resume numbers a reversal's attempts from 1 again: only rows since the last count.
     resumed = select(func.coalesce(func.max(history.c.id), 0)).where(

@@ -33,8 +33,10 @@ from celery_saga.records import (
     StepRecord,
 )
 from celery_saga.store import attempts, drivers, history, prepared
+from celery_saga.store.claims import Conflict
 from celery_saga.store.database import Database, to_db_time
-from celery_saga.store.forward import Conflict, prefixed
+from celery_saga.store.directions import REVERSE, held_params
+from celery_saga.store.forward import prefixed
 from celery_saga.store.history import Kind
 from celery_saga.store.queries import snapshot_from_rows, snapshot_query
 from celery_saga.store.rows import step_from_row
@@ -247,22 +249,6 @@ def _run_changes(plan: UnwindStep, name: str, reason: str | None) -> dict[str, A
     return {}
 
 
-def _step_settled() -> Any:
-    """The reversal is still this attempt's: no outcome, its number, and its holder (param
-    ``reversal_holder``, None: not known), as ``prepared.step_held`` for a step."""
-    holder = prepared.param("reversal_holder", step_records.c.compensation_holder)
-    return (
-        (step_records.c.execution_id == prepared.param("run_id", step_records.c.execution_id))
-        & (step_records.c.name == prepared.param("step_name", step_records.c.name))
-        & step_records.c.compensation_status.is_(None)
-        & (
-            step_records.c.compensation_attempts
-            == prepared.param("attempt", step_records.c.compensation_attempts)
-        )
-        & (holder.is_(None) | (step_records.c.compensation_holder == holder))
-    )
-
-
 _STEP_OUTCOME = {
     "compensation_status": prepared.param("outcome", step_records.c.compensation_status),
     "compensation_reason": prepared.param("reason", step_records.c.compensation_reason),
@@ -277,7 +263,7 @@ def _outcome_in_one(changes: tuple[str, ...]) -> Any:
     move the run, in one statement whose rowcount is 1 only if all three happened."""
     run = prepared.bumped_run(changes)
     return prepared.run_and_step_in_one(
-        prepared.compensating_run(), _step_settled(), run, _STEP_OUTCOME, reversal=True
+        prepared.compensating_run(), held_params(REVERSE), run, _STEP_OUTCOME, reversal=True
     )
 
 
@@ -290,7 +276,7 @@ def _run_moved(changes: tuple[str, ...]) -> Any:
 
 @functools.cache
 def _step_outcome() -> Any:
-    return update(step_records).where(_step_settled()).values(**_STEP_OUTCOME)
+    return update(step_records).where(held_params(REVERSE)).values(**_STEP_OUTCOME)
 
 
 def _outcome_in_a_transaction(
