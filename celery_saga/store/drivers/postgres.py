@@ -28,7 +28,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, exc
 
 from celery_saga.store.drivers.alchemy import ALCHEMY
-from celery_saga.store.drivers.protocol import Counter, Rows, constants, observed
+from celery_saga.store.drivers.protocol import Counter, Rows, constants, observed, on_cursor
 
 
 @dataclass(frozen=True)
@@ -81,13 +81,7 @@ class Psycopg:
         try:
             if not driver.autocommit:
                 driver.autocommit = True  # the mode single statements run in (database.py)
-            cursor = driver.cursor()
-            try:
-                self.own(connection, cursor, compiled.sql, values, None, False)
-                cursor.execute(compiled.sql, values)
-                return read(cursor)
-            finally:
-                cursor.close()
+            return on_cursor(connection, self.own, compiled.sql, values, read)
         except dbapi.Error as error:
             dropped = bool(engine.dialect.is_disconnect(error, driver, None))
             if dropped:

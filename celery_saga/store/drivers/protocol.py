@@ -45,6 +45,26 @@ def observed(engine: Engine, own: Counter) -> bool:
     return any(listener != own for listener in listeners)
 
 
+def on_cursor(
+    connection: Connection,
+    own: Counter,
+    sql: str,
+    values: Any,
+    read: Callable[[Any], Any],
+) -> Any:
+    """Run ``sql`` on a cursor of the driver's own connection, counted by ``own`` as
+    SQLAlchemy would count it; ``read(cursor)`` is the result."""
+    driver = connection.connection.dbapi_connection  # reconnects an invalidated one
+    assert driver is not None
+    cursor = driver.cursor()
+    try:
+        own(connection, cursor, sql, values, None, False)
+        cursor.execute(sql, values)
+        return read(cursor)
+    finally:
+        cursor.close()
+
+
 def constants(compiled: Any) -> dict[str, Any]:
     """Values a compiled statement carries itself (its literals, sent as parameters)."""
     return {

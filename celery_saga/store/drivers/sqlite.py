@@ -28,7 +28,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, exc
 
 from celery_saga.store.drivers.alchemy import ALCHEMY
-from celery_saga.store.drivers.protocol import Counter, Rows, constants, observed
+from celery_saga.store.drivers.protocol import Counter, Rows, constants, observed, on_cursor
 
 Processor = Callable[[Any], Any]
 
@@ -139,16 +139,8 @@ class Sqlite3:
             if name in values:
                 values[name] = process(values[name])
         ordered = tuple(values[name] for name in prepared.names)
-        driver = connection.connection.dbapi_connection
-        assert driver is not None
         try:
-            cursor = driver.cursor()
-            try:
-                self.own(connection, cursor, prepared.sql, ordered, None, False)
-                cursor.execute(prepared.sql, ordered)
-                return read(cursor)
-            finally:
-                cursor.close()
+            return on_cursor(connection, self.own, prepared.sql, ordered, read)
         except sqlite3.Error as error:  # as SQLAlchemy's: IntegrityError, a busy OperationalError
             raise exc.DBAPIError.instance(
                 prepared.sql, ordered, error, sqlite3.Error, dialect=connection.dialect
