@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sqlite3
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -37,7 +36,7 @@ def from_db_time(value: datetime | None) -> datetime | None:
 
 
 #: Execution option: this connection runs single statements, each committing on its own.
-_AUTOCOMMIT = "saga_autocommit"
+_AUTOCOMMIT = drivers.AUTOCOMMIT
 
 
 #: ``PRAGMA synchronous`` values a SQLite store may run with (``saga_sqlite_synchronous``).
@@ -56,37 +55,6 @@ def checked_synchronous(value: Any) -> str:
             f"saga_sqlite_synchronous must be one of {choices}, not {value!r}"
         )
     return chosen
-
-
-def _configure_sqlite(engine: Engine, synchronous: str) -> None:
-    @event.listens_for(engine, "connect")
-    def _connect(dbapi_connection: Any, _record: Any) -> None:
-        # Let the "begin" event below issue BEGIN IMMEDIATE instead of pysqlite's BEGIN.
-        dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
-        for pragma in (
-            "journal_mode=WAL",
-            "busy_timeout=30000",
-            "foreign_keys=ON",
-            f"synchronous={synchronous}",
-        ):
-            cursor.execute(f"PRAGMA {pragma}")
-        cursor.close()
-
-    @event.listens_for(engine, "begin")
-    def _begin(connection: Connection) -> None:
-        if connection.get_execution_options().get(_AUTOCOMMIT, False):
-            return  # a single statement: see ``Database.single_statement``
-        # Writers are serialised up front: a deferred transaction that later upgrades to a
-        # write lock can fail with SQLITE_BUSY regardless of the busy timeout. Sent to the
-        # driver itself: SQLAlchemy's execution of it cost more CPU than SQLite's work.
-        driver = connection.connection.dbapi_connection
-        try:
-            driver.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
-        except sqlite3.Error as error:  # "database is locked": transient, as SQLAlchemy says
-            raise DBAPIError.instance(
-                "BEGIN IMMEDIATE", None, error, sqlite3.Error, dialect=connection.dialect
-            ) from error
 
 
 def _retried_once(read: Callable[[], Sequence[Mapping[Any, Any]]]) -> Sequence[Mapping[Any, Any]]:
@@ -180,7 +148,7 @@ class Database:
         except ImportError as error:  # the driver the URL names is not installed
             raise url_errors.quieted(url_errors.driver_missing(parsed, error), error) from None
         if self.dialect == "sqlite":
-            _configure_sqlite(self.engine, checked_synchronous(sqlite_synchronous))
+            drivers.configure_sqlite(self.engine, checked_synchronous(sqlite_synchronous))
         else:
             event.listen(self.engine, "begin", _on_begin)
         self._counter = self._count

@@ -30,10 +30,23 @@ from sqlalchemy import Connection, Engine
 
 from celery_saga.store.drivers.alchemy import ALCHEMY
 from celery_saga.store.drivers.postgres import Psycopg
-from celery_saga.store.drivers.protocol import Counter, Driver, Rows
-from celery_saga.store.drivers.sqlite import Sqlite3
+from celery_saga.store.drivers.protocol import AUTOCOMMIT, Counter, Driver, Rows
+from celery_saga.store.drivers.sqlite import Sqlite3, raised_by_sqlite3
+from celery_saga.store.drivers.sqlite import configure as configure_sqlite
 
-__all__ = ["ALCHEMY", "Driver", "Rows", "choose", "of", "rowcount", "rows", "use"]
+__all__ = [
+    "ALCHEMY",
+    "AUTOCOMMIT",
+    "Driver",
+    "Rows",
+    "choose",
+    "configure_sqlite",
+    "of",
+    "raised_by_sqlite3",
+    "rowcount",
+    "rows",
+    "use",
+]
 
 #: Each store engine's strategy. An engine not built by ``Database`` gets SQLAlchemy's.
 _CHOSEN: weakref.WeakKeyDictionary[Engine, Driver] = weakref.WeakKeyDictionary()

@@ -10,6 +10,9 @@ from sqlalchemy import Connection, Engine
 
 Rows = Sequence[Mapping[Any, Any]]
 
+#: Execution option: this connection runs single statements, each committing on its own.
+AUTOCOMMIT = "saga_autocommit"
+
 #: The store's own statement counter (``Database._count``), a ``before_cursor_execute``
 #: listener: a direct strategy calls it for each statement it sends, as SQLAlchemy would.
 Counter = Callable[..., Any]

@@ -8,7 +8,7 @@ SQLAlchemy 2.1): 66 us of CPU through ``Connection.execute``, 25 us here.
 
 Unlike psycopg's path this one also runs inside a transaction: SQLite's transaction lives
 on the driver's connection, and the store sends its BEGIN IMMEDIATE there itself
-(``database._configure_sqlite``), so SQLAlchemy keeps no state a statement here could
+(``configure``), so SQLAlchemy keeps no state a statement here could
 bypass. Values go through the columns' own type processing both ways (SQLite keeps
 datetimes as text), exactly as SQLAlchemy applies it, through public API only: each
 type's ``dialect_impl`` gives its bind and result processors, the compiled RETURNING or
@@ -25,12 +25,59 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, exc
+from sqlalchemy import Connection, Engine, event, exc
 
 from celery_saga.store.drivers.alchemy import ALCHEMY
-from celery_saga.store.drivers.protocol import Counter, Rows, constants, observed, on_cursor
+from celery_saga.store.drivers.protocol import (
+    AUTOCOMMIT,
+    Counter,
+    Rows,
+    constants,
+    observed,
+    on_cursor,
+)
 
 Processor = Callable[[Any], Any]
+
+
+def configure(engine: Engine, synchronous: str) -> None:
+    """Set a SQLite engine up: WAL, a busy timeout, foreign keys, ``synchronous`` (a
+    ``PRAGMA synchronous`` value) on each connection, and transactions that begin
+    IMMEDIATE, sent to sqlite3 itself."""
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let the "begin" event below issue BEGIN IMMEDIATE instead of pysqlite's BEGIN.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        for pragma in (
+            "journal_mode=WAL",
+            "busy_timeout=30000",
+            "foreign_keys=ON",
+            f"synchronous={synchronous}",
+        ):
+            cursor.execute(f"PRAGMA {pragma}")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(connection: Connection) -> None:
+        if connection.get_execution_options().get(AUTOCOMMIT, False):
+            return  # a single statement: see ``Database.single_statement``
+        # Writers are serialised up front: a deferred transaction that later upgrades to a
+        # write lock can fail with SQLITE_BUSY regardless of the busy timeout. Sent to the
+        # driver itself: SQLAlchemy's execution of it cost more CPU than SQLite's work.
+        driver = connection.connection.dbapi_connection
+        try:
+            driver.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
+        except sqlite3.Error as error:  # "database is locked": transient, as SQLAlchemy says
+            raise exc.DBAPIError.instance(
+                "BEGIN IMMEDIATE", None, error, sqlite3.Error, dialect=connection.dialect
+            ) from error
+
+
+def raised_by_sqlite3(error: BaseException | None) -> bool:
+    """Whether ``error`` (a SQLAlchemy error's ``orig``) is sqlite3's."""
+    return isinstance(error, sqlite3.Error)
 
 
 @dataclass(frozen=True, eq=False)
