@@ -119,6 +119,20 @@ def held_params(direction: Columns) -> ColumnElement[bool]:
     )
 
 
+def claimed(direction: Columns, lease: Any, holder: Any) -> dict[str, Any]:
+    """The columns a claim in ``direction`` sets: the next attempt, its ``lease`` and
+    ``holder`` (values, or bind parameters of a statement built once), and the status an
+    attempt holds the record in where it has one."""
+    values = {
+        direction.attempts.key: direction.attempts + 1,
+        direction.lease.key: lease,
+        direction.holder.key: holder,
+    }
+    if direction.running is not None:
+        values[direction.status.key] = direction.running
+    return values
+
+
 def held_values(direction: Columns, attempt: Attempt) -> dict[str, Any]:
     """The bind parameters of ``held_params`` for ``attempt``."""
     run, name, number, holder = direction.params

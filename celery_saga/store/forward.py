@@ -16,7 +16,7 @@ from celery_saga.records import ExecutionState, StepAttempt, StepRecord, StepSta
 from celery_saga.store import attempts, claims, drivers, history, prepared
 from celery_saga.store.claims import Conflict
 from celery_saga.store.database import Database, to_db_time
-from celery_saga.store.directions import FORWARD
+from celery_saga.store.directions import FORWARD, claimed
 from celery_saga.store.history import Kind
 from celery_saga.store.queries import load_execution_row, load_steps
 from celery_saga.store.tables import executions, step_records
@@ -109,12 +109,7 @@ def _claim_again(
         result = connection.execute(
             update(step_records)
             .where(guard, prepared.run_live_here_locked())
-            .values(
-                status=StepStatus.RUNNING.value,
-                attempts=step_records.c.attempts + 1,
-                lease_expires_at=lease,
-                holder=holder,
-            ),
+            .values(claimed(FORWARD, lease, holder)),
             at,
         )
         if result.rowcount != 1:

@@ -32,7 +32,7 @@ from celery_saga.records import (
     RollbackStatus,
     StepRecord,
 )
-from celery_saga.store import attempts, drivers, history, prepared
+from celery_saga.store import attempts, drivers, history, prepared, unwind
 from celery_saga.store.claims import Conflict
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.directions import REVERSE, held_params
@@ -99,19 +99,7 @@ def _claim(durable: bool) -> Any:
     guard = _next_owed()
     if not durable:
         guard &= prepared.commit_without_flush_wait()
-    return (
-        update(step_records)
-        .where(guard)
-        .values(
-            compensation_attempts=step_records.c.compensation_attempts + 1,
-            compensation_lease_expires_at=prepared.param(
-                "lease", step_records.c.compensation_lease_expires_at
-            ),
-            compensation_holder=prepared.param(
-                "reversal_holder", step_records.c.compensation_holder
-            ),
-        )
-    )
+    return update(step_records).where(guard).values(unwind.claimed_params())
 
 
 def _lean_read(claimed_id: Any) -> Any:

@@ -25,7 +25,7 @@ from celery_saga.records import (
 from celery_saga.store import claims, drivers, history, prepared
 from celery_saga.store.claims import Conflict
 from celery_saga.store.database import Database, to_db_time
-from celery_saga.store.directions import REVERSE
+from celery_saga.store.directions import REVERSE, claimed
 from celery_saga.store.history import Kind
 from celery_saga.store.queries import load_execution_row, load_steps
 from celery_saga.store.tables import executions, step_records
@@ -63,14 +63,14 @@ def _reversal_claim(seen: bool, durable: bool) -> Any:
             lease_free,
             exists().where(prepared.compensating_run()),
         )
-        .values(
-            compensation_attempts=step_records.c.compensation_attempts + 1,
-            compensation_lease_expires_at=prepared.param("lease", held_until),
-            compensation_holder=prepared.param(
-                "reversal_holder", step_records.c.compensation_holder
-            ),
-        )
+        .values(claimed_params())
     )
+
+
+def claimed_params() -> dict[str, Any]:
+    """What a reversal's claim sets, from the params ``lease`` and ``reversal_holder``."""
+    lease = prepared.param("lease", REVERSE.lease)
+    return claimed(REVERSE, lease, prepared.param("reversal_holder", REVERSE.holder))
 
 
 def claim_compensation(
