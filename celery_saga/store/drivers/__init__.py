@@ -1,16 +1,17 @@
 """How the store runs a statement built once: one strategy per database, chosen at start.
 
 ``Database`` picks its strategy when it is built, from the driver its URL names
-(``choose``): psycopg sends the hot path's statements straight to its cursor
-(``postgres``), sqlite3 likewise (``sqlite``), every other driver lets SQLAlchemy run them
-(``alchemy``). Nothing later asks which backend it is: store code runs a statement through
-one of two entry points, ``rowcount`` for a write and ``rows`` for a statement that returns
-rows, which find the strategy of the connection's engine. A statement built per call (its
-shape depends on the values) is run by ``Connection.execute``, whose compiled cache serves
-it; these entry points compile what they are given once and keep it.
+(``choose``): with psycopg or sqlite3 the hot path's statements go straight to the
+driver's cursor (``direct``, over the sender in ``postgres`` or ``sqlite``), with every
+other driver SQLAlchemy runs them (``alchemy``). Nothing later asks which backend it is:
+store code runs a statement through one of two entry points, ``rowcount`` for a write and
+``rows`` for a statement that returns rows, which find the strategy of the connection's
+engine. A statement built per call (its shape depends on the values) is run by
+``Connection.execute``, whose compiled cache serves it; these entry points compile what
+they are given once and keep it.
 
-Two things the start cannot know are honoured by the direct strategies themselves, at
-each statement, by handing it to SQLAlchemy's strategy:
+Two things the start cannot know are honoured by the direct strategy itself, at each
+statement, by handing it to SQLAlchemy's strategy (``direct.Direct``):
 
 - someone listening to the engine's statement events (a tracing integration, a test's
   probe), which may start at any time: SQLAlchemy must run the statement for the listener
@@ -29,6 +30,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 
 from celery_saga.store.drivers.alchemy import ALCHEMY
+from celery_saga.store.drivers.direct import Direct
 from celery_saga.store.drivers.postgres import Psycopg
 from celery_saga.store.drivers.protocol import AUTOCOMMIT, Counter, Driver, Rows
 from celery_saga.store.drivers.sqlite import Sqlite3, raised_by_sqlite3
@@ -56,9 +58,9 @@ def choose(engine: Engine, own: Counter) -> Driver:
     """The strategy for ``engine``'s driver; ``own``: the store's statement counter."""
     driver = engine.dialect.driver
     if driver == "psycopg":
-        return Psycopg(own)
+        return Direct(Psycopg(own))
     if driver == "pysqlite":
-        return Sqlite3(own)
+        return Direct(Sqlite3(own))
     return ALCHEMY
 
 

@@ -21,14 +21,12 @@ against 0.28-0.39, the run's INSERT 0.13-0.18 against 0.23-0.30.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Engine, exc
 
-from celery_saga.store.drivers.alchemy import ALCHEMY
-from celery_saga.store.drivers.protocol import Counter, Rows, constants, observed, on_cursor
+from celery_saga.store.drivers.protocol import Counter, Params, Read, constants, on_cursor
 
 
 @dataclass(frozen=True)
@@ -45,49 +43,34 @@ def _compiled(statement: Any, engine: Engine) -> Compiled:
 
 
 class Psycopg:
-    """psycopg's cursor for single statements; SQLAlchemy inside a transaction (whose state
-    SQLAlchemy keeps on the connection) and while anyone else listens to statements."""
+    """psycopg's ``Sender``: single statements only, in autocommit; inside a transaction
+    (whose state SQLAlchemy keeps on the connection) SQLAlchemy runs them."""
 
     def __init__(self, own: Counter) -> None:
         self.own = own
 
-    def direct(self, connection: Connection) -> bool:
-        return not connection.in_transaction() and not observed(connection.engine, self.own)
+    def steps_aside(self, connection: Connection) -> bool:
+        return connection.in_transaction()
 
-    def rowcount(self, connection: Connection, statement: Any, params: dict[str, Any]) -> int:
-        if not self.direct(connection):
-            return ALCHEMY.rowcount(connection, statement, params)
-        return int(self._run(connection, statement, params, lambda cursor: cursor.rowcount))
+    def prepare(self, statement: Any, engine: Engine) -> Compiled:
+        return _compiled(statement, engine)
 
-    def rows(self, connection: Connection, statement: Any, params: dict[str, Any]) -> Rows:
-        if not self.direct(connection):
-            return ALCHEMY.rows(connection, statement, params)
-        found: Rows = self._run(connection, statement, params, _mappings)
-        return found
-
-    def _run(
-        self,
-        connection: Connection,
-        statement: Any,
-        params: dict[str, Any],
-        read: Callable[[Any], Any],
-    ) -> Any:
+    def send(self, connection: Connection, prepared: Compiled, params: Params, read: Read) -> Any:
         engine = connection.engine
-        compiled = _compiled(statement, engine)
-        values = {**compiled.constants, **params}
+        values = {**prepared.constants, **params}
         driver = connection.connection.dbapi_connection  # reconnects an invalidated one
         assert driver is not None
         dbapi = engine.dialect.loaded_dbapi
         try:
             if not driver.autocommit:
                 driver.autocommit = True  # the mode single statements run in (database.py)
-            return on_cursor(connection, self.own, compiled.sql, values, read)
+            return on_cursor(connection, self.own, prepared.sql, values, read)
         except dbapi.Error as error:
             dropped = bool(engine.dialect.is_disconnect(error, driver, None))
             if dropped:
                 connection.invalidate(error)
             raise exc.DBAPIError.instance(
-                compiled.sql,
+                prepared.sql,
                 values,
                 error,
                 dbapi.Error,
@@ -98,6 +81,9 @@ class Psycopg:
             # Interrupted mid-exchange (a time limit, a signal): the protocol state is unknown.
             connection.invalidate()
             raise
+
+    def mappings(self, cursor: Any, statement: Any, engine: Engine) -> list[dict[str, Any]]:
+        return _mappings(cursor)
 
 
 def _mappings(cursor: Any) -> list[dict[str, Any]]:

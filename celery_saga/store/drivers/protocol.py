@@ -10,6 +10,11 @@ from sqlalchemy import Connection, Engine
 
 Rows = Sequence[Mapping[Any, Any]]
 
+#: Parameters of a statement, by name.
+Params = dict[str, Any]
+#: What a direct strategy reads from the cursor once its statement ran.
+Read = Callable[[Any], Any]
+
 #: Execution option: this connection runs single statements, each committing on its own.
 AUTOCOMMIT = "saga_autocommit"
 

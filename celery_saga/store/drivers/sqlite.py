@@ -27,13 +27,12 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, event, exc
 
-from celery_saga.store.drivers.alchemy import ALCHEMY
 from celery_saga.store.drivers.protocol import (
     AUTOCOMMIT,
     Counter,
-    Rows,
+    Params,
+    Read,
     constants,
-    observed,
     on_cursor,
 )
 
@@ -132,55 +131,19 @@ def results(statement: Any, engine: Engine) -> tuple[tuple[int, Processor], ...]
 
 
 class Sqlite3:
-    """sqlite3's cursor, in and out of transactions; SQLAlchemy for a statement it cannot
-    send as it is, and while anyone else listens to statements."""
+    """sqlite3's ``Sender``: in and out of transactions; a statement it cannot send as it
+    is goes through SQLAlchemy (``prepare`` gives None)."""
 
     def __init__(self, own: Counter) -> None:
         self.own = own
 
-    def direct(self, connection: Connection) -> bool:
-        return not observed(connection.engine, self.own)
+    def steps_aside(self, connection: Connection) -> bool:
+        return False
 
-    def _prepared(self, connection: Connection, statement: Any) -> Prepared | None:
-        if not self.direct(connection):
-            return None
-        return prepare(statement, connection.engine)
+    def prepare(self, statement: Any, engine: Engine) -> Prepared | None:
+        return prepare(statement, engine)
 
-    def rowcount(self, connection: Connection, statement: Any, params: dict[str, Any]) -> int:
-        prepared = self._prepared(connection, statement)
-        if prepared is None:
-            return ALCHEMY.rowcount(connection, statement, params)
-        return int(self._run(connection, prepared, params, lambda cursor: cursor.rowcount))
-
-    def rows(self, connection: Connection, statement: Any, params: dict[str, Any]) -> Rows:
-        prepared = self._prepared(connection, statement)
-        if prepared is None:
-            return ALCHEMY.rows(connection, statement, params)
-
-        def read(cursor: Any) -> list[dict[str, Any]]:
-            found = cursor.fetchall()
-            if not found:
-                return []
-            keys = [column[0] for column in cursor.description]
-            processors = results(statement, connection.engine)
-            result = []
-            for row in found:
-                values = list(row)
-                for index, process in processors:
-                    values[index] = process(values[index])
-                result.append(dict(zip(keys, values, strict=True)))
-            return result
-
-        got: Rows = self._run(connection, prepared, params, read)
-        return got
-
-    def _run(
-        self,
-        connection: Connection,
-        prepared: Prepared,
-        params: dict[str, Any],
-        read: Callable[[Any], Any],
-    ) -> Any:
+    def send(self, connection: Connection, prepared: Prepared, params: Params, read: Read) -> Any:
         values = {**prepared.constants, **params}
         for name, process in prepared.binds.items():
             if name in values:
@@ -192,3 +155,17 @@ class Sqlite3:
             raise exc.DBAPIError.instance(
                 prepared.sql, ordered, error, sqlite3.Error, dialect=connection.dialect
             ) from error
+
+    def mappings(self, cursor: Any, statement: Any, engine: Engine) -> list[dict[str, Any]]:
+        found = cursor.fetchall()
+        if not found:
+            return []
+        keys = [column[0] for column in cursor.description]
+        processors = results(statement, engine)
+        rows = []
+        for row in found:
+            values = list(row)
+            for index, process in processors:
+                values[index] = process(values[index])
+            rows.append(dict(zip(keys, values, strict=True)))
+        return rows
