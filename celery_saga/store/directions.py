@@ -25,7 +25,7 @@ from celery_saga.store.tables import step_records
 Attempt = StepAttempt | ReversalAttempt
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # by identity: two values, keys of statement caches
 class Columns:
     """One direction's claim on a step record."""
 
