@@ -36,17 +36,6 @@ def write_row(
     drivers.rowcount(connection, prepared.attempt_row(ended, reversal), params)
 
 
-def write_reversal_row(
-    connection: Connection,
-    reversal: ReversalAttempt,
-    ended: Kind,
-    now: datetime,
-    detail: str | None = None,
-) -> None:
-    """``write_row`` for a reversal attempt."""
-    write_row(connection, reversal, ended, now, detail, reversal=True)
-
-
 def started(claimed: datetime | None) -> datetime | None:
     """An attempt's start as stored (None where it is not known)."""
     return None if claimed is None else to_db_time(claimed)

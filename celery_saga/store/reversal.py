@@ -335,7 +335,7 @@ def record_compensation(
             else:
                 _outcome_in_a_transaction(connection, shape, params)
                 ended = ENDED[outcome.value]
-                attempts.write_reversal_row(connection, reversal, ended, now, reason)
+                attempts.write_row(connection, reversal, ended, now, reason, reversal=True)
             if parks:
                 reason = changes["rollback_reason"]
                 history.write_parked(
