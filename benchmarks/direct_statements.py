@@ -1,17 +1,18 @@
-"""The hot path's statements sent straight to psycopg (``store/direct.py``) against the same
-statements run by SQLAlchemy, on the same store, the same connection, interleaved.
+"""The hot path's statements sent straight to psycopg (``store/drivers/postgres.py``) against
+the same statements run by SQLAlchemy, on the same store, the same connection, interleaved.
 
-``direct.py`` earns its place only with a gain SQLAlchemy cannot match; this script is the
-measurement. Each of ``--count`` rounds takes one run per way through its hot path: the
+The psycopg strategy earns its place only with a gain SQLAlchemy cannot match; this script
+is the measurement. Each of ``--count`` rounds takes one run per way through its hot path: the
 run's INSERT, the snapshot read, the first claim of its step, the step-completed write
 (the outcome and the cursor move in one statement) and, once the run is failed (not
 measured), the lean reversal claim. The two ways alternate which goes first. Timed per
 call: wall time and this process's CPU (``time.process_time``); printed: the median and
 p95 per statement and way, and what the direct path saves at the median.
 
-"SQLAlchemy" is what the store does with ``direct.py`` taken out: the statements built
-once are run by ``Connection.execute`` (the first claim with its ``RETURNING``, as
-SQLAlchemy wants it on PostgreSQL), with the same connection, pool and autocommit mode.
+"SQLAlchemy" is the store with SQLAlchemy's strategy (``store/drivers/alchemy.py``) in place
+of psycopg's: the statements built once are run by ``Connection.execute`` (the first claim
+with its ``RETURNING``, as SQLAlchemy wants it on PostgreSQL), with the same connection,
+pool and autocommit mode.
 
     BENCH_STORE_URL=postgresql+psycopg://postgres@127.0.0.1:5432/direct_bench \\
         python benchmarks/direct_statements.py --count 3000
@@ -37,7 +38,7 @@ from sqlalchemy.engine import make_url
 
 from celery_saga.decisions.cursor import Advance
 from celery_saga.records import ExecutionState, ReversalAttempt, StepAttempt
-from celery_saga.store import direct, forward, queries, reversal
+from celery_saga.store import drivers, forward, queries, reversal
 from celery_saga.store.codec import pack
 from celery_saga.store.database import Database
 
@@ -54,14 +55,14 @@ def now() -> datetime:
 
 
 @contextmanager
-def sqlalchemy_runs_everything() -> Iterator[None]:
-    """The store as it would be without ``direct.py``: every statement through SQLAlchemy."""
-    real = direct.applies
-    direct.applies = lambda _connection, _own: False
+def sqlalchemy_runs_everything(db: Database) -> Iterator[None]:
+    """The store with SQLAlchemy's strategy: every statement through ``Connection.execute``."""
+    real = db.driver
+    drivers.use(db.engine, drivers.ALCHEMY)
     try:
         yield
     finally:
-        direct.applies = real
+        drivers.use(db.engine, real)
 
 
 def ensure_database(url: str) -> None:
@@ -184,7 +185,7 @@ def measure(store: Store, count: int, samples: Samples | None) -> None:
                 if way == "direct":
                     store.one_run(timed_as(way))
                 else:
-                    with sqlalchemy_runs_everything():
+                    with sqlalchemy_runs_everything(store.db):
                         store.one_run(timed_as(way))
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from sqlalchemy import column, create_engine, insert, table, text
 
+from celery_saga.store import drivers
 from celery_saga.store.database import Database
 from tests.conftest import PORTS, ROOT, _test_database_url, require_services
 
@@ -36,8 +37,8 @@ def test_a_profiled_store_still_sends_its_hot_path_straight_to_the_driver(counte
         bench_profile._current = {"statements": 0, "durable": 0}
         with db.single_statement() as connection:
             # A listener of the engine's statement events would turn this off.
-            assert db.direct_writes(connection)
-            db.rows(connection, probe.select().limit(1), {})
+            assert db.driver.direct(connection)
+            drivers.rows(connection, probe.select().limit(1), {})
         assert bench_profile._current["statements"] == 1
     finally:
         db.dispose()

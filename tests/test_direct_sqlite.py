@@ -15,7 +15,7 @@ from sqlalchemy import Column, MetaData, String, Table, event, insert, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from celery_saga import Saga, SagaEngine
-from celery_saga.store import queries
+from celery_saga.store import drivers, queries
 from celery_saga.store.database import Database
 from celery_saga.store.transient import is_transient
 from celery_saga.worker.embedded import embedded_worker
@@ -41,14 +41,14 @@ def test_direct_writes_count_rows_commit_alone_and_roll_back_in_a_transaction(
     before = db.statement_count
     with db.task_connection():
         with db.single_statement() as connection:
-            assert db.direct_writes(connection)
-            assert db.rowcount(connection, insert(_probe), {"tag": "kept"}) == 1
+            assert db.driver.direct(connection)
+            assert drivers.rowcount(connection, insert(_probe), {"tag": "kept"}) == 1
         with pytest.raises(RuntimeError), db.transaction() as connection:
-            assert db.direct_writes(connection)
-            assert db.rowcount(connection, insert(_probe), {"tag": "undone"}) == 1
+            assert db.driver.direct(connection)
+            assert drivers.rowcount(connection, insert(_probe), {"tag": "undone"}) == 1
             raise RuntimeError("roll back")
         with db.single_statement() as connection:
-            rows = db.rows(connection, select(_probe), {})
+            rows = drivers.rows(connection, select(_probe), {})
     assert [dict(row) for row in rows] == [{"tag": "kept"}]
     assert db.statement_count - before == 3  # counted as SQLAlchemy would count them
     assert _tags(db) == ["kept"]
@@ -56,16 +56,16 @@ def test_direct_writes_count_rows_commit_alone_and_roll_back_in_a_transaction(
 
 def test_direct_errors_are_sqlalchemy_errors(db: Database, tmp_path: Path) -> None:
     with db.single_statement() as connection:
-        db.rowcount(connection, insert(_probe), {"tag": "once"})
+        drivers.rowcount(connection, insert(_probe), {"tag": "once"})
     with pytest.raises(IntegrityError), db.single_statement() as connection:
-        db.rowcount(connection, insert(_probe), {"tag": "once"})
+        drivers.rowcount(connection, insert(_probe), {"tag": "once"})
     with db.engine.connect() as connection:  # the pool's one connection: a short timeout
         connection.exec_driver_sql("PRAGMA busy_timeout=50")
     other = sqlite3.connect(tmp_path / "store.sqlite3", isolation_level=None)
     other.execute("BEGIN IMMEDIATE")  # another process in the middle of a write
     try:
         with pytest.raises(DBAPIError) as caught, db.single_statement() as connection:
-            db.rowcount(connection, insert(_probe), {"tag": "blocked"})
+            drivers.rowcount(connection, insert(_probe), {"tag": "blocked"})
         assert is_transient(caught.value)
     finally:
         other.rollback()
@@ -76,9 +76,9 @@ def test_a_statement_listener_sees_every_statement(db: Database) -> None:
     seen: list[str] = []
     event.listen(db.engine, "before_cursor_execute", lambda *args: seen.append(args[2]))
     with db.single_statement() as connection:
-        assert not db.direct_writes(connection)
-        assert db.rowcount(connection, insert(_probe), {"tag": "seen"}) == 1
-        assert db.rows(connection, select(_probe), {})
+        assert not db.driver.direct(connection)
+        assert drivers.rowcount(connection, insert(_probe), {"tag": "seen"}) == 1
+        assert drivers.rows(connection, select(_probe), {})
     assert [s.split()[0] for s in seen] == ["INSERT", "SELECT"]
 
 

@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import Column, MetaData, String, Table, event, insert, select, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
+from celery_saga.store import drivers
 from celery_saga.store.database import Database
 from celery_saga.store.transient import is_transient
 from tests.conftest import PORTS, _test_database_url, require_services
@@ -35,10 +36,10 @@ def test_direct_writes_count_rows_and_commit_on_their_own(db: Database) -> None:
     before = db.statement_count
     with db.task_connection():
         with db.single_statement() as connection:
-            assert db.direct_writes(connection)
-            assert db.rowcount(connection, insert(_probe), {"tag": tag}) == 1
+            assert db.driver.direct(connection)
+            assert drivers.rowcount(connection, insert(_probe), {"tag": tag}) == 1
         with db.single_statement() as connection:
-            rows = db.rows(connection, select(_probe).where(_probe.c.tag == tag), {})
+            rows = drivers.rows(connection, select(_probe).where(_probe.c.tag == tag), {})
     assert [dict(row) for row in rows] == [{"tag": tag}]
     assert db.statement_count - before == 2  # counted as SQLAlchemy would count them
     assert [row["tag"] for row in db.read(select(_probe))] == [tag]  # committed
@@ -47,9 +48,9 @@ def test_direct_writes_count_rows_and_commit_on_their_own(db: Database) -> None:
 def test_direct_errors_are_sqlalchemy_errors(db: Database) -> None:
     tag = uuid.uuid4().hex
     with db.single_statement() as connection:
-        db.rowcount(connection, insert(_probe), {"tag": tag})
+        drivers.rowcount(connection, insert(_probe), {"tag": tag})
     with pytest.raises(IntegrityError), db.single_statement() as connection:
-        db.rowcount(connection, insert(_probe), {"tag": tag})
+        drivers.rowcount(connection, insert(_probe), {"tag": tag})
 
 
 def test_a_dropped_connection_is_invalidated_then_replaced(db: Database) -> None:
@@ -57,14 +58,14 @@ def test_a_dropped_connection_is_invalidated_then_replaced(db: Database) -> None
     try:
         with db.task_connection():
             with db.single_statement() as connection:
-                pid = db.rows(connection, text("SELECT pg_backend_pid() AS pid"), {})[0]["pid"]
+                pid = drivers.rows(connection, text("SELECT pg_backend_pid() AS pid"), {})[0]["pid"]
             with killer.single_statement() as connection:
                 connection.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
             with pytest.raises(DBAPIError) as caught, db.single_statement() as connection:
-                db.rowcount(connection, insert(_probe), {"tag": uuid.uuid4().hex})
+                drivers.rowcount(connection, insert(_probe), {"tag": uuid.uuid4().hex})
             assert caught.value.connection_invalidated and is_transient(caught.value)
             with db.single_statement() as connection:
-                assert db.rowcount(connection, insert(_probe), {"tag": uuid.uuid4().hex}) == 1
+                assert drivers.rowcount(connection, insert(_probe), {"tag": uuid.uuid4().hex}) == 1
     finally:
         killer.dispose()
 
@@ -73,8 +74,8 @@ def test_a_statement_listener_sees_every_statement(db: Database) -> None:
     seen: list[str] = []
     event.listen(db.engine, "before_cursor_execute", lambda *args: seen.append(args[2]))
     with db.single_statement() as connection:
-        assert not db.direct_writes(connection)
+        assert not db.driver.direct(connection)
         write = text("INSERT INTO test_direct_probe (tag) VALUES (:tag)")
-        assert db.rowcount(connection, write, {"tag": uuid.uuid4().hex}) == 1
-        assert db.rows(connection, select(_probe), {})
+        assert drivers.rowcount(connection, write, {"tag": uuid.uuid4().hex}) == 1
+        assert drivers.rows(connection, select(_probe), {})
     assert [s.split()[0] for s in seen] == ["INSERT", "SELECT"]

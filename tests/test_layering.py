@@ -5,12 +5,14 @@ and every kind of outcome mapped to a Celery ending in one place."""
 from __future__ import annotations
 
 import ast
+import re
 import typing
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import sqlalchemy
 from celery.exceptions import Ignore, Retry
 
 from celery_saga.errors import StepRetryRequested
@@ -195,3 +197,88 @@ def test_a_stopped_body_sends_nothing_above_its_revoke_and_a_duplicate_still_suc
     with pytest.raises(Ignore):
         end_task(duplicate, outcomes.NoBody("duplicate"), own_body=True, send_events=True)
     assert duplicate.events == ["task-succeeded"]
+
+
+# -- the store's statements: SQLAlchemy's public API only, database drivers in drivers/ ----
+
+#: A name a package defines: a method, an attribute set on ``self``, a class-level name.
+_DEFINED = re.compile(r"(?:\bdef\s+|\bself\.|^[ \t]+)(_[A-Za-z]\w*)\s*[(:=]", re.M)
+#: Database drivers: only ``store/drivers/`` may import them.
+_DRIVERS = ("psycopg", "psycopg2", "sqlite3", "pymysql", "MySQLdb")
+
+
+def _underscore_names(root: Path) -> set[str]:
+    """Underscore-prefixed (not dunder) names defined by the package below ``root``."""
+    return {
+        name
+        for path in root.rglob("*.py")
+        for name in _DEFINED.findall(path.read_text(encoding="utf-8"))
+        if not name.startswith("__")
+    }
+
+
+def _sqlalchemy_private() -> set[str]:
+    """SQLAlchemy's private names that this package does not define itself."""
+    root = Path(sqlalchemy.__file__).parent
+    return _underscore_names(root) - _underscore_names(PACKAGE)
+
+
+def _private_uses(source: str, private: set[str]) -> list[str]:
+    """Where ``source`` imports a private SQLAlchemy name or module, or reads (also through
+    ``getattr``) an attribute named as one of ``private``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sqlalchemy"):
+            names = [*(node.module or "").split("."), *(alias.name for alias in node.names)]
+            found += [f"{node.lineno}: import {n}" for n in names if n.startswith("_")]
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[0] == "sqlalchemy" and any(p.startswith("_") for p in parts):
+                    found.append(f"{node.lineno}: import {alias.name}")
+        elif isinstance(node, ast.Attribute) and node.attr in private:
+            found.append(f"{node.lineno}: .{node.attr}")
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "setattr", "hasattr")
+            and len(node.args) > 1
+            and isinstance(node.args[1], ast.Constant)
+            and node.args[1].value in private
+        ):
+            found.append(f"{node.lineno}: {node.func.id}(..., {node.args[1].value!r})")
+    return found
+
+
+def test_no_private_name_of_sqlalchemy_is_used() -> None:
+    private = _sqlalchemy_private()
+    assert {"_cached_bind_processor", "_result_columns", "_type_memos"} <= private
+    uses = {
+        f"{path.relative_to(PACKAGE)}:{use}"
+        for path in PACKAGE.rglob("*.py")
+        for use in _private_uses(path.read_text(encoding="utf-8"), private)
+    }
+    assert not uses, f"SQLAlchemy's private API is used: {sorted(uses)}"
+
+
+def test_the_private_name_finder_finds_each_form() -> None:
+    source = (
+        "from sqlalchemy.sql.base import _generative\n"
+        "import sqlalchemy.engine._processors\n"
+        "processor = column.type._cached_bind_processor(dialect)\n"
+        "columns = getattr(compiled, '_result_columns')\n"
+        "fine = compiled.positiontup\n"
+    )
+    uses = _private_uses(source, {"_cached_bind_processor", "_result_columns"})
+    assert sorted(int(use.split(":")[0]) for use in uses) == [1, 2, 3, 4]
+
+
+def test_only_the_store_drivers_import_a_database_driver() -> None:
+    drivers = PACKAGE / "store" / "drivers"
+    importers = {
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if drivers not in path.parents
+        and any(name.split(".")[0] in _DRIVERS for name in _imports(path))
+    }
+    assert not importers, f"a database driver is imported outside store/drivers/: {importers}"

@@ -19,8 +19,9 @@ from celery_saga.decisions.cancel import bodies_in_flight, interrupted_steps
 from celery_saga.decisions.unwind import UnwindKind, UnwindStep
 from celery_saga.records import ExecutionState, StepRecord, StepStatus
 from celery_saga.store import history
+from celery_saga.store.claims import Conflict
 from celery_saga.store.database import Database, to_db_time
-from celery_saga.store.forward import Conflict, fail_run_locked
+from celery_saga.store.forward import fail_run_locked
 from celery_saga.store.history import HistoryEntry, Kind
 from celery_saga.store.queries import load_execution_row, load_steps
 from celery_saga.store.tables import executions, step_records

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sqlite3
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -20,7 +19,7 @@ from sqlalchemy.exc import DBAPIError, NoSuchModuleError
 from sqlalchemy.pool import StaticPool
 
 from celery_saga.errors import StoreConfigurationError
-from celery_saga.store import direct, url_errors
+from celery_saga.store import drivers, url_errors
 
 VERSION_TABLE = "celery_saga_alembic_version"
 _MIGRATIONS = Path(__file__).with_name("migrations")
@@ -37,7 +36,7 @@ def from_db_time(value: datetime | None) -> datetime | None:
 
 
 #: Execution option: this connection runs single statements, each committing on its own.
-_AUTOCOMMIT = "saga_autocommit"
+_AUTOCOMMIT = drivers.AUTOCOMMIT
 
 
 #: ``PRAGMA synchronous`` values a SQLite store may run with (``saga_sqlite_synchronous``).
@@ -56,37 +55,6 @@ def checked_synchronous(value: Any) -> str:
             f"saga_sqlite_synchronous must be one of {choices}, not {value!r}"
         )
     return chosen
-
-
-def _configure_sqlite(engine: Engine, synchronous: str) -> None:
-    @event.listens_for(engine, "connect")
-    def _connect(dbapi_connection: Any, _record: Any) -> None:
-        # Let the "begin" event below issue BEGIN IMMEDIATE instead of pysqlite's BEGIN.
-        dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
-        for pragma in (
-            "journal_mode=WAL",
-            "busy_timeout=30000",
-            "foreign_keys=ON",
-            f"synchronous={synchronous}",
-        ):
-            cursor.execute(f"PRAGMA {pragma}")
-        cursor.close()
-
-    @event.listens_for(engine, "begin")
-    def _begin(connection: Connection) -> None:
-        if connection.get_execution_options().get(_AUTOCOMMIT, False):
-            return  # a single statement: see ``Database.single_statement``
-        # Writers are serialised up front: a deferred transaction that later upgrades to a
-        # write lock can fail with SQLITE_BUSY regardless of the busy timeout. Sent to the
-        # driver itself: SQLAlchemy's execution of it cost more CPU than SQLite's work.
-        driver = connection.connection.dbapi_connection
-        try:
-            driver.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
-        except sqlite3.Error as error:  # "database is locked": transient, as SQLAlchemy says
-            raise DBAPIError.instance(
-                "BEGIN IMMEDIATE", None, error, sqlite3.Error, dialect=connection.dialect
-            ) from error
 
 
 def _retried_once(read: Callable[[], Sequence[Mapping[Any, Any]]]) -> Sequence[Mapping[Any, Any]]:
@@ -132,29 +100,6 @@ def _server_connect_args(parsed: URL) -> tuple[URL, dict[str, Any]]:
         connect_args["prepare_threshold"] = None if value.lower() in ("", "none") else int(value)
         parsed = parsed.difference_update_query(["prepare_threshold"])
     return parsed, connect_args
-
-
-#: Each store engine's statement counter, for ``rowcount_in``.
-_COUNTERS: weakref.WeakKeyDictionary[Engine, Any] = weakref.WeakKeyDictionary()
-
-
-def rowcount_in(connection: Connection, statement: Any, params: dict[str, Any]) -> int:
-    """``Database.rowcount`` for a write of the hot path inside a transaction, where only
-    the transaction's connection is at hand (SQLite sends it to the driver directly)."""
-    own = _COUNTERS.get(connection.engine)
-    if own is None:
-        return int(connection.execute(statement, params).rowcount)
-    return direct.rowcount(connection, statement, params, own)
-
-
-def rows_in(
-    connection: Connection, statement: Any, params: dict[str, Any]
-) -> Sequence[Mapping[Any, Any]]:
-    """``Database.rows`` inside a transaction, as ``rowcount_in``."""
-    own = _COUNTERS.get(connection.engine)
-    if own is None:
-        return list(connection.execute(statement, params).mappings())
-    return direct.rows(connection, statement, params, own)
 
 
 def _after_fork(reference: weakref.ref[Engine]) -> None:
@@ -203,13 +148,13 @@ class Database:
         except ImportError as error:  # the driver the URL names is not installed
             raise url_errors.quieted(url_errors.driver_missing(parsed, error), error) from None
         if self.dialect == "sqlite":
-            _configure_sqlite(self.engine, checked_synchronous(sqlite_synchronous))
+            drivers.configure_sqlite(self.engine, checked_synchronous(sqlite_synchronous))
         else:
             event.listen(self.engine, "begin", _on_begin)
         self._counter = self._count
-        # retval: registered as it is (not wrapped), so ``direct`` can tell it from others.
+        # retval: registered as it is (not wrapped), so a driver can tell it from others.
         event.listen(self.engine, "before_cursor_execute", self._counter, retval=True)
-        _COUNTERS[self.engine] = self._counter
+        drivers.use(self.engine, drivers.choose(self.engine, self._counter))
         reference = weakref.ref(self.engine)
         os.register_at_fork(after_in_child=lambda: _after_fork(reference))
         self._migrated = False
@@ -244,19 +189,10 @@ class Database:
             for connection in slot:
                 connection.close()
 
-    def rowcount(self, connection: Connection, statement: Any, params: dict[str, Any]) -> int:
-        """Run one write of the hot path (see ``direct``); its changed rows."""
-        return direct.rowcount(connection, statement, params, self._counter)
-
-    def rows(
-        self, connection: Connection, statement: Any, params: dict[str, Any]
-    ) -> Sequence[Mapping[Any, Any]]:
-        """Run one statement of the hot path that returns rows (see ``direct``)."""
-        return direct.rows(connection, statement, params, self._counter)
-
-    def direct_writes(self, connection: Connection) -> bool:
-        """Whether ``rowcount`` on ``connection`` now bypasses SQLAlchemy's execution."""
-        return direct.applies(connection, self._counter)
+    @property
+    def driver(self) -> drivers.Driver:
+        """How this store's statements built once run (``drivers``), chosen at start."""
+        return drivers.of(self.engine)
 
     def _idle_held(self) -> Connection | None:
         """The task's connection (checked out now if need be) when no statement or
@@ -302,29 +238,30 @@ class Database:
             with self.engine.connect() as connection:
                 yield connection.execution_options(**{_AUTOCOMMIT: True})
 
-    def read(self, query: Any, params: dict[str, Any] | None = None) -> Sequence[Mapping[Any, Any]]:
+    def read(
+        self, query: Any, params: dict[str, Any] | None = None, *, serial: bool = False
+    ) -> Sequence[Mapping[Any, Any]]:
         """Run one read; retried once on a connection the server dropped (no pre-ping).
-        With ``params``, ``query`` is a statement built once (see ``rows``)."""
+        With ``params``, ``query`` is a statement built once (``drivers.rows``).
 
-        def once() -> Sequence[Mapping[Any, Any]]:
-            with self.single_statement() as connection:
-                if params is not None:
-                    return self.rows(connection, query, params)
-                return connection.execute(query).mappings().all()
+        ``serial``: a sweep's read, on PostgreSQL planned without parallel workers. A sweep
+        reads the few rows due; on a big table the planner may still split it over workers,
+        whose start costs more than the read (the recovery sweep at 3M runs: 11 ms, not 0.5).
+        """
+        if serial and self.dialect == "postgresql":
 
-        return _retried_once(once)
+            def once() -> Sequence[Mapping[Any, Any]]:
+                with self.transaction() as connection:
+                    connection.execute(text("SET LOCAL max_parallel_workers_per_gather = 0"))
+                    return connection.execute(query).mappings().all()
 
-    def read_serial(self, query: Any) -> Sequence[Mapping[Any, Any]]:
-        """``read`` for a sweep: on PostgreSQL planned without parallel workers. A sweep reads
-        the few rows due; on a big table the planner may still split it over workers, whose
-        start costs more than the read (the recovery sweep at 3M runs: 11 ms, not 0.5)."""
-        if self.dialect != "postgresql":
-            return self.read(query)
+        else:
 
-        def once() -> Sequence[Mapping[Any, Any]]:
-            with self.transaction() as connection:
-                connection.execute(text("SET LOCAL max_parallel_workers_per_gather = 0"))
-                return connection.execute(query).mappings().all()
+            def once() -> Sequence[Mapping[Any, Any]]:
+                with self.single_statement() as connection:
+                    if params is not None:
+                        return drivers.rows(connection, query, params)
+                    return connection.execute(query).mappings().all()
 
         return _retried_once(once)
 

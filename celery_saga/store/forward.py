@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -13,15 +13,13 @@ from sqlalchemy.exc import IntegrityError
 from celery_saga.decisions.cursor import Advance
 from celery_saga.decisions.unwind import UnwindKind, UnwindStep, next_unwind_step
 from celery_saga.records import ExecutionState, StepAttempt, StepRecord, StepStatus
-from celery_saga.store import attempts, history, prepared
-from celery_saga.store.database import Database, rowcount_in, to_db_time
+from celery_saga.store import attempts, claims, drivers, history, prepared
+from celery_saga.store.claims import Conflict
+from celery_saga.store.database import Database, to_db_time
+from celery_saga.store.directions import FORWARD, claimed
 from celery_saga.store.history import Kind
 from celery_saga.store.queries import load_execution_row, load_steps
 from celery_saga.store.tables import executions, step_records
-
-
-class Conflict(Exception):
-    """A conditional write matched nothing: another worker got there first. Rolls back."""
 
 
 def claim_step(
@@ -79,8 +77,9 @@ def claim_step(
                 return None
         except IntegrityError:
             return None
-        if restored is not None:
-            history.write(connection, execution_id, replace(restored, attempt=1))
+        claims.taken_over(
+            FORWARD, connection, execution_id, 1, lost=None, restored=restored, now=now
+        )
         return 1
 
 
@@ -110,22 +109,22 @@ def _claim_again(
         result = connection.execute(
             update(step_records)
             .where(guard, prepared.run_live_here_locked())
-            .values(
-                status=StepStatus.RUNNING.value,
-                attempts=step_records.c.attempts + 1,
-                lease_expires_at=lease,
-                holder=holder,
-            ),
+            .values(claimed(FORWARD, lease, holder)),
             at,
         )
         if result.rowcount != 1:
             return None
-        if lost:
-            history.write_lost(connection, existing, now)
-        if restored is not None:
-            entry = replace(restored, attempt=existing.attempts + 1)
-            history.write(connection, existing.execution_id, entry)
-        return existing.attempts + 1
+        number = existing.attempts + 1
+        claims.taken_over(
+            FORWARD,
+            connection,
+            existing.execution_id,
+            number,
+            lost=existing if lost else None,
+            restored=restored,
+            now=now,
+        )
+        return number
 
 
 def _inserted_one(
@@ -135,11 +134,11 @@ def _inserted_one(
     # RETURNING; count the returned rows wherever SQLAlchemy runs it there (or on MySQL's
     # kin that return). SQLite's rowcount is exact and costs no result to fetch.
     returning = connection.dialect.insert_returning and db.dialect != "sqlite"
-    if returning and not db.direct_writes(connection):
+    if returning and not db.driver.direct(connection):
         statement = prepared.first_claim(returning=True, durable=durable)
         return len(connection.execute(statement, params).all()) == 1
     statement = prepared.first_claim(returning=False, durable=durable)
-    return db.rowcount(connection, statement, params) == 1
+    return drivers.rowcount(connection, statement, params) == 1
 
 
 def lock_execution(
@@ -154,61 +153,18 @@ def lock_execution(
         **prefixed("set_", changes),
     }
     statement = prepared.lock_run_at_cursor(tuple(sorted(changes)))
-    if rowcount_in(connection, statement, params) != 1:
+    if drivers.rowcount(connection, statement, params) != 1:
         raise Conflict(execution_id)
 
 
-def settle_step(connection: Connection, step: StepAttempt, **changes: Any) -> None:
-    """Settle the step this attempt holds (its lease cleared) or conflict."""
-    params = {
-        "step_run": step.execution_id,
-        "step_name": step.name,
-        "step_attempt": step.attempt,
-        "step_holder": step.holder,
-        **prefixed("set_", changes),
-    }
-    statement = prepared.settle_held_step(tuple(sorted(changes)))
-    if rowcount_in(connection, statement, params) != 1:
-        raise Conflict(step.execution_id)
-
-
-def _held_by(step: StepAttempt) -> Any:
-    """The step is still running under this attempt's claim (no one re-claimed it; where
-    its holder is known, not even under the same number after the store lost ours)."""
-    guard = (
-        (step_records.c.execution_id == step.execution_id)
-        & (step_records.c.name == step.name)
-        & (step_records.c.status == StepStatus.RUNNING.value)
-        & (step_records.c.attempts == step.attempt)
-    )
-    if step.holder is not None:
-        guard &= step_records.c.holder == step.holder
-    return guard
-
-
 def renew_step_lease(db: Database, step: StepAttempt, *, lease_expires_at: datetime) -> bool:
-    """Extend the lease of a step this attempt still holds (the heartbeat's write)."""
-    with db.single_statement() as connection:
-        result = connection.execute(
-            update(step_records)
-            .where(_held_by(step))
-            .values(lease_expires_at=to_db_time(lease_expires_at))
-        )
-        return bool(result.rowcount == 1)
+    """``claims.renew`` of a step (the heartbeat's write)."""
+    return claims.renew(FORWARD, db, step, lease_expires_at=lease_expires_at)
 
 
 def give_up_step_claim(db: Database, step: StepAttempt, *, now: datetime, why: str) -> bool:
-    """End the lease of a step this attempt still holds, keeping the attempt counted: its
-    worker is shutting down (or its run is being cancelled), so the next message may claim
-    it at once (guarantee 27). ``why`` goes to the attempt's history row."""
-    with db.transaction() as connection:
-        result = connection.execute(
-            update(step_records).where(_held_by(step)).values(lease_expires_at=to_db_time(now))
-        )
-        if result.rowcount != 1:
-            return False
-        attempts.write_row(connection, step, Kind.STEP_RELEASED, now, why)
-        return True
+    """``claims.give_up`` of a step: its worker is shutting down or its run is cancelled."""
+    return claims.give_up(FORWARD, db, step, now=now, why=why)
 
 
 def advance_values(advance: Advance, now: datetime) -> dict[str, Any]:
@@ -244,7 +200,8 @@ def record_step_completed(
             with db.transaction() as connection:
                 run = advance_values(advance, now)
                 lock_execution(connection, step.execution_id, step.node, step.sub, now, **run)
-                settle_step(
+                claims.settle(
+                    FORWARD,
                     connection,
                     step,
                     status=StepStatus.COMPLETED.value,
@@ -263,7 +220,7 @@ def record_step_completed(
         statement, expected = combined
         if db.dialect == "postgresql":
             with db.single_statement() as connection:
-                return db.rowcount(connection, statement, params) == expected
+                return drivers.rowcount(connection, statement, params) == expected
         with db.transaction() as connection:
             if connection.execute(statement, params).rowcount != expected:
                 raise Conflict(step.execution_id)
@@ -274,14 +231,8 @@ def record_step_completed(
 
 
 def record_step_retry(db: Database, step: StepAttempt, *, error: str, now: datetime) -> bool:
-    """Release the claim; the next attempt's message will claim it again."""
-    try:
-        with db.transaction() as connection:
-            settle_step(connection, step, status=StepStatus.PENDING.value, error=error)
-            attempts.write_row(connection, step, Kind.STEP_RETRYING, now, error)
-        return True
-    except Conflict:
-        return False
+    """Release the claim (``claims.release``); the next attempt's message claims it again."""
+    return claims.release(FORWARD, db, step, reason=error, now=now)
 
 
 @dataclass(frozen=True)
@@ -327,7 +278,7 @@ def fail_run_locked(
     plan = next_unwind_step(steps, committed, compensations)
     values = {**failed_run_values(plan, reason), "updated_at": to_db_time(now)}
     statement = prepared.update_run(tuple(sorted(values)))
-    rowcount_in(connection, statement, {"run_id": execution_id, **prefixed("set_", values)})
+    drivers.rowcount(connection, statement, {"run_id": execution_id, **prefixed("set_", values)})
     return plan
 
 

@@ -17,8 +17,9 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, func, insert, literal, select
 
 from celery_saga.records import RollbackStatus, StepRecord
+from celery_saga.store import drivers
 from celery_saga.store.codec import pack, unpack_or_sealed
-from celery_saga.store.database import Database, from_db_time, rowcount_in, to_db_time
+from celery_saga.store.database import Database, from_db_time, to_db_time
 from celery_saga.store.tables import executions, history, history_archive
 
 #: The width of the ``actor`` column.
@@ -161,7 +162,7 @@ def write(
     ``blob``: ``entry.data`` already encoded, else it is encoded here."""
     if blob is None and entry.data is not None:
         blob = pack(entry.data, what=f"history of {execution_id!r}")
-    rowcount_in(connection, _insert_row(), _values(execution_id, entry, blob))
+    drivers.rowcount(connection, _insert_row(), _values(execution_id, entry, blob))
 
 
 @functools.cache
@@ -235,33 +236,17 @@ def write_parked(
     write(connection, execution_id, entry)
 
 
-def write_lost(connection: Connection, lost: StepRecord, now: datetime) -> None:
-    """The ``step-lost`` row of the attempt ``lost`` (a step record read before its
-    takeover), unless that attempt's worker gave its claim up (``step-released``): the
-    attempt's end is then already recorded."""
-    _write_lost(
-        connection,
-        lost,
-        (Kind.STEP_LOST, Kind.STEP_RELEASED),
-        (lost.attempts, lost.holder, lost.lease_expires_at),
-        now,
-    )
-
-
-def write_reversal_lost(connection: Connection, lost: StepRecord, now: datetime) -> None:
-    """``write_lost`` for the reversal attempt ``lost`` holds (``reversal-lost``)."""
-    held = (lost.compensation_attempts, lost.compensation_holder)
-    lease = lost.compensation_lease_expires_at
-    _write_lost(connection, lost, (Kind.REVERSAL_LOST, Kind.REVERSAL_RELEASED), (*held, lease), now)
-
-
-def _write_lost(
+def write_lost_row(
     connection: Connection,
     lost: StepRecord,
     kinds: tuple[Kind, Kind],
     held: tuple[int, str | None, datetime | None],
     now: datetime,
 ) -> None:
+    """The ``kinds[0]`` row (``step-lost``, ``reversal-lost``) of the attempt that held
+    ``lost`` (a record read before its takeover) as ``held`` (its number, holder and
+    lease), unless that attempt gave its claim up (a ``kinds[1]`` row): its end is then
+    already recorded. ``claims.taken_over`` names both per direction."""
     (lost_kind, released_kind), (attempt, holder, lease) = kinds, held
     # A resume numbers a reversal's attempts from 1 again: only rows since the last count.
     resumed = select(func.coalesce(func.max(history.c.id), 0)).where(

@@ -23,9 +23,11 @@ from sqlalchemy import Connection, bindparam, select, update
 
 from celery_saga.decisions.cursor import Advance, group_outcome
 from celery_saga.records import StepAttempt, StepStatus
-from celery_saga.store import attempts, forward, history, prepared
+from celery_saga.store import attempts, claims, drivers, forward, history, prepared
+from celery_saga.store.claims import Conflict
 from celery_saga.store.database import Database, to_db_time
-from celery_saga.store.forward import Conflict, GroupResult
+from celery_saga.store.directions import FORWARD
+from celery_saga.store.forward import GroupResult
 from celery_saga.store.history import Kind
 from celery_saga.store.queries import load_execution_row, load_steps
 from celery_saga.store.tables import executions
@@ -61,7 +63,7 @@ def record_step_settled(
                 counts: tuple[int, int] | None = (1, int(error is not None))
             else:
                 counts = _count_member(connection, step, now, failed=error is not None)
-            forward.settle_step(connection, step, **changes)
+            claims.settle(FORWARD, connection, step, **changes)
             ended = Kind.STEP_COMPLETED if error is None else Kind.STEP_FAILED
             attempts.write_row(connection, step, ended, now, error)
             if counts is None or (not alone and counts[0] >= len(members)):
@@ -160,7 +162,7 @@ def _counted_in_one(
         "group_size": size,
     }
     with db.single_statement() as connection:
-        return bool(db.rows(connection, prepared.member_in_one(), params))
+        return bool(drivers.rows(connection, prepared.member_in_one(), params))
 
 
 def _count_member(

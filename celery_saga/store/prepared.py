@@ -23,6 +23,7 @@ from sqlalchemy import (
 )
 
 from celery_saga.records import ExecutionState, StepStatus
+from celery_saga.store.directions import FORWARD, held_params
 from celery_saga.store.history import Kind
 from celery_saga.store.tables import executions, history, step_records
 
@@ -99,16 +100,8 @@ def commit_without_flush_wait() -> Any:
 
 def step_held() -> Any:
     """Params ``step_run``, ``step_name``, ``step_attempt``, ``step_holder``: still running
-    under our claim. The holder (None: not known) tells our claim from one another process
-    made under the same number after the store lost ours (``decisions/lost_claims.py``)."""
-    holder = param("step_holder", step_records.c.holder)
-    return (
-        (step_records.c.execution_id == param("step_run", step_records.c.execution_id))
-        & (step_records.c.name == param("step_name", step_records.c.name))
-        & (step_records.c.status == StepStatus.RUNNING.value)
-        & (step_records.c.attempts == param("step_attempt", step_records.c.attempts))
-        & (holder.is_(None) | (step_records.c.holder == holder))
-    )
+    under our claim (``directions.held_params``)."""
+    return held_params(FORWARD)
 
 
 @functools.cache
@@ -360,14 +353,6 @@ def ending_state(state: Any) -> Any:
         ),
         else_=state,
     )
-
-
-@functools.cache
-def settle_held_step(changes: tuple[str, ...]) -> Any:
-    """Settle the step this attempt holds, clearing its lease. Params: the ``step_held``
-    ones and ``set_<column>`` for each of ``changes``."""
-    values = {key: param(f"set_{key}", step_records.c[key]) for key in changes}
-    return update(step_records).where(step_held()).values(lease_expires_at=None, **values)
 
 
 @functools.cache

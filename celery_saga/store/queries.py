@@ -14,9 +14,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import aliased
 
 from celery_saga.records import ExecutionRecord, ExecutionState, RollbackStatus, StepRecord
-from celery_saga.store import history, prepared
+from celery_saga.store import drivers, history, prepared
 from celery_saga.store.codec import pack, unpack, unpack_or_sealed
-from celery_saga.store.database import Database, rows_in, to_db_time
+from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.history import HistoryEntry, Kind
 from celery_saga.store.rows import execution_from_row, step_from_row
 from celery_saga.store.tables import decisions, executions, step_records
@@ -61,10 +61,10 @@ def create_execution(
     }
     if db.dialect == "postgresql":
         with db.single_statement() as connection:
-            db.rowcount(connection, prepared.new_run_started(), values)
+            drivers.rowcount(connection, prepared.new_run_started(), values)
         return
     with db.transaction() as connection:  # two INSERTs in one
-        db.rowcount(connection, prepared.new_run(), values)
+        drivers.rowcount(connection, prepared.new_run(), values)
         history.write(connection, execution_id, HistoryEntry(now, Kind.STARTED.value))
 
 
@@ -129,7 +129,7 @@ def _run_with_step() -> Any:
 
 
 def load_steps(connection: Connection, execution_id: str) -> list[StepRecord]:
-    rows = rows_in(connection, prepared.steps_of_run(), {"run_id": execution_id})
+    rows = drivers.rows(connection, prepared.steps_of_run(), {"run_id": execution_id})
     return [step_from_row(r) for r in rows]
 
 
@@ -150,7 +150,7 @@ def load_execution(db: Database, execution_id: str) -> ExecutionRecord | None:
 
 
 def load_execution_row(connection: Connection, execution_id: str) -> ExecutionRecord | None:
-    rows = rows_in(connection, prepared.run_by_id(), {"run_id": execution_id})
+    rows = drivers.rows(connection, prepared.run_by_id(), {"run_id": execution_id})
     return execution_from_row(rows[0]) if rows else None
 
 

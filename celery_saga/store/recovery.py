@@ -53,7 +53,7 @@ def list_stale(
     )
     if after is not None:
         query = query.where(keyset_after(executions.c.updated_at, after))
-    return [(row["updated_at"], row["id"]) for row in db.read_serial(query)]
+    return [(row["updated_at"], row["id"]) for row in db.read(query, serial=True)]
 
 
 def claim_stale(

@@ -32,9 +32,11 @@ from celery_saga.records import (
     RollbackStatus,
     StepRecord,
 )
-from celery_saga.store import attempts, history, prepared
-from celery_saga.store.database import Database, rowcount_in, rows_in, to_db_time
-from celery_saga.store.forward import Conflict, prefixed
+from celery_saga.store import attempts, drivers, history, prepared, unwind
+from celery_saga.store.claims import Conflict
+from celery_saga.store.database import Database, to_db_time
+from celery_saga.store.directions import REVERSE, held_params
+from celery_saga.store.forward import prefixed
 from celery_saga.store.history import Kind
 from celery_saga.store.queries import snapshot_from_rows, snapshot_query
 from celery_saga.store.rows import step_from_row
@@ -97,19 +99,7 @@ def _claim(durable: bool) -> Any:
     guard = _next_owed()
     if not durable:
         guard &= prepared.commit_without_flush_wait()
-    return (
-        update(step_records)
-        .where(guard)
-        .values(
-            compensation_attempts=step_records.c.compensation_attempts + 1,
-            compensation_lease_expires_at=prepared.param(
-                "lease", step_records.c.compensation_lease_expires_at
-            ),
-            compensation_holder=prepared.param(
-                "reversal_holder", step_records.c.compensation_holder
-            ),
-        )
-    )
+    return update(step_records).where(guard).values(unwind.claimed_params())
 
 
 def _lean_read(claimed_id: Any) -> Any:
@@ -170,20 +160,20 @@ def _claimed_rows(
     the claim is held no one else changes the run's steps."""
     if db.dialect == "postgresql":
         with db.single_statement() as connection:
-            return db.rows(connection, _claim_returning(with_run, db.durable_claims), params)
+            return drivers.rows(connection, _claim_returning(with_run, db.durable_claims), params)
     if db.dialect != "sqlite":  # MySQL refuses an UPDATE whose WHERE reads its own table
         return None
     claim, read = _claim_then_read(with_run)
     if not with_run:
         with db.transaction() as connection:
-            if rowcount_in(connection, claim, params) != 1:
+            if drivers.rowcount(connection, claim, params) != 1:
                 return []
-            return rows_in(connection, read, params)
+            return drivers.rows(connection, read, params)
     with db.single_statement() as connection:
-        if db.rowcount(connection, claim, params) != 1:
+        if drivers.rowcount(connection, claim, params) != 1:
             return []
     with db.single_statement() as connection:
-        return db.rows(connection, read, params)
+        return drivers.rows(connection, read, params)
 
 
 def claim_next_reversal(
@@ -247,22 +237,6 @@ def _run_changes(plan: UnwindStep, name: str, reason: str | None) -> dict[str, A
     return {}
 
 
-def _step_settled() -> Any:
-    """The reversal is still this attempt's: no outcome, its number, and its holder (param
-    ``reversal_holder``, None: not known), as ``prepared.step_held`` for a step."""
-    holder = prepared.param("reversal_holder", step_records.c.compensation_holder)
-    return (
-        (step_records.c.execution_id == prepared.param("run_id", step_records.c.execution_id))
-        & (step_records.c.name == prepared.param("step_name", step_records.c.name))
-        & step_records.c.compensation_status.is_(None)
-        & (
-            step_records.c.compensation_attempts
-            == prepared.param("attempt", step_records.c.compensation_attempts)
-        )
-        & (holder.is_(None) | (step_records.c.compensation_holder == holder))
-    )
-
-
 _STEP_OUTCOME = {
     "compensation_status": prepared.param("outcome", step_records.c.compensation_status),
     "compensation_reason": prepared.param("reason", step_records.c.compensation_reason),
@@ -277,7 +251,7 @@ def _outcome_in_one(changes: tuple[str, ...]) -> Any:
     move the run, in one statement whose rowcount is 1 only if all three happened."""
     run = prepared.bumped_run(changes)
     return prepared.run_and_step_in_one(
-        prepared.compensating_run(), _step_settled(), run, _STEP_OUTCOME, reversal=True
+        prepared.compensating_run(), held_params(REVERSE), run, _STEP_OUTCOME, reversal=True
     )
 
 
@@ -290,7 +264,7 @@ def _run_moved(changes: tuple[str, ...]) -> Any:
 
 @functools.cache
 def _step_outcome() -> Any:
-    return update(step_records).where(_step_settled()).values(**_STEP_OUTCOME)
+    return update(step_records).where(held_params(REVERSE)).values(**_STEP_OUTCOME)
 
 
 def _outcome_in_a_transaction(
@@ -298,9 +272,9 @@ def _outcome_in_a_transaction(
 ) -> None:
     """Elsewhere: the same two row changes in one transaction, run row (its lock) first;
     statements built once per shape (SQLite sends them to its driver directly)."""
-    if rowcount_in(connection, _run_moved(changes), params) != 1:
+    if drivers.rowcount(connection, _run_moved(changes), params) != 1:
         raise Conflict(params["run_id"])
-    if rowcount_in(connection, _step_outcome(), params) != 1:
+    if drivers.rowcount(connection, _step_outcome(), params) != 1:
         raise Conflict(params["run_id"])  # rolls the run's change back
 
 
@@ -350,7 +324,7 @@ def record_compensation(
     parks = plan.kind is UnwindKind.HALT_FAILED
     if db.dialect == "postgresql" and not parks:
         with db.single_statement() as connection:
-            written = db.rowcount(connection, _outcome_in_one(shape), params) == 1
+            written = drivers.rowcount(connection, _outcome_in_one(shape), params) == 1
         return plan if written else None
     try:
         # A park (never the happy path) takes a transaction: its history row goes with it.
@@ -361,7 +335,7 @@ def record_compensation(
             else:
                 _outcome_in_a_transaction(connection, shape, params)
                 ended = ENDED[outcome.value]
-                attempts.write_reversal_row(connection, reversal, ended, now, reason)
+                attempts.write_row(connection, reversal, ended, now, reason, reversal=True)
             if parks:
                 reason = changes["rollback_reason"]
                 history.write_parked(

@@ -23,7 +23,7 @@ from datetime import datetime
 from celery_saga.decisions.cursor import Advance
 from celery_saga.decisions.unwind import next_unwind_step
 from celery_saga.records import ExecutionState, StepAttempt, StepStatus
-from celery_saga.store import forward, joins, prepared, queries
+from celery_saga.store import drivers, forward, joins, prepared, queries
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.forward import GroupResult
 
@@ -87,6 +87,6 @@ def fail_held_step(
     }
     statement = prepared.fail_in_one(tuple(sorted(changes)))
     with db.single_statement() as connection:
-        if db.rowcount(connection, statement, params) != 1:
+        if drivers.rowcount(connection, statement, params) != 1:
             return None
     return GroupResult(settled=True, failure_reason=error, unwind=plan)

@@ -10,13 +10,13 @@ for a budget of seconds.
 from __future__ import annotations
 
 import logging
-import sqlite3
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
 from sqlalchemy import exc
 
+from celery_saga.store import drivers
 from celery_saga.store.url_errors import refusal
 
 logger = logging.getLogger("celery_saga")
@@ -44,7 +44,7 @@ def is_transient(error: BaseException) -> bool:
     if isinstance(error, (exc.DisconnectionError, exc.TimeoutError)):
         return True
     if isinstance(error, (exc.OperationalError, exc.InterfaceError)):
-        if isinstance(error.orig, sqlite3.Error):
+        if drivers.raised_by_sqlite3(error.orig):
             text = str(error.orig).lower()
             return "locked" in text or "busy" in text
         return True

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Collection
-from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -23,9 +22,10 @@ from celery_saga.records import (
     RollbackStatus,
     StepRecord,
 )
-from celery_saga.store import attempts, history, prepared
-from celery_saga.store.database import Database, rowcount_in, to_db_time
-from celery_saga.store.forward import Conflict
+from celery_saga.store import claims, drivers, history, prepared
+from celery_saga.store.claims import Conflict
+from celery_saga.store.database import Database, to_db_time
+from celery_saga.store.directions import REVERSE, claimed
 from celery_saga.store.history import Kind
 from celery_saga.store.queries import load_execution_row, load_steps
 from celery_saga.store.tables import executions, step_records
@@ -63,14 +63,14 @@ def _reversal_claim(seen: bool, durable: bool) -> Any:
             lease_free,
             exists().where(prepared.compensating_run()),
         )
-        .values(
-            compensation_attempts=step_records.c.compensation_attempts + 1,
-            compensation_lease_expires_at=prepared.param("lease", held_until),
-            compensation_holder=prepared.param(
-                "reversal_holder", step_records.c.compensation_holder
-            ),
-        )
+        .values(claimed_params())
     )
+
+
+def claimed_params() -> dict[str, Any]:
+    """What a reversal's claim sets, from the params ``lease`` and ``reversal_holder``."""
+    lease = prepared.param("lease", REVERSE.lease)
+    return claimed(REVERSE, lease, prepared.param("reversal_holder", REVERSE.holder))
 
 
 def claim_compensation(
@@ -104,69 +104,33 @@ def claim_compensation(
     statement = _reversal_claim(seen_lease is not None, durable)
     lost = previous is not None and previous.compensation_lease_expires_at is not None
     with db.transaction() if lost or restored_at else db.single_statement() as connection:
-        if rowcount_in(connection, statement, params) != 1:
+        if drivers.rowcount(connection, statement, params) != 1:
             return False
-        if lost and previous is not None:
-            history.write_reversal_lost(connection, previous, now)
+        restored = None
         if restored_at is not None:
-            row = history.claim_restored(reversal.name, holder, restored_at, reversal=True)
-            history.write(connection, reversal.execution_id, replace(row, attempt=reversal.attempt))
+            restored = history.claim_restored(reversal.name, holder, restored_at, reversal=True)
+        claims.taken_over(
+            REVERSE,
+            connection,
+            reversal.execution_id,
+            reversal.attempt,
+            lost=previous if lost else None,
+            restored=restored,
+            now=now,
+        )
         return True
-
-
-def _reversal_held_by(reversal: ReversalAttempt) -> Any:
-    """The reversal has no outcome yet and this attempt's claim is the latest (and, where
-    its holder is known, its own: after a claim the store lost, another process may hold
-    the same number)."""
-    guard = (
-        _step(reversal.execution_id, reversal.name)
-        & step_records.c.compensation_status.is_(None)
-        & (step_records.c.compensation_attempts == reversal.attempt)
-    )
-    if reversal.holder is not None:
-        guard &= step_records.c.compensation_holder == reversal.holder
-    return guard
 
 
 def renew_compensation_lease(
     db: Database, reversal: ReversalAttempt, *, lease_expires_at: datetime
 ) -> bool:
-    """Extend the lease of a reversal this attempt still holds (the heartbeat's write); with
-    ``reversal.holder``, only its own (as ``forward.renew_step_lease``)."""
-    guard = _reversal_held_by(reversal)
-    with db.single_statement() as connection:
-        result = connection.execute(
-            update(step_records)
-            .where(guard)
-            .values(compensation_lease_expires_at=to_db_time(lease_expires_at))
-        )
-        return bool(result.rowcount == 1)
+    """``claims.renew`` of a reversal (the heartbeat's write)."""
+    return claims.renew(REVERSE, db, reversal, lease_expires_at=lease_expires_at)
 
 
 def give_up_reversal_claim(db: Database, reversal: ReversalAttempt, *, now: datetime) -> bool:
-    """End the lease of a reversal this attempt still holds, keeping the attempt counted:
-    its worker is shutting down, so the next message may claim it at once (guarantee 27)."""
-    with db.transaction() as connection:
-        result = connection.execute(
-            update(step_records)
-            .where(_reversal_held_by(reversal))
-            .values(compensation_lease_expires_at=to_db_time(now))
-        )
-        if result.rowcount != 1:
-            return False
-        why = "its worker is shutting down"
-        attempts.write_reversal_row(connection, reversal, Kind.REVERSAL_RELEASED, now, why)
-        return True
-
-
-def _settle_compensation(connection: Connection, reversal: ReversalAttempt, **changes: Any) -> None:
-    result = connection.execute(
-        update(step_records)
-        .where(_reversal_held_by(reversal))
-        .values(compensation_lease_expires_at=None, **changes)
-    )
-    if result.rowcount != 1:
-        raise Conflict(reversal.execution_id)
+    """``claims.give_up`` of a reversal: its worker is shutting down."""
+    return claims.give_up(REVERSE, db, reversal, now=now, why="its worker is shutting down")
 
 
 def _lock_compensating(
@@ -248,15 +212,8 @@ def _park(connection: Connection, execution_id: str, plan: UnwindStep, now: date
 def release_compensation(
     db: Database, reversal: ReversalAttempt, *, reason: str, now: datetime
 ) -> bool:
-    """A reversal attempt failed but more are allowed: free the claim for the next one."""
-    try:
-        with db.transaction() as connection:
-            _settle_compensation(connection, reversal, compensation_reason=reason)
-            kind = Kind.REVERSAL_RETRYING
-            attempts.write_reversal_row(connection, reversal, kind, now, reason)
-        return True
-    except Conflict:
-        return False
+    """A reversal attempt failed but more are allowed: ``claims.release`` frees its claim."""
+    return claims.release(REVERSE, db, reversal, reason=reason, now=now)
 
 
 def plan_unwind(

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -23,6 +22,7 @@ from sqlalchemy import exc
 from sqlalchemy.engine import URL, make_url
 
 from celery_saga.errors import StoreConfigurationError
+from celery_saga.store import drivers
 
 logger = logging.getLogger("celery_saga")
 
@@ -79,7 +79,7 @@ def refusal(error: BaseException) -> Refusal | None:
     origin = error.orig
     if origin is None:
         return None
-    if isinstance(origin, sqlite3.Error):
+    if drivers.raised_by_sqlite3(origin):
         text = str(origin)
         return Refusal("file", text) if any(s in text for s in _SQLITE_CANNOT_OPEN) else None
     code = origin.args[0] if origin.args else None

@@ -29,9 +29,9 @@ from celery_saga.errors import (
     InvalidStateError,
 )
 from celery_saga.records import ExecutionRecord, ExecutionState
-from celery_saga.store import history, prepared
+from celery_saga.store import drivers, history, prepared
 from celery_saga.store.codec import unpack
-from celery_saga.store.database import Database, rowcount_in, rows_in, to_db_time
+from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.forward import advance_values, fail_run_locked, prefixed
 from celery_saga.store.history import HistoryEntry, Kind
 from celery_saga.store.queries import keyset_after
@@ -43,7 +43,7 @@ def lock_execution(
     connection: Connection, execution_id: str, skip_locked: bool = False
 ) -> ExecutionRecord | None:
     """Read the run's row under its write lock (SQLite: the transaction's own lock)."""
-    found = rows_in(connection, _run_locked(skip_locked), {"run_id": execution_id})
+    found = drivers.rows(connection, _run_locked(skip_locked), {"run_id": execution_id})
     return execution_from_row(found[0]) if found else None
 
 
@@ -55,7 +55,7 @@ def _run_locked(skip_locked: bool) -> Any:
 
 
 def _received(connection: Connection, execution_id: str, event: str) -> Any:
-    found = rows_in(connection, _signal_received(), {"run_id": execution_id, "event": event})
+    found = drivers.rows(connection, _signal_received(), {"run_id": execution_id, "event": event})
     return found[0]["received_at"] if found else None
 
 
@@ -77,7 +77,7 @@ def _resume(
     moved = {"state": ExecutionState.RUNNING.value, **advance_values(advance, now)}
     params = {"run_id": execution_id, "gate": gate, "run_updated_at": to_db_time(now)}
     statement = _resumed(tuple(sorted(moved)))
-    return rowcount_in(connection, statement, {**params, **prefixed("set_", moved)}) == 1
+    return drivers.rowcount(connection, statement, {**params, **prefixed("set_", moved)}) == 1
 
 
 @functools.cache
@@ -139,7 +139,7 @@ def record_signal_once(
             )
         try:
             stored = {"event": event, "payload": payload_blob, "received_at": to_db_time(now)}
-            rowcount_in(connection, _insert_signal(), {"execution_id": execution_id, **stored})
+            drivers.rowcount(connection, _insert_signal(), {"execution_id": execution_id, **stored})
         except IntegrityError:
             raise DuplicateSignalError(f"{what} refused: it was already received") from None
         resumed = verdict is SignalVerdict.RESUME and _resume(
@@ -179,7 +179,7 @@ def park_for_signal(
         else:
             return arrival
         params = {"run_id": execution_id, "run_updated_at": stamp, **prefixed("set_", values)}
-        rowcount_in(connection, _moved(tuple(sorted(values))), params)
+        drivers.rowcount(connection, _moved(tuple(sorted(values))), params)
         if arrival is Arrival.PASS and advance.finished:
             # no step ends the run: its signal, stored before, did (guarantee 33)
             why = f"{event!r}: its signal was stored when the run reached its last gate"
