@@ -37,7 +37,7 @@ from celery_saga.worker.beat import install_beat_entries
 from celery_saga.worker.celery_hooks import CeleryHooks
 from celery_saga.worker.delivery import stopped_by_worker
 from celery_saga.worker.discovery import Packages, SagaDiscovery
-from celery_saga.worker.events import EventHub, Listener
+from celery_saga.worker.event_hub import EventHub, Listener
 from celery_saga.worker.hand_back import HandBacks
 from celery_saga.worker.hand_back_notes import HandBackNotes
 from celery_saga.worker.handle import SagaHandle

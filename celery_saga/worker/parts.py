@@ -12,7 +12,7 @@ from celery_saga.runtime.catalog import Catalog
 from celery_saga.runtime.executor import Executor
 from celery_saga.runtime.ports import Settings
 from celery_saga.store.database import Database
-from celery_saga.worker.events import EventHub
+from celery_saga.worker.event_hub import EventHub
 from celery_saga.worker.hand_back_notes import HandBackNotes
 from celery_saga.worker.publisher import CeleryPublisher
 from celery_saga.worker.store_calls import StoreCalls

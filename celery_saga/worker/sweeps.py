@@ -11,6 +11,7 @@ from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.recovery import Recoverer
 from celery_saga.store import retention
 from celery_saga.worker.arguments import check_actor, check_age
+from celery_saga.worker.beat import retention_interval
 from celery_saga.worker.parts import WorkerParts
 
 
@@ -65,3 +66,13 @@ class Sweeps:
                 parts.db, cutoff=now - age, now=now, archive=archive, budget=budget, actor=actor
             ),
         )
+
+    def retain(self, archive: bool) -> int:
+        """Beat's cleanup (or, with ``archive``, archive) task: the runs older than
+        ``saga_cleanup_after`` (``saga_archive_after``), for half the task's interval at
+        most: a backlog is worked through over several runs of the task, none holding a
+        worker for long, and two never overlap."""
+        kind, app = ("archive" if archive else "cleanup"), self.parts.app
+        budget = retention_interval(app, f"saga_{kind}_interval") / 2
+        after = float(getattr(app.conf, f"saga_{kind}_after"))
+        return self.retire(after, archive=archive, budget=budget)

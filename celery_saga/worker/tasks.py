@@ -10,7 +10,6 @@ from typing import Any
 from celery_saga.decisions.admission import NodeMessage
 from celery_saga.errors import StoreConfigurationError, StoreUnavailableError
 from celery_saga.runtime.outcomes import Outcome
-from celery_saga.worker.beat import retention_interval
 from celery_saga.worker.delivery import STORE_RETRY_MAX, SendAgain, handle_message
 from celery_saga.worker.endings import StepFailed, end_task
 from celery_saga.worker.housekeeping import quiet_housekeeping_logs
@@ -47,6 +46,12 @@ _SWEEP_OPTIONS: dict[str, Any] = {"ignore_result": True, "shared": False, "send_
 
 def register_tasks(parts: WorkerParts, sweeps: Sweeps) -> None:
     quiet_housekeeping_logs()
+    _message_tasks(parts)
+    _sweep_tasks(parts, sweeps)
+
+
+def _message_tasks(parts: WorkerParts) -> None:
+    """The tasks of a run's own messages: a node, a reversal, a handed-on command."""
     app, executor, events = parts.app, parts.executor, parts.events
 
     @app.task(name=NODE_TASK, **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
@@ -95,6 +100,11 @@ def register_tasks(parts: WorkerParts, sweeps: Sweeps) -> None:
         outcome = handle_message(parts, task, task.request.retries or 0, _send_again(task), here)
         end_task(task, outcome, own_body=False, send_events=events.send_to_celery)
 
+
+def _sweep_tasks(parts: WorkerParts, sweeps: Sweeps) -> None:
+    """Beat's tasks, each skipped with one line when the store is out."""
+    app = parts.app
+
     @app.task(name=RECOVER_TASK, **_SWEEP_OPTIONS)  # type: ignore[untyped-decorator]
     def saga_recover() -> int:
         return _skipped_in_an_outage("the recovery sweep", sweeps.recover)
@@ -103,23 +113,13 @@ def register_tasks(parts: WorkerParts, sweeps: Sweeps) -> None:
     def saga_fire_timers() -> int:
         return _skipped_in_an_outage("the timer sweep", sweeps.fire_timers)
 
-    # Half the interval each: a backlog is worked through over several runs of the task,
-    # none holding a worker for long, and two never overlap.
     @app.task(name=CLEANUP_TASK, **_SWEEP_OPTIONS)  # type: ignore[untyped-decorator]
     def saga_cleanup() -> int:
-        budget = retention_interval(app, "saga_cleanup_interval") / 2
-        after = float(app.conf.saga_cleanup_after)
-        return _skipped_in_an_outage(
-            "the cleanup sweep", lambda: sweeps.retire(after, archive=False, budget=budget)
-        )
+        return _skipped_in_an_outage("the cleanup sweep", lambda: sweeps.retain(archive=False))
 
     @app.task(name=ARCHIVE_TASK, **_SWEEP_OPTIONS)  # type: ignore[untyped-decorator]
     def saga_archive() -> int:
-        budget = retention_interval(app, "saga_archive_interval") / 2
-        after = float(app.conf.saga_archive_after)
-        return _skipped_in_an_outage(
-            "the archive sweep", lambda: sweeps.retire(after, archive=True, budget=budget)
-        )
+        return _skipped_in_an_outage("the archive sweep", lambda: sweeps.retain(archive=True))
 
 
 def _skipped_in_an_outage(what: str, sweep: Callable[[], int]) -> int:
