@@ -232,7 +232,7 @@ def install(app_module: Any) -> None:
     saga_engine, engine_getter = app_module.engine, app_module.bench_db
     from celery_saga.runtime.executor import Executor
     from celery_saga.store import forward, queries, reversal
-    from celery_saga.worker.events import EventHub
+    from celery_saga.worker.event_hub import EventHub
     from celery_saga.worker.publisher import CeleryPublisher
 
     _engine_getter.append(engine_getter)

@@ -261,13 +261,13 @@ def test_a_store_outage_keeps_at_most_one_pending_mark_per_run(
     store_back = threading.Event()
     written: list[str] = []
 
-    def mark_waiting(engine: Any, execution_id: str, version: str) -> bool:
+    def mark_waiting(db: Any, execution_id: str, version: str) -> bool:
         store_back.wait(10)
         written.append(execution_id)
         return False  # the store failed: the next hand-back asks again
 
     monkeypatch.setattr(hand_back_pool, "mark_waiting", mark_waiting)
-    marks = Marks(deploys["1"])
+    marks = Marks(deploys["1"].db)
     for times in range(1, 41):
         for run in ("run-a", "run-b", "run-c"):
             reason = HandBackReason.VERSION_NOT_HERE

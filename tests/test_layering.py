@@ -282,3 +282,60 @@ def test_only_the_store_drivers_import_a_database_driver() -> None:
         and any(name.split(".")[0] in _DRIVERS for name in _imports(path))
     }
     assert not importers, f"a database driver is imported outside store/drivers/: {importers}"
+
+
+# -- the worker takes its parts, not the engine -----------------------------------------
+_ENGINE_MODULE = PACKAGE / "worker" / "engine.py"
+
+
+def _engine_private_reads(source: str) -> list[str]:
+    """Each ``<an engine>._name`` in ``source``: a private attribute read through a name
+    that says it is an engine (``engine``, ``self.engine``, ``_engine()``,
+    ``SagaEngine.of(app)``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
+            continue
+        if node.attr.startswith("__"):
+            continue
+        receiver = ast.unparse(node.value)
+        if receiver.lower().removesuffix("()").endswith("engine") or "SagaEngine" in receiver:
+            found.append(f"{receiver}.{node.attr}:{node.lineno}")
+    return found
+
+
+def test_no_module_reads_a_private_attribute_of_the_engine() -> None:
+    readers = {
+        f"{path.relative_to(PACKAGE)}: {read}"
+        for path in PACKAGE.rglob("*.py")
+        if path != _ENGINE_MODULE
+        for read in _engine_private_reads(path.read_text())
+    }
+    assert not readers, f"the engine's private attributes read outside it: {sorted(readers)}"
+
+
+def test_the_private_read_finder_finds_one() -> None:
+    source = "engine._store('x', f)\nself.engine._launch()\n_engine()._x\nengine.db\nengine.__doc__"
+    assert sorted(_engine_private_reads(source)) == [
+        "_engine()._x:3",
+        "engine._store:1",
+        "self.engine._launch:2",
+    ]
+
+
+def test_no_import_circle_inside_worker() -> None:
+    files = {_module_name(p): p for p in (PACKAGE / "worker").glob("*.py")}
+    graph = {name: _imports(path) & set(files) - {name} for name, path in files.items()}
+    assert _cycle(graph) is None
+
+
+def test_no_worker_module_imports_the_engine() -> None:
+    """The engine builds the worker's parts and hands them out: a module that imports it
+    (``TYPE_CHECKING`` included) is one that reaches back into it."""
+    engine = _module_name(_ENGINE_MODULE)
+    importers = [
+        path.name
+        for path in (PACKAGE / "worker").glob("*.py")
+        if path != _ENGINE_MODULE and engine in _imports(path)
+    ]
+    assert not importers, f"worker modules importing worker/engine.py: {importers}"

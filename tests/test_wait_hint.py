@@ -101,7 +101,7 @@ def test_a_run_waiting_for_a_signal_is_quiet_on_purpose(
         assert run.wait(timeout=10).state is ExecutionState.WAITING
     calls: list[Any] = []
     monkeypatch.setattr(
-        "celery_saga.worker.progress.queue_consumers", lambda *a: calls.append(a) or {}
+        "celery_saga.worker.stall_hints.queue_consumers", lambda *a: calls.append(a) or {}
     )
     with pytest.raises(TimeoutError) as raised:
         run.wait(timeout=1, states=[ExecutionState.COMPLETED])

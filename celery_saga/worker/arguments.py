@@ -1,4 +1,5 @@
-"""Checking the arguments of the engine's public calls: ages and enum filters."""
+"""Checking the arguments of the engine's public calls: ages, enum filters, actors and
+reasons."""
 
 from __future__ import annotations
 
@@ -30,3 +31,15 @@ def enum_values(kind: type[Any], values: Any, what: str) -> list[Any]:
     except ValueError:
         allowed = ", ".join(member.value for member in kind)
         raise SagaError(f"unknown {what} in {items!r}; expected one of: {allowed}") from None
+
+
+def check_actor(actor: str | None) -> None:
+    """An actor is a name (``user@host``, a web user), recorded in the run's history."""
+    if actor is not None and not isinstance(actor, str):
+        raise SagaError(f"an actor is text (who acts), got {type(actor).__name__}")
+
+
+def check_reason(reason: str | None, what: str) -> None:
+    """A reason (why a run is cancelled or its unwind abandoned) is text, or None."""
+    if reason is not None and not isinstance(reason, str):
+        raise SagaError(f"{what} is text, got {type(reason).__name__}")

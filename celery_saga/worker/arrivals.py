@@ -12,14 +12,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from celery import Celery
 
 from celery_saga.decisions.hand_back import Arrival
-
-if TYPE_CHECKING:
-    from celery_saga.worker.engine import SagaEngine
+from celery_saga.worker.hand_back import HandBacks
+from celery_saga.worker.parts import WorkerParts
 
 logger = logging.getLogger("celery_saga")
 
@@ -31,29 +30,29 @@ ANNOUNCE_AFTER = 1.0
 ASK_TIMEOUT = 1.0
 
 
-def announce(engine: SagaEngine, consumer: Any) -> None:
+def announce(parts: WorkerParts, consumer: Any) -> None:
     """Tell the workers consuming ``consumer``'s queues that it started, from a thread of
     its own (the broadcast waits for answers). In-process ``memory://`` has no others."""
     transport = getattr(getattr(consumer, "connection", None), "transport", None)
     if getattr(transport, "driver_type", None) == "memory":
         return
     thread = threading.Thread(
-        target=_announce, args=(engine, consumer), name="saga-arrival", daemon=True
+        target=_announce, args=(parts, consumer), name="saga-arrival", daemon=True
     )
     thread.start()
 
 
-def _announce(engine: SagaEngine, consumer: Any) -> None:
+def _announce(parts: WorkerParts, consumer: Any) -> None:
     time.sleep(ANNOUNCE_AFTER)
     try:
         node = str(consumer.hostname)
         task_consumer = consumer.task_consumer
         queues = {q.name for q in task_consumer.queues} if task_consumer is not None else set()
-        others = consumers_of(engine.app, queues) - {node}
+        others = consumers_of(parts.app, queues) - {node}
         if others:
-            engine.app.control.broadcast(
+            parts.app.control.broadcast(
                 COMMAND,
-                arguments=_arguments(engine, consumer, node),
+                arguments=_arguments(parts, consumer, node),
                 destination=sorted(others),
                 reply=False,
             )
@@ -71,18 +70,18 @@ def consumers_of(app: Celery, queues: set[str]) -> set[str]:
     }
 
 
-def _arguments(engine: SagaEngine, consumer: Any, node: str) -> dict[str, Any]:
-    catalog = engine.catalog
+def _arguments(parts: WorkerParts, consumer: Any, node: str) -> dict[str, Any]:
+    catalog = parts.catalog
     registered = [[d.name, d.hash] for name in catalog.names() for d in catalog.versions(name)]
     return {
         "node": node,
-        "store": engine.hand_backs.store,
+        "store": parts.store_id,
         "versions": registered,
         "tasks": sorted(str(name) for name in consumer.strategies),
     }
 
 
-def answer(engine: SagaEngine, state: Any, **arguments: Any) -> dict[str, int]:
+def answer(hand_backs: HandBacks, state: Any, **arguments: Any) -> dict[str, int]:
     """The ``saga_worker_arrived`` command, in a worker's main process."""
     node = str(arguments["node"])
     arrival = Arrival(
@@ -90,7 +89,7 @@ def answer(engine: SagaEngine, state: Any, **arguments: Any) -> dict[str, int]:
         frozenset((str(saga), str(version)) for saga, version in arguments["versions"]),
         frozenset(str(task) for task in arguments["tasks"]),
     )
-    released = engine.hand_backs.arrived(node, arrival)
+    released = hand_backs.arrived(node, arrival)
     if released:
         logger.info("%s started and can run %d message(s) held here: sent back now", node, released)
     return {"released": released}

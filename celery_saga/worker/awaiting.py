@@ -1,7 +1,7 @@
 """What a run that ``SagaHandle.wait()`` gave up on is waiting for, in one clause.
 
 A step message that no worker takes is the usual first-day stall: either no worker consumes
-its queue (``progress`` names such queues), or a worker that never imported the module
+its queue (``stall_hints`` names such queues), or a worker that never imported the module
 registering the saga received it and dropped it as an unregistered task; Celery only logs
 that on the worker. The store shows which: no claim on the step its cursor points at. A
 worker of the engine hands such a message back instead, and marks the run as waiting for
@@ -11,13 +11,10 @@ then explains the stall better than a guess.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from celery_saga.definition.nodes import StepSpec, node_steps
 from celery_saga.records import Execution, ExecutionState, StepRecord, StepStatus
-
-if TYPE_CHECKING:
-    from celery_saga.worker.engine import SagaEngine
+from celery_saga.runtime.catalog import Catalog
+from celery_saga.worker.step_tasks import StepTasks
 
 
 def _untaken(saga: str, what: str, task: str | None, explained: bool) -> str:
@@ -32,14 +29,14 @@ def _untaken(saga: str, what: str, task: str | None, explained: bool) -> str:
     )
 
 
-def _task_name(engine: SagaEngine, saga: str, spec: StepSpec, kind: str) -> str | None:
-    task = engine.step_tasks.task_for(saga, spec, kind)
+def _task_name(tasks: StepTasks, saga: str, spec: StepSpec, kind: str) -> str | None:
+    task = tasks.task_for(saga, spec, kind)
     return None if task is None else str(task.name)
 
 
-def _forward(engine: SagaEngine, execution: Execution, explained: bool) -> str:
+def _forward(catalog: Catalog, tasks: StepTasks, execution: Execution, explained: bool) -> str:
     record, saga = execution.record, execution.record.saga_name
-    definition = engine.catalog.known(saga)
+    definition = catalog.known(saga)
     nodes = definition.nodes if definition is not None else ()
     specs = node_steps(nodes[record.cursor]) if 0 <= record.cursor < len(nodes) else ()
     here = [s for s in execution.steps if s.node == record.cursor]
@@ -52,7 +49,7 @@ def _forward(engine: SagaEngine, execution: Execution, explained: bool) -> str:
         what = f"at step {pending[0].name!r}, waiting for attempt {pending[0].attempts + 1}"
         return _version_wait(saga, what, version) or _untaken(saga, what, None, explained)
     if not here and len(specs) == 1:
-        task = _task_name(engine, saga, specs[0], "forward")
+        task = _task_name(tasks, saga, specs[0], "forward")
         what = f"at step {specs[0].name!r}"
         if version is not None:
             what = _untaken(saga, what, task, explained=True)
@@ -94,11 +91,14 @@ def _backward(execution: Execution, explained: bool) -> str:
     )
 
 
-def waiting_for(engine: SagaEngine, execution: Execution, explained: bool = False) -> str:
+def waiting_for(
+    catalog: Catalog, tasks: StepTasks, execution: Execution, explained: bool = False
+) -> str:
     """Where the run stands and what would move it; "" when nothing more can be said.
-    ``explained``: a hint from the workers says why no worker took its message."""
+    ``catalog`` and ``tasks`` name its step and that step's task; ``explained``: a hint
+    from the workers says why no worker took its message."""
     if execution.state is ExecutionState.RUNNING:
-        return _forward(engine, execution, explained)
+        return _forward(catalog, tasks, execution, explained)
     if execution.state is ExecutionState.COMPENSATING:
         return _backward(execution, explained)
     if execution.state is ExecutionState.WAITING:

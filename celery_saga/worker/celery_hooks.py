@@ -50,7 +50,7 @@ from celery.worker.consumer.control import Control
 
 from celery_saga.errors import StepRetryRequested
 from celery_saga.worker.endings import as_raised_by_user_code, let_traceback_go
-from celery_saga.worker.events import EventHub
+from celery_saga.worker.event_hub import EventHub
 from celery_saga.worker.publisher import RECOVER_TASK
 from celery_saga.worker.saga_header import read_header
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from celery.exceptions import WorkerShutdown, WorkerTerminate
 from sqlalchemy.exc import SQLAlchemyError
@@ -23,10 +23,8 @@ from celery_saga.runtime.outcomes import Outcome
 from celery_saga.store.identity import holds_run
 from celery_saga.store.transient import describe_store_error, is_transient
 from celery_saga.worker.hand_back_pool import drop_absent_run, hand_back_running
+from celery_saga.worker.parts import WorkerParts
 from celery_saga.worker.saga_header import HANDED, STORE, read_header, version_of
-
-if TYPE_CHECKING:
-    from celery_saga.worker.engine import SagaEngine
 
 logger = logging.getLogger("celery_saga")
 
@@ -50,7 +48,7 @@ def redelivered(request: Any, resends: int) -> bool:
 
 
 def handle_message(
-    engine: SagaEngine,
+    parts: WorkerParts,
     task: Any,
     resends: int,
     send_again: SendAgain,
@@ -60,30 +58,30 @@ def handle_message(
     unreachable sends the message again (see ``sent_again_on_lost_store``), a run whose
     version this worker lacks, or that another store holds, gets its message handed back
     (``hand_back``)."""
-    with sent_again_on_lost_store(task, resends, send_again), engine.db.task_connection():
-        engine.ensure_schema()
-        eager = engine.app.conf.task_always_eager  # no other worker to hand it to
+    with sent_again_on_lost_store(task, resends, send_again), parts.db.task_connection():
+        parts.store.ensure_schema()
+        eager = parts.app.conf.task_always_eager  # no other worker to hand it to
         header = read_header(task.request)
-        if header is not None and not eager and _another_stores_run(engine, header):
+        if header is not None and not eager and _another_stores_run(parts, header):
             if gives_up_on_absent_run(int(header.get(HANDED) or 0)):
-                return drop_absent_run(engine, task, header)
+                return drop_absent_run(parts, task, header)
             saga, version = str(header.get("saga")), version_of(header)
-            return hand_back_running(engine, task, HandBackReason.RUN_NOT_IN_STORE, saga, version)
+            return hand_back_running(parts, task, HandBackReason.RUN_NOT_IN_STORE, saga, version)
         try:
             return handle(redelivered(task.request, resends))
         except VersionNotDeployedError as missing:
             if eager:
                 raise
             saga, version = missing.saga_name, missing.definition_hash
-            return hand_back_running(engine, task, HandBackReason.VERSION_NOT_HERE, saga, version)
+            return hand_back_running(parts, task, HandBackReason.VERSION_NOT_HERE, saga, version)
 
 
-def _another_stores_run(engine: SagaEngine, header: dict[str, Any]) -> bool:
+def _another_stores_run(parts: WorkerParts, header: dict[str, Any]) -> bool:
     """The message names another store, and this one does not hold its run (a worker of
     another deployment shares the queue). Read only for a message naming another store."""
-    if not names_another_store(header.get(STORE), engine.hand_backs.store):
+    if not names_another_store(header.get(STORE), parts.store_id):
         return False
-    return not holds_run(engine.db, str(header["id"]))
+    return not holds_run(parts.db, str(header["id"]))
 
 
 @contextmanager

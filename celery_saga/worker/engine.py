@@ -1,70 +1,56 @@
 """``SagaEngine``: attaches sagas to an existing Celery app and is the Python API.
 
-What it changes in Celery, it changes for its own app only, through ``celery_hooks``."""
+What it changes in Celery, it changes for its own app only, through ``celery_hooks``. The
+engine builds its parts once (``WorkerParts``) and hands them to each module that acts for
+it; none of them reaches back into the engine."""
 
 from __future__ import annotations
 
 import builtins
 import functools
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from celery import Celery
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from celery_saga.decisions.cancel import CancelVerdict
-from celery_saga.definition.builder import Saga, SagaDefinition, run_timeout
+from celery_saga.definition.builder import Saga, SagaDefinition
 from celery_saga.definition.sub_sagas import check_no_cycle
 from celery_saga.encryption import codec_from_conf
-from celery_saga.errors import (
-    DefinitionError,
-    ExecutionNotFoundError,
-    SagaError,
-    StoreUnavailableError,
-    UnknownSagaError,
-)
-from celery_saga.ids import new_execution_id
+from celery_saga.errors import DefinitionError, ExecutionNotFoundError, SagaError, UnknownSagaError
 from celery_saga.limits import check_lookup_id, listed_saga_names, storable_cursor_id
 from celery_saga.records import Execution, ExecutionState, RollbackStatus
 from celery_saga.runtime import revocation, stopping
-from celery_saga.runtime.clock import get_clock
+from celery_saga.runtime.catalog import Catalog
 from celery_saga.runtime.executor import Executor
-from celery_saga.runtime.ports import Catalog, Settings
+from celery_saga.runtime.ports import Settings
 from celery_saga.runtime.recovery import Recoverer
-from celery_saga.store import queries, retention
+from celery_saga.store import queries
 from celery_saga.store.codec import use_codec
 from celery_saga.store.database import Database
-from celery_saga.store.transient import describe_store_error, is_transient, retry_transient
-from celery_saga.store.url_errors import configuration_error, quieted
+from celery_saga.store.identity import shown_store, store_identity
 from celery_saga.store.versions import waiting_for_version
-from celery_saga.worker import arrivals, hand_back_notes, holders
-from celery_saga.worker.arguments import check_age, enum_values
+from celery_saga.worker import arrivals, hand_back_notes, holders, pool_loss, run_commands
+from celery_saga.worker.arguments import check_actor, enum_values
 from celery_saga.worker.beat import install_beat_entries
 from celery_saga.worker.celery_hooks import CeleryHooks
 from celery_saga.worker.delivery import stopped_by_worker
 from celery_saga.worker.discovery import Packages, SagaDiscovery
-from celery_saga.worker.events import EventHub, Listener
+from celery_saga.worker.event_hub import EventHub, Listener
 from celery_saga.worker.hand_back import HandBacks
+from celery_saga.worker.hand_back_notes import HandBackNotes
 from celery_saga.worker.handle import SagaHandle
-from celery_saga.worker.holders import CeleryHolders
+from celery_saga.worker.parts import WorkerParts
 from celery_saga.worker.publisher import CeleryPublisher
 from celery_saga.worker.revocation import remember_worker_process, revoke_announced
-from celery_saga.worker.run_commands import (
-    abandon_run,
-    adopt,
-    cancel_run,
-    check_actor,
-    resume_run,
-    signal_run,
-)
-from celery_saga.worker.start_checks import refuse_before_start
 from celery_saga.worker.step_run import StepRun
 from celery_saga.worker.step_tasks import StepTasks
+from celery_saga.worker.store_calls import StoreCalls
+from celery_saga.worker.sweeps import Sweeps
 from celery_saga.worker.tasks import register_tasks
 from celery_saga.worker.versioning import VersionInfo, Versions
 
-T = TypeVar("T")
 DEFAULT_STORE_URL = "sqlite:///celery_saga.sqlite3"
 
 
@@ -90,52 +76,80 @@ class SagaEngine:
         # Every payload this process stores or reads goes through the app's codec.
         use_codec(codec_from_conf(app.conf))
         self.events = EventHub(app)
-        self.settings = Settings.from_conf(app.conf)
         self.catalog = Catalog(discover=lambda: self.discovery.discover())
-        self.hooks = CeleryHooks(app, StepRun(self), self.events)
+        self.parts = parts = self._parts(app, Settings.from_conf(app.conf))
+        self.publisher, self.executor = parts.publisher, parts.executor
+        self.hooks = CeleryHooks(app, StepRun(parts), self.events)
         self.discovery = SagaDiscovery(app, self.hooks.when_modules_imported)
-        self.step_tasks = StepTasks(app, self.hooks)
-        self.publisher = publisher = CeleryPublisher(
+        self.step_tasks = self.publisher.tasks = StepTasks(app, self.hooks)
+        self.recoverer = Recoverer(self.executor)
+        self.publisher.on_unsent = self.recoverer.owe_message
+        self.sweeps = Sweeps(parts, self.recoverer)
+        register_tasks(parts, self.sweeps)
+        install_beat_entries(app)
+        self.versioning = Versions(parts, self.hooks)
+        self.hand_backs = HandBacks(parts)
+        self._hook_in(parts)
+        app.saga_engine = self
+
+    def _parts(self, app: Celery, settings: Settings) -> WorkerParts:
+        store_id = store_identity(self.db.url)
+        publisher = CeleryPublisher(
             app,
             # The hard limit must not kill a process that is still recording what its body
             # did through a store outage (guarantee 20): an outcome, then perhaps the park
             # of an unwind, each retried for that budget.
-            hard_limit_grace=self.settings.hard_limit_grace
-            + 2 * self.settings.outcome_retry_budget,
-            compensation_timeout=self.settings.compensation_timeout,
-            tasks=self.step_tasks,
+            hard_limit_grace=settings.hard_limit_grace + 2 * settings.outcome_retry_budget,
+            compensation_timeout=settings.compensation_timeout,
         )
-        # The holders ask through this engine's app and store, read when first asked.
-        asker = CeleryHolders(self)
-        self.executor = Executor(
-            self.db, self.catalog, publisher, self.events, self.settings, asker
+        publisher.store = store_id
+        # The holders ask other workers through this engine's app.
+        executor = Executor(
+            self.db, self.catalog, publisher, self.events, settings, holders.CeleryHolders(app)
         )
-        self.hooks.commands[holders.COMMAND] = functools.partial(holders.answer_holder, self)
-        self.hooks.commands[holders.RUNS_COMMAND] = functools.partial(holders.answer_runs, self)
-        self.hooks.on_pool_loss = functools.partial(holders.on_pool_loss, self)
-        self.hooks.when_worker_starts(holders.PoolWatch(self).start)
-        self.recoverer = Recoverer(self.executor)
-        publisher.on_unsent = self.recoverer.owe_message
-        register_tasks(app, self)
-        install_beat_entries(app)
-        self.versioning = Versions(self)
-        self.hooks.when_worker_starts(self.versioning.announce)
-        self.hand_backs = HandBacks(self)
-        publisher.store = self.hand_backs.store
-        self.hooks.task_handler = self.hand_backs.task_handler
-        self.hooks.on_consumer_start = functools.partial(arrivals.announce, self)
-        self.hooks.on_consumer_stop = self.hand_backs.let_go
-        self.hooks.commands[hand_back_notes.COMMAND] = functools.partial(
-            hand_back_notes.answer, self
+        return WorkerParts(
+            app=app,
+            db=self.db,
+            store=StoreCalls(self.db, settings),
+            catalog=self.catalog,
+            events=self.events,
+            publisher=publisher,
+            executor=executor,
+            store_id=store_id,
+            shown_store=shown_store(self.db.url),
+            notes=HandBackNotes(),
         )
-        self.hooks.commands[arrivals.COMMAND] = functools.partial(arrivals.answer, self)
-        self.hooks.install()
+
+    def _hook_in(self, parts: WorkerParts) -> None:
+        """Give the hooks what they call, then change Celery for this app."""
+        hooks, hand_backs = self.hooks, self.hand_backs
+        hooks.commands[holders.COMMAND] = functools.partial(holders.answer_holder, parts)
+        hooks.commands[holders.RUNS_COMMAND] = holders.answer_runs
+        hooks.commands[hand_back_notes.COMMAND] = functools.partial(
+            hand_back_notes.answer, parts.notes, parts.shown_store
+        )
+        hooks.commands[arrivals.COMMAND] = functools.partial(arrivals.answer, hand_backs)
+        hooks.on_pool_loss = functools.partial(pool_loss.on_pool_loss, parts)
+        hooks.when_worker_starts(pool_loss.PoolWatch(parts).start)
+        hooks.when_worker_starts(self.versioning.announce)
+        hooks.task_handler = hand_backs.task_handler
+        hooks.on_consumer_start = functools.partial(arrivals.announce, parts)
+        hooks.on_consumer_stop = hand_backs.let_go
+        hooks.install()
         # A body cut short by this worker's shutdown is a lost attempt, not a failure.
         stopping.set_probe(stopped_by_worker)
         # A body its run's cancel stopped ends REVOKED only if its worker announced so.
         revocation.set_probe(revoke_announced)
-        self.hooks.when_worker_starts(remember_worker_process)
-        app.saga_engine = self
+        hooks.when_worker_starts(remember_worker_process)
+
+    @property
+    def settings(self) -> Settings:
+        """The app's ``saga_*`` settings; set anew, they apply from the next public call."""
+        return self.parts.store.settings
+
+    @settings.setter
+    def settings(self, settings: Settings) -> None:
+        self.parts.store.settings = settings
 
     @classmethod
     def of(cls, app: Celery) -> SagaEngine:
@@ -152,25 +166,7 @@ class SagaEngine:
     # -- schema and definitions -------------------------------------------------------
     def ensure_schema(self) -> None:
         """Apply the store's migrations once per process (no-op when already current)."""
-        self._store("migrating the saga store", self.db.migrate)
-
-    def _store(self, what: str, call: Callable[[], T]) -> T:
-        """Run a public call's store work, retried through connection failures for
-        ``saga_store_retry_budget`` s; past it, ``StoreUnavailableError`` (guarantee 26). A
-        store that refused the URL raises ``StoreConfigurationError`` at once."""
-        budget = self.settings.store_retry_budget
-        try:
-            return retry_transient(call, budget=budget, what=what)
-        except SQLAlchemyError as error:
-            refused = configuration_error(error, self.db.url)
-            if refused is not None:
-                raise quieted(refused, error) from None
-            if not is_transient(error):
-                raise
-            raise StoreUnavailableError(
-                f"{what}: the saga store could not be reached within {budget:g} s "
-                f"({describe_store_error(error)})"
-            ) from error
+        self.parts.store.ensure_schema()
 
     def register(self, *sagas: Saga) -> list[SagaDefinition]:
         """Seal and register definitions; re-registering an identical one is a no-op. A
@@ -224,33 +220,8 @@ class SagaEngine:
         """Start a run of the registered saga ``saga`` with ``input``; ``timeout`` (else the
         saga's own) cancels it when that much time has passed (guarantee 31)."""
         definition = self.definition(saga)
-        seconds = run_timeout(f"starting saga {saga!r}", timeout)
-        refuse_before_start(self.catalog, definition, execution_id)
-        if input is not None and not isinstance(input, Mapping):
-            raise SagaError(
-                f"the input of saga {saga!r} must be a mapping (dict) of named values, "
-                f"got {type(input).__name__}"
-            )
-        new_id = execution_id or new_execution_id()
-        saga_input = {} if input is None else input
-        self.ensure_schema()
-        try:
-            self._store(
-                f"starting saga {saga!r}",
-                lambda: self.executor.create(definition, saga_input, new_id, timeout=seconds),
-            )
-        except IntegrityError:
-            adopt(self, definition, saga_input, new_id)
-            return SagaHandle(self, new_id)
-        self._launch(definition, new_id, announce=True)
+        new_id = run_commands.start_run(self.parts, definition, input, execution_id, timeout)
         return SagaHandle(self, new_id)
-
-    def _launch(self, definition: SagaDefinition, execution_id: str, announce: bool) -> None:
-        # A first node that is a branch reads and journals its choice here: store work too.
-        self._store(
-            f"sending the first message of {execution_id!r}",
-            lambda: self.executor.launch(definition, execution_id, announce=announce),
-        )
 
     def handle(self, execution_id: str) -> SagaHandle:
         return SagaHandle(self, execution_id)
@@ -258,13 +229,13 @@ class SagaEngine:
     def get(self, execution_id: str) -> Execution:
         check_lookup_id(execution_id)
         self.ensure_schema()
-        record, steps = self._store(
+        record, steps = self.parts.store.run(
             f"reading execution {execution_id!r}",
             lambda: queries.load_snapshot(self.db, execution_id),
         )
         if record is None or record.id != execution_id:  # MySQL finds 'a1' for 'A1 '
             raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
-        waits = self._store(
+        waits = self.parts.store.run(
             "reading version waits", lambda: waiting_for_version(self.db, [record.id])
         )
         waiting = waits[record.id].definition_hash if record.id in waits else None
@@ -295,7 +266,7 @@ class SagaEngine:
         states = enum_values(ExecutionState, state, "state")
         rollback = enum_values(RollbackStatus, rollback_status, "rollback status")
         self.ensure_schema()
-        return self._store(
+        return self.parts.store.run(
             "listing executions",
             lambda: queries.list_executions(
                 self.db,
@@ -307,23 +278,11 @@ class SagaEngine:
             ),
         )
 
-    def _definition_of(self, execution_id: str) -> SagaDefinition:
-        check_lookup_id(execution_id)
-        self.ensure_schema()
-        record = self._store(
-            f"reading execution {execution_id!r}",
-            lambda: queries.load_execution(self.db, execution_id),
-        )
-        if record is None or record.id != execution_id:  # MySQL finds 'a1' for 'A1 '
-            raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
-        # The run's own version, never another: a process without it refuses, storing nothing.
-        return self.catalog.for_run(record.saga_name, record.definition_hash, record.id)
-
     def resume_compensation(self, execution_id: str, *, actor: str | None = None) -> None:
         """Retry the failed reversal of a ``compensation_stuck`` run and continue the unwind
         (in a process without the run's version: on a worker that has it, see ``signal``).
         ``actor`` (who asks: an operator, a web user) is recorded in the run's history."""
-        resume_run(self, execution_id, actor)
+        run_commands.resume_run(self.parts, execution_id, actor)
 
     def abandon_compensation(
         self, execution_id: str, *, actor: str | None = None, reason: str | None = None
@@ -331,7 +290,7 @@ class SagaEngine:
         """Give up a parked unwind: outstanding steps are marked skipped and the run ends
         ``failed`` with ``rollback_status`` ``stuck``. Returns how many steps were skipped.
         ``actor`` and ``reason`` (who gave it up, and why) are recorded in its history."""
-        return abandon_run(self, execution_id, actor, reason)
+        return run_commands.abandon_run(self.parts, execution_id, actor, reason)
 
     def cancel(
         self, execution_id: str, reason: str | None = None, *, actor: str | None = None
@@ -341,7 +300,7 @@ class SagaEngine:
         Refused with ``InvalidStateError`` past its pivot or once ended; a run already
         cancelled or unwinding is left as it is (the verdict says which). ``actor`` is
         recorded in the run's history."""
-        return cancel_run(self, execution_id, reason, actor)
+        return run_commands.cancel_run(self.parts, execution_id, reason, actor)
 
     def signal(
         self, execution_id: str, event: str, payload: Any = None, *, actor: str | None = None
@@ -357,39 +316,25 @@ class SagaEngine:
         hands the signal on to a worker that has it, returning False; what that worker
         refuses is logged there. ``actor`` (who sent it) is recorded in the run's history.
         """
-        return signal_run(self, execution_id, event, payload, actor)
+        return run_commands.signal_run(self.parts, execution_id, event, payload, actor)
 
     def recover(self, stale_after: float | None = None, *, actor: str | None = None) -> int:
         """Run one recovery sweep now: republish the next message of every live run idle for
         ``stale_after`` seconds (default ``saga_recover_after``). Beat runs it on its own.
         ``actor`` (who ran it) is recorded in each recovered run's history."""
-        check_actor(actor)
-        self.ensure_schema()
-        seconds = self.settings.recover_after if stale_after is None else stale_after
-        return self._store(
-            "the recovery sweep",
-            lambda: self.recoverer.sweep(timedelta(seconds=seconds), actor=actor),
-        )
+        return self.sweeps.recover(stale_after, actor)
 
     def fire_timers(self) -> int:
         """Fail (and unwind) every run whose ``wait_for`` deadline has passed, cancel every
         run past its own deadline, and send the messages a broker outage left owed; returns
         how many runs were acted on. Beat runs it every ``saga_timer_interval`` seconds."""
-        self.ensure_schema()
-        return self._store(
-            "the timer sweep",
-            lambda: (
-                self.executor.fire_timers()
-                + self.executor.cancellation.cancel_overdue()
-                + self.recoverer.send_owed()
-            ),
-        )
+        return self.sweeps.fire_timers()
 
     def cleanup(self, older_than: float | timedelta, *, budget: float | None = None) -> int:
         """Delete terminal runs not updated for ``older_than`` (inclusive), with their child
         runs; parked or waiting runs are never touched. Returns how many runs went. With
         ``budget`` (seconds) it stops after the batch that passes it; the next call goes on."""
-        return self._retire(older_than, archive=False, budget=budget)
+        return self.sweeps.retire(older_than, archive=False, budget=budget)
 
     def archive(
         self,
@@ -401,29 +346,11 @@ class SagaEngine:
         """Move terminal runs not updated for ``older_than`` (inclusive) into the
         ``saga_*_archive`` tables, as ``cleanup`` would delete them, each with an
         ``archived`` history row naming ``actor`` (who archived it; None: beat)."""
-        check_actor(actor)
-        return self._retire(older_than, archive=True, budget=budget, actor=actor)
-
-    def _retire(
-        self,
-        older_than: float | timedelta,
-        archive: bool,
-        budget: float | None,
-        actor: str | None = None,
-    ) -> int:
-        age = check_age(older_than, "archive(older_than)" if archive else "cleanup(older_than)")
-        self.ensure_schema()
-        now = get_clock().now()
-        return self._store(
-            "archiving" if archive else "cleaning up",
-            lambda: retention.retire(
-                self.db, cutoff=now - age, now=now, archive=archive, budget=budget, actor=actor
-            ),
-        )
+        return self.sweeps.retire(older_than, archive=True, budget=budget, actor=actor)
 
     def versions(self) -> builtins.list[VersionInfo]:
         """Every version of every saga: registered here, seen on workers, or with live runs."""
-        return self._store("listing versions", self.versioning.report)
+        return self.parts.store.run("listing versions", self.versioning.report)
 
     def upgrade(
         self, execution_id: str, to: str | None = None, *, actor: str | None = None
@@ -431,7 +358,7 @@ class SagaEngine:
         """Move a run to version ``to`` (hash or label; default: the newest registered here);
         ``UpgradeRefusedError`` naming the first node that differs, nothing stored."""
         check_actor(actor)
-        return self._store(
+        return self.parts.store.run(
             f"upgrading {execution_id!r}", lambda: self.versioning.upgrade(execution_id, to, actor)
         )
 

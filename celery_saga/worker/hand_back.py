@@ -30,7 +30,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from celery_saga.decisions.hand_back import (
     Arrival,
@@ -42,14 +42,11 @@ from celery_saga.decisions.hand_back import (
     raises_window,
 )
 from celery_saga.runtime.clock import get_clock
-from celery_saga.store.identity import shown_store, store_identity
-from celery_saga.worker.hand_back_notes import HandBackNotes, Handed, log_hand_back
+from celery_saga.worker.hand_back_notes import Handed, log_hand_back
 from celery_saga.worker.hand_back_pool import Mark, Marks
 from celery_saga.worker.hand_back_sender import Sender
+from celery_saga.worker.parts import WorkerParts
 from celery_saga.worker.saga_header import ABSENT, HANDED, HEADER, MARKED, STORE, version_of
-
-if TYPE_CHECKING:
-    from celery_saga.worker.engine import SagaEngine
 
 logger = logging.getLogger("celery_saga")
 
@@ -80,15 +77,15 @@ class _Held:
 
 
 class HandBacks:
-    """This process's hand-backs, for the engine ``engine``: see the module's docstring."""
+    """This process's hand-backs, for one engine's ``parts``: see the module's docstring."""
 
-    def __init__(self, engine: SagaEngine) -> None:
-        self.engine = engine
-        self.store = store_identity(engine.db.url)
-        self.shown_store = shown_store(engine.db.url)
-        self.notes = HandBackNotes()
-        self._marks = Marks(engine)
-        self._sender = Sender(engine.app)
+    def __init__(self, parts: WorkerParts) -> None:
+        self.catalog = parts.catalog
+        self.store = parts.store_id
+        self.shown_store = parts.shown_store
+        self.notes = parts.notes
+        self._marks = Marks(parts.db)
+        self._sender = Sender(parts.app)
         self._lock = threading.Lock()
         #: Each consumer's kept messages not yet settled (acknowledged or given back).
         self._held: weakref.WeakKeyDictionary[Any, set[_Held]] = weakref.WeakKeyDictionary()
@@ -124,7 +121,7 @@ class HandBacks:
         saga, version = header.get("saga"), version_of(header)
         known = None
         if isinstance(saga, str) and version is not None:
-            known = self.engine.catalog.known(saga, version) is not None
+            known = self.catalog.known(saga, version) is not None
         return hand_back_reason(
             task_known=headers.get("task") in consumer.strategies,
             version_known=known,

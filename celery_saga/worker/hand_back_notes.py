@@ -14,15 +14,12 @@ import logging
 import threading
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from celery import Celery
 
 from celery_saga.decisions.hand_back import HandBackReason
 from celery_saga.worker.saga_header import version_of
-
-if TYPE_CHECKING:
-    from celery_saga.worker.engine import SagaEngine
 
 logger = logging.getLogger("celery_saga")
 
@@ -114,10 +111,11 @@ class HandBackNotes:
         return {h.execution_id: {**asdict(h), "reason": h.reason.value} for h in found}
 
 
-def answer(engine: SagaEngine, state: Any, **arguments: Any) -> dict[str, Any]:
-    """The ``saga_hand_backs`` command, in a worker's main process."""
+def answer(notes: HandBackNotes, shown_store: str, state: Any, **arguments: Any) -> dict[str, Any]:
+    """The ``saga_hand_backs`` command, in a worker's main process: ``notes`` are its
+    hand-backs, ``shown_store`` its store as a reader sees it."""
     ids = [str(i) for i in arguments.get("execution_ids") or ()]
-    return {"store": engine.hand_backs.shown_store, "runs": engine.hand_backs.notes.about(ids)}
+    return {"store": shown_store, "runs": notes.about(ids)}
 
 
 def ask(app: Celery, execution_id: str, workers: list[str]) -> list[tuple[str, str, Handed]]:

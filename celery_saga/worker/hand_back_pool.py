@@ -20,7 +20,7 @@ import logging
 import threading
 from dataclasses import dataclass
 from queue import SimpleQueue
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -29,17 +29,16 @@ from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.identity import process_name
 from celery_saga.runtime.outcomes import NoBody
 from celery_saga.store import versions
+from celery_saga.store.database import Database
 from celery_saga.worker.hand_back_notes import Handed, log_hand_back
+from celery_saga.worker.parts import WorkerParts
 from celery_saga.worker.saga_header import ABSENT, HANDED, HEADER, MARKED, VERSION, read_header
-
-if TYPE_CHECKING:
-    from celery_saga.worker.engine import SagaEngine
 
 logger = logging.getLogger("celery_saga")
 
 
 def hand_back_running(
-    engine: SagaEngine, task: Any, reason: HandBackReason, saga: str, version: str | None
+    parts: WorkerParts, task: Any, reason: HandBackReason, saga: str, version: str | None
 ) -> NoBody:
     """The message now running in ``task`` cannot run here: send it again with a real
     countdown (see the module's docstring)."""
@@ -52,8 +51,8 @@ def hand_back_running(
         header[VERSION] = version  # the run's own: a consumer without it holds the message
     times = int(header.get(HANDED) or 0)
     if reason is HandBackReason.RUN_NOT_IN_STORE:
-        header[ABSENT] = [*(header.get(ABSENT) or ()), engine.hand_backs.store]
-    elif not header.get(MARKED) and mark_waiting(engine, execution_id, version or "unknown"):
+        header[ABSENT] = [*(header.get(ABSENT) or ()), parts.store_id]
+    elif not header.get(MARKED) and mark_waiting(parts.db, execution_id, version or "unknown"):
         header[MARKED] = True
     countdown = hold_seconds(times, taker_arrived=False, draw=get_clock().random())
     hard, soft = request.timelimit or (None, None)
@@ -62,7 +61,7 @@ def hand_back_running(
     for key in ("exchange", "routing_key"):
         if delivery_info.get(key) is not None:
             options[key] = delivery_info[key]
-    engine.publisher.send(
+    parts.publisher.send(
         execution_id,
         task.name,
         args=args,
@@ -75,12 +74,12 @@ def hand_back_running(
         **options,
     )
     handed = Handed.of(header, task.name, reason, times + 1, countdown, delivery_info)
-    log_hand_back(handed, engine.hand_backs.shown_store)
-    engine.hand_backs.notes.add(handed)  # seen by the worker's own answer in a thread pool
+    log_hand_back(handed, parts.shown_store)
+    parts.notes.add(handed)  # seen by the worker's own answer in a thread pool
     return NoBody(f"handed back: {reason.value}")
 
 
-def drop_absent_run(engine: SagaEngine, task: Any, header: dict[str, Any]) -> NoBody:
+def drop_absent_run(parts: WorkerParts, task: Any, header: dict[str, Any]) -> NoBody:
     """The message's run is still absent from this worker's store after its bound of
     hand-backs (``gives_up_on_absent_run``): it is dropped as stale, with one INFO line."""
     logger.info(
@@ -89,19 +88,19 @@ def drop_absent_run(engine: SagaEngine, task: Any, header: dict[str, Any]) -> No
         "again by that store's recovery sweep)",
         header.get("id"),
         header.get("saga"),
-        engine.hand_backs.shown_store,
+        parts.shown_store,
         task.name,
         int(header.get(HANDED) or 0),
     )
     return NoBody("dropped: run absent from this store")
 
 
-def mark_waiting(engine: SagaEngine, execution_id: str, version: str) -> bool:
+def mark_waiting(db: Database, execution_id: str, version: str) -> bool:
     """Mark the run as waiting for its version; best effort: a hand-back never waits for a
     store that is down. False: not marked (not in this store, or the store failed)."""
     try:
         return versions.mark_waiting(
-            engine.db,
+            db,
             execution_id=execution_id,
             definition_hash=version,
             handed_back_by=process_name(),
@@ -128,8 +127,8 @@ class Marks:
     outage every hand-back step of an unmarked run asks anew, and the store then gets one
     write per run when it is back, not a burst of one per step."""
 
-    def __init__(self, engine: SagaEngine) -> None:
-        self.engine = engine
+    def __init__(self, db: Database) -> None:
+        self.db = db
         self._queue: SimpleQueue[Mark] = SimpleQueue()
         self._pending: dict[str, Mark] = {}  # execution id -> its mark not yet tried
         self._thread: threading.Thread | None = None
@@ -155,7 +154,7 @@ class Marks:
         while True:
             mark = self._queue.get()
             try:
-                mark.wrote = mark_waiting(self.engine, mark.execution_id, mark.version)
+                mark.wrote = mark_waiting(self.db, mark.execution_id, mark.version)
             except Exception:  # best effort, as a store error is: the thread goes on
                 logger.exception("execution %s: not marked as waiting", mark.execution_id)
             with self._lock:

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
+
+from celery import Celery
 
 from celery_saga.errors import RunNotSettledError
 from celery_saga.records import Execution, ExecutionState
+from celery_saga.runtime.catalog import Catalog
 from celery_saga.worker.awaiting import waiting_for
-from celery_saga.worker.progress import QUIET_SECONDS, ProgressWatch, stall_hint
-
-if TYPE_CHECKING:
-    from celery_saga.worker.engine import SagaEngine
+from celery_saga.worker.stall_hints import QUIET_SECONDS, ProgressWatch, stall_hint
+from celery_saga.worker.step_tasks import StepTasks
 
 #: States in which a run does nothing more until someone acts: done, or waiting for a
 #: signal or an operator.
@@ -25,10 +26,21 @@ SETTLED_STATES = (
 )
 
 
+class Engine(Protocol):
+    """What a handle uses of its ``SagaEngine``: ``get``, and what names a stalled run's
+    queues and tasks."""
+
+    app: Celery
+    catalog: Catalog
+    step_tasks: StepTasks
+
+    def get(self, execution_id: str) -> Execution: ...
+
+
 class SagaHandle:
     """A started execution: its id, and helpers to read it or block until it settles."""
 
-    def __init__(self, engine: SagaEngine, execution_id: str) -> None:
+    def __init__(self, engine: Engine, execution_id: str) -> None:
         self.engine, self.id = engine, execution_id
 
     def get(self) -> Execution:
@@ -62,7 +74,8 @@ class SagaHandle:
             quiet_for = watch.observe(execution, now)
             timed_out = now >= deadline
             if hint is None and (quiet_for >= QUIET_SECONDS or (timed_out and quiet_for > 0)):
-                hint = stall_hint(self.engine, execution, quiet_for)
+                engine = self.engine
+                hint = stall_hint(engine.app, engine.catalog, execution, quiet_for)
             if timed_out:
                 raise RunNotSettledError(self._not_settled(execution, timeout, hint))
             time.sleep(interval)
@@ -73,7 +86,8 @@ class SagaHandle:
             f"execution {self.id!r} of saga {saga!r} still {execution.state.value} "
             f"after {timeout:g}s"
         )
-        where = waiting_for(self.engine, execution, explained=bool(hint))
+        engine = self.engine
+        where = waiting_for(engine.catalog, engine.step_tasks, execution, explained=bool(hint))
         return "; ".join(part for part in (message, where, hint) if part)
 
     def __repr__(self) -> str:

@@ -14,7 +14,7 @@ each of its pool processes runs, answers:
   the claim stays with it until it can renew or finishes.
 
 A pool process that dies (SIGKILL, the OOM killer, ``os._exit``) cannot give up its claims:
-its worker's main process does it as soon as Celery reports the loss (``on_pool_loss``), so
+its worker's main process does it as soon as Celery reports the loss (``pool_loss``), so
 the redelivered message runs at once.
 """
 
@@ -29,9 +29,9 @@ import time
 from collections.abc import Callable, Collection
 from concurrent.futures import Future
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from celery import current_task
+from celery import Celery, current_task
 from kombu.exceptions import ChannelError
 
 from celery_saga.decisions.takeover import Answer
@@ -39,12 +39,9 @@ from celery_saga.records import ReversalAttempt, StepAttempt
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.heartbeat import LeaseState
 from celery_saga.runtime.holders import HeldClaim, Holders, holder_name, parse_holder
-from celery_saga.store.holders import release_claims_of
 from celery_saga.store.transient import describe_store_error
+from celery_saga.worker.parts import WorkerParts
 from celery_saga.worker.saga_header import HEADER
-
-if TYPE_CHECKING:
-    from celery_saga.worker.engine import SagaEngine
 
 logger = logging.getLogger("celery_saga")
 
@@ -73,10 +70,10 @@ STOP_SIGNAL = "SIGUSR1"
 
 
 class CeleryHolders(Holders):
-    """Names this process after the Celery task it runs, and asks other workers."""
+    """Names this process after the Celery task it runs, and asks other workers of ``app``."""
 
-    def __init__(self, engine: SagaEngine) -> None:
-        self.engine = engine
+    def __init__(self, app: Celery) -> None:
+        self.app = app
 
     def me(self) -> str:
         request = getattr(current_task, "request", None)
@@ -104,7 +101,7 @@ class CeleryHolders(Holders):
         if not claim.lease_live and self._mailbox_gone(node):
             return Answer.SILENT  # its worker's connection to the broker is gone with it
         try:
-            replies = self.engine.app.control.broadcast(
+            replies = self.app.control.broadcast(
                 COMMAND,
                 arguments=arguments,
                 destination=[node],
@@ -128,11 +125,11 @@ class CeleryHolders(Holders):
         running = super().running(execution_ids)
         assert running is not None
         try:
-            with self.engine.app.connection_for_write() as connection:
+            with self.app.connection_for_write() as connection:
                 transport = connection.transport
                 if transport.driver_type == "memory" or not _broadcasts(transport):
                     return running
-            replies = self.engine.app.control.broadcast(
+            replies = self.app.control.broadcast(
                 RUNS_COMMAND,
                 arguments={"execution_ids": sorted(execution_ids)},
                 reply=True,
@@ -151,9 +148,9 @@ class CeleryHolders(Holders):
         """On RabbitMQ: whether the remote-control queue of ``node`` is gone. The broker
         deletes it when the worker's connection closes, so a worker that died needs no
         answer to be waited out; anywhere else (or if the broker cannot say) False."""
-        mailbox = self.engine.app.control.mailbox
+        mailbox = self.app.control.mailbox
         try:
-            with self.engine.app.connection_for_write() as connection:
+            with self.app.connection_for_write() as connection:
                 if connection.transport.driver_type != "amqp":
                     return False
                 channel = connection.channel()
@@ -175,14 +172,14 @@ class CeleryHolders(Holders):
         if parsed is None or parsed[2] == "-":
             return
         try:
-            self.engine.app.control.revoke(
+            self.app.control.revoke(
                 parsed[2], terminate=True, signal=STOP_SIGNAL, destination=[parsed[0]]
             )
         except Exception as error:  # the body stops at its next cancelled() check
             logger.warning("could not ask %s to stop task %s: %r", parsed[0], parsed[2], error)
 
 
-def answer_holder(engine: SagaEngine, state: Any, **arguments: Any) -> dict[str, str]:
+def answer_holder(parts: WorkerParts, state: Any, **arguments: Any) -> dict[str, str]:
     """The ``saga_claim_holder`` command, in the holder's main process."""
     from celery.worker import state as worker_state
 
@@ -191,11 +188,11 @@ def answer_holder(engine: SagaEngine, state: Any, **arguments: Any) -> dict[str,
         (r for r in list(worker_state.active_requests) if r.id == task_id and r.worker_pid == pid),
         None,
     )
-    if request is None or (pid != os.getpid() and not _running(pid)):
+    if request is None or (pid != os.getpid() and not process_running(pid)):
         return {"answer": Answer.ABSENT.value}  # its process died, or the task is over
     if arguments.get("lease_live"):
         return {"answer": Answer.HELD.value}
-    renewed = _renew_within(engine, arguments, RENEW_BUDGET)
+    renewed = _renew_within(parts, arguments, RENEW_BUDGET)
     if renewed is LeaseState.HELD:
         return {"answer": Answer.HELD.value}
     if renewed is LeaseState.ENDED:
@@ -222,7 +219,7 @@ def _broadcasts(transport: Any) -> bool:
     return "fanout" in (getattr(implements, "exchange_type", None) or ())
 
 
-def answer_runs(engine: SagaEngine, state: Any, **arguments: Any) -> dict[str, Any]:
+def answer_runs(state: Any, **arguments: Any) -> dict[str, Any]:
     """The ``saga_runs_running`` command: the runs asked about with a saga message running
     in this worker -> the holder names of those messages (read from the requests its pool
     runs, not from the store: a claim the store lost is named nowhere else)."""
@@ -231,7 +228,7 @@ def answer_runs(engine: SagaEngine, state: Any, **arguments: Any) -> dict[str, A
     wanted = set(arguments.get("execution_ids") or ())
     running: dict[str, list[str]] = {}
     for request in list(worker_state.active_requests):
-        header = _saga_header(request)
+        header = saga_header_of(request)
         if header is None or str(header["id"]) not in wanted or not request.worker_pid:
             continue
         holder = holder_name(str(request.hostname), int(request.worker_pid), request.id)
@@ -239,7 +236,7 @@ def answer_runs(engine: SagaEngine, state: Any, **arguments: Any) -> dict[str, A
     return {"running": running}
 
 
-def _saga_header(request: Any) -> dict[str, Any] | None:
+def saga_header_of(request: Any) -> dict[str, Any] | None:
     """The saga header of a request the worker holds, if it is a saga message."""
     headers = getattr(request, "_request_dict", None) or {}
     header = headers.get(HEADER) or (headers.get("headers") or {}).get(HEADER)
@@ -247,12 +244,12 @@ def _saga_header(request: Any) -> dict[str, Any] | None:
 
 
 def _renew_within(
-    engine: SagaEngine, arguments: dict[str, Any], budget: float
+    parts: WorkerParts, arguments: dict[str, Any], budget: float
 ) -> LeaseState | None:
     """Renew the asked-about lease from this process, retrying for ``budget`` s; None: the
     store could not be reached in time. Runs on a thread: a connection attempt to a cut
     store must not hold the worker's event loop longer than the budget."""
-    renewals = engine.executor.renewals
+    renewals = parts.executor.renewals
     execution_id, name, attempt = (
         str(arguments["execution_id"]),
         str(arguments["name"]),
@@ -267,7 +264,7 @@ def _renew_within(
         # lost is written back by the body's own heartbeat, not from this process.
         step = StepAttempt(execution_id, name, 0, 0, attempt, None, holder)
         renew = renewals.of_step(step, None)
-    lease = timedelta(seconds=engine.settings.lease_seconds)
+    lease = timedelta(seconds=parts.settings.lease_seconds)
     result: Future[LeaseState | None] = Future()
 
     def attempt_renewals() -> None:
@@ -295,115 +292,14 @@ def _stop_process(pid: int) -> None:
     except ProcessLookupError:
         return
     deadline = time.monotonic() + STOP_WAIT
-    while time.monotonic() < deadline and _running(pid):
+    while time.monotonic() < deadline and process_running(pid):
         time.sleep(0.02)
 
 
-def _running(pid: int) -> bool:
+def process_running(pid: int) -> bool:
+    """Whether process ``pid`` is alive (not gone, and not a zombie)."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
             return stat.read().split(")")[-1].split()[0] not in ("Z", "X")
     except OSError:
         return False
-
-
-class PoolWatch:
-    """Notices, within a fraction of a second, a pool process that died running a saga
-    message (Celery reports it seconds later), and gives its claims up (``on_pool_loss``).
-    Runs in a worker's main process, under the prefork pool."""
-
-    INTERVAL = 0.25
-
-    def __init__(self, engine: SagaEngine) -> None:
-        self.engine = engine
-        self.reported: set[tuple[str, int]] = set()
-        self._watching_in: int | None = None
-
-    def start(self) -> None:
-        """Watch from this process, once (a process may start several embedded workers)."""
-        if self._watching_in != os.getpid():
-            self._watching_in = os.getpid()
-            threading.Thread(target=self._watch, name="saga-pool-watch", daemon=True).start()
-
-    def _watch(self) -> None:
-        from celery.worker import state as worker_state
-
-        main = os.getpid()
-        while True:
-            time.sleep(self.INTERVAL)
-            try:
-                self._look(worker_state.active_requests, main)
-            except Exception:  # the event loop changed the set meanwhile: look again soon
-                logger.debug("pool watch: requests changed while looked at", exc_info=True)
-
-    def _look(self, active: Any, main: int) -> None:
-        requests = list(active)
-        # only what Celery still holds: the set stays as small as the pool
-        self.reported &= {(r.id, r.worker_pid) for r in requests}
-        for request in requests:
-            pid = request.worker_pid
-            if not pid or pid == main or _running(pid):
-                continue
-            if (request.id, pid) not in self.reported:
-                self.reported.add((request.id, pid))
-                on_pool_loss(self.engine, request, resend_always=True)
-
-
-def on_pool_loss(engine: SagaEngine, request: Any, resend_always: bool = False) -> None:
-    """Celery reports that the pool process running ``request`` died: give its claims up at
-    once, on a thread (the main process's event loop must not wait on the store)."""
-    header = _saga_header(request)
-    if header is None or not request.worker_pid:
-        return
-    holder = holder_name(str(request.hostname), int(request.worker_pid), request.id)
-    execution_id = str(header["id"])
-
-    def release() -> None:
-        try:
-            released = release_claims_of(
-                engine.db, execution_id=execution_id, holder=holder, now=get_clock().now()
-            )
-        except Exception as error:
-            logger.warning(
-                "execution %s: the claims of pool process %s, which died, could not be given "
-                "up (%s); they are taken over when their holder is asked or their lease ends",
-                execution_id,
-                request.worker_pid,
-                describe_store_error(error),
-            )
-            return
-        if not released:
-            return
-        redelivered = request.task.acks_late and request.task.reject_on_worker_lost
-        redelivered = redelivered and not resend_always
-        if not redelivered:  # the broker has forgotten it, or gives it back only later
-            _send_again(engine, request, header)
-        logger.warning(
-            "execution %s: pool process %s died running %s; its claim was given up and its "
-            "message %s, so it runs again at once",
-            execution_id,
-            request.worker_pid,
-            request.name,
-            "is redelivered" if redelivered else "sent again",
-        )
-
-    threading.Thread(target=release, name="saga-release-claims", daemon=True).start()
-
-
-def _send_again(engine: SagaEngine, request: Any, header: dict[str, Any]) -> None:
-    """The same message (task id, header, route, time limits), ``resent`` counting up so
-    that the receiving worker treats it as a redelivery."""
-    info = request.delivery_info or {}
-    route = {k: info[k] for k in ("exchange", "routing_key") if info.get(k) is not None}
-    hard, soft = getattr(request, "time_limits", None) or (None, None)
-    limits = {"time_limit": hard, "soft_time_limit": soft} if hard or soft else {}
-    engine.publisher.send(
-        str(header["id"]),
-        request.name,
-        args=(),
-        kwargs={},
-        headers={HEADER: {**header, "resent": int(header.get("resent", 0)) + 1}},
-        task_id=request.id,
-        **route,
-        **limits,
-    )

@@ -1,39 +1,46 @@
-"""Public calls that act on a stored run by its id: ``engine.cancel`` (guarantee 31),
-``signal`` and ``resume_compensation``, and ``start`` meeting an id that is taken
-(guarantee 28).
+"""The operator's commands on a stored run, one function each, with their handed-on side:
+``engine.start`` (and an id that is taken, guarantee 28), ``cancel`` (guarantee 31),
+``signal``, ``resume_compensation`` and ``abandon_compensation``.
 
 A run continues only on the version it started with (guarantee 22). A process without
 that version (a web process deployed with newer code, an operator's shell) does not refuse
 a signal, a resume or a cancel: it checks what it can (the run exists, the input is
 valid), then hands the call on as a ``celery_saga.command`` message that a worker with
-the version carries out (``carry_out``); a worker without it hands the message back like
-any other message of the run.
+the version carries out (``carry_out``, through ``HANDED_ON``); a worker without it hands
+the message back like any other message of the run. A new command is one function here,
+one entry in ``HANDED_ON`` if it may be handed on, and the engine's public method.
 """
 
 from __future__ import annotations
 
 import base64
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy.exc import IntegrityError
 
 from celery_saga.decisions.cancel import CancelVerdict
-from celery_saga.definition.builder import SagaDefinition
-from celery_saga.definition.nodes import PivotNode
+from celery_saga.definition.builder import SagaDefinition, run_timeout
+from celery_saga.definition.nodes import PivotNode, WaitNode
 from celery_saga.errors import (
     ExecutionNotFoundError,
     InvalidStateError,
     SagaError,
     VersionNotDeployedError,
 )
+from celery_saga.ids import new_execution_id
 from celery_saga.limits import check_lookup_id
 from celery_saga.records import ExecutionRecord, ExecutionState
 from celery_saga.runtime.outcomes import NoBody
 from celery_saga.store import queries
 from celery_saga.store.codec import pack, unpack
 from celery_saga.store.operator_exits import require_stuck
-
-if TYPE_CHECKING:
-    from celery_saga.worker.engine import SagaEngine
+from celery_saga.worker.arguments import check_actor, check_reason
+from celery_saga.worker.parts import WorkerParts
+from celery_saga.worker.start_checks import refuse_before_start
+from celery_saga.worker.versioning import node_name
 
 logger = logging.getLogger("celery_saga")
 
@@ -46,35 +53,115 @@ NO_OP = {
 }
 
 
-def check_actor(actor: str | None) -> None:
-    """An actor is a name (``user@host``, a web user), recorded in the run's history."""
-    if actor is not None and not isinstance(actor, str):
-        raise SagaError(f"an actor is text (who acts), got {type(actor).__name__}")
+def definition_of(parts: WorkerParts, execution_id: str) -> SagaDefinition:
+    """The stored run's own version, never another: a process without it raises
+    ``VersionNotDeployedError``, storing nothing."""
+    check_lookup_id(execution_id)
+    parts.store.ensure_schema()
+    record = parts.store.run(
+        f"reading execution {execution_id!r}",
+        lambda: queries.load_execution(parts.db, execution_id),
+    )
+    if record is None or record.id != execution_id:  # MySQL finds 'a1' for 'A1 '
+        raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
+    return parts.catalog.for_run(record.saga_name, record.definition_hash, record.id)
 
 
+# -- start ------------------------------------------------------------------------------
+def start_run(
+    parts: WorkerParts,
+    definition: SagaDefinition,
+    saga_input: Any,
+    execution_id: str | None,
+    timeout: float | timedelta | None,
+) -> str:
+    """``engine.start``: check, record the run and send its first message; returns its id."""
+    saga = definition.name
+    seconds = run_timeout(f"starting saga {saga!r}", timeout)
+    refuse_before_start(parts.catalog, definition, execution_id)
+    if saga_input is not None and not isinstance(saga_input, Mapping):
+        raise SagaError(
+            f"the input of saga {saga!r} must be a mapping (dict) of named values, "
+            f"got {type(saga_input).__name__}"
+        )
+    new_id = execution_id or new_execution_id()
+    given = {} if saga_input is None else saga_input
+    parts.store.ensure_schema()
+    try:
+        parts.store.run(
+            f"starting saga {saga!r}",
+            lambda: parts.executor.create(definition, given, new_id, timeout=seconds),
+        )
+    except IntegrityError:
+        _adopt(parts, definition, given, new_id)
+        return new_id
+    _launch(parts, definition, new_id, announce=True)
+    return new_id
+
+
+def _launch(
+    parts: WorkerParts, definition: SagaDefinition, execution_id: str, announce: bool
+) -> None:
+    # A first node that is a branch reads and journals its choice here: store work too.
+    parts.store.run(
+        f"sending the first message of {execution_id!r}",
+        lambda: parts.executor.launch(definition, execution_id, announce=announce),
+    )
+
+
+def _adopt(
+    parts: WorkerParts, definition: SagaDefinition, saga_input: Any, execution_id: str
+) -> None:
+    """``start`` with an id that is taken: the same saga and input is the same run
+    (a caller retrying, or our own INSERT whose reply was lost), anything else an error.
+    A run that has not moved yet gets its first message again; admission drops the
+    spare if the first one was sent (guarantee 28)."""
+    record, steps = parts.store.run(
+        "reading an existing execution",
+        lambda: queries.load_snapshot(parts.db, execution_id),
+    )
+    if (
+        record is None
+        or record.id != execution_id  # MySQL finds 'a1' for 'A1'
+        or record.saga_name != definition.name
+        or record.input != unpack(pack(saga_input, limit=parts.settings.max_payload_bytes))
+    ):
+        raise SagaError(
+            f"an execution with id {execution_id!r} already exists with a different saga "
+            "or input; start it with another id"
+        )
+    if record.state is ExecutionState.RUNNING and not steps:
+        _launch(parts, definition, execution_id, announce=False)
+
+
+# -- cancel -----------------------------------------------------------------------------
 def cancel_run(
-    engine: SagaEngine, execution_id: str, reason: str | None, actor: str | None = None
+    parts: WorkerParts, execution_id: str, reason: str | None, actor: str | None = None
 ) -> CancelVerdict:
-    """Cancel a run (see ``SagaEngine.cancel``)."""
+    """``engine.cancel``; the runtime hands it on when this process lacks the run's version."""
     check_lookup_id(execution_id)
     check_actor(actor)
-    if reason is not None and not isinstance(reason, str):
-        raise SagaError(f"a cancel reason is text, got {type(reason).__name__}")
-    engine.ensure_schema()
+    check_reason(reason, "a cancel reason")
+    parts.store.ensure_schema()
 
     def cancel() -> CancelVerdict:
-        record = queries.load_execution(engine.db, execution_id)
+        record = queries.load_execution(parts.db, execution_id)
         if record is None or record.id != execution_id:
             raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
-        definition = engine.catalog.known(record.saga_name, record.definition_hash)
-        # hands on if missing
-        verdict = engine.executor.cancellation.cancel(record, reason, actor)
+        definition = parts.catalog.known(record.saga_name, record.definition_hash)
+        verdict = parts.executor.cancellation.cancel(record, reason, actor)
         if verdict is CancelVerdict.ENDED:  # it may have ended just now: say how
-            record = queries.load_execution(engine.db, execution_id) or record
+            record = queries.load_execution(parts.db, execution_id) or record
         _refuse(verdict, record, definition)
         return verdict
 
-    return engine._store(f"cancelling {execution_id!r}", cancel)
+    return parts.store.run(f"cancelling {execution_id!r}", cancel)
+
+
+def _cancel_handed_on(parts: WorkerParts, execution_id: str, arguments: dict[str, Any]) -> None:
+    record = queries.load_execution(parts.db, execution_id)
+    if record is not None:
+        parts.executor.continue_cancel(record)
 
 
 def _refuse(
@@ -96,41 +183,19 @@ def pivot_name(definition: SagaDefinition) -> str:
     """The pivot as an operator knows it: after which step it stands."""
     before = None
     for node in definition.nodes:
-        if isinstance(node, PivotNode):
-            return f"the pivot after step {before!r}" if before else "the pivot"
-        name = getattr(node, "name", None) or getattr(getattr(node, "step", None), "name", None)
-        before = name or before
+        match node:
+            case PivotNode():
+                return f"the pivot after step {before!r}" if before else "the pivot"
+            case WaitNode():
+                continue
+            case _:  # every other node has a name of its own
+                before = node_name(node)
     return "the pivot"
 
 
-def adopt(
-    engine: SagaEngine, definition: SagaDefinition, saga_input: Any, execution_id: str
-) -> None:
-    """``start`` with an id that is taken: the same saga and input is the same run
-    (a caller retrying, or our own INSERT whose reply was lost), anything else an error.
-    A run that has not moved yet gets its first message again; admission drops the
-    spare if the first one was sent (guarantee 28)."""
-    existing = engine._store(
-        "reading an existing execution",
-        lambda: queries.load_snapshot(engine.db, execution_id),
-    )
-    record, steps = existing
-    if (
-        record is None
-        or record.id != execution_id  # MySQL finds 'a1' for 'A1'
-        or record.saga_name != definition.name
-        or record.input != unpack(pack(saga_input, limit=engine.settings.max_payload_bytes))
-    ):
-        raise SagaError(
-            f"an execution with id {execution_id!r} already exists with a different saga "
-            "or input; start it with another id"
-        )
-    if record.state is ExecutionState.RUNNING and not steps:
-        engine._launch(definition, execution_id, announce=False)
-
-
+# -- signal -----------------------------------------------------------------------------
 def signal_run(
-    engine: SagaEngine, execution_id: str, event: str, payload: Any, actor: str | None = None
+    parts: WorkerParts, execution_id: str, event: str, payload: Any, actor: str | None = None
 ) -> bool:
     """``engine.signal``: record it here, or hand it on (returning False) when this
     process lacks the run's version."""
@@ -138,75 +203,86 @@ def signal_run(
         raise SagaError(f"a signal needs an event name, got {event!r}")
     check_actor(actor)
     try:
-        definition = engine._definition_of(execution_id)
+        definition = definition_of(parts, execution_id)
     except VersionNotDeployedError as missing:
         blob = pack(
             payload,
             what=f"payload of signal {event!r} for execution {execution_id!r}",
-            limit=engine.settings.max_payload_bytes,
+            limit=parts.settings.max_payload_bytes,
         )
         encoded = base64.b64encode(blob).decode("ascii")
-        engine.publisher.hand_on(
+        parts.publisher.hand_on(
             missing, execution_id, "signal", event=event, payload=encoded, actor=actor
         )
         return False
-    return engine._store(
+    return parts.store.run(
         f"signalling {event!r} to {execution_id!r}",
-        lambda: engine.executor.signal(definition, execution_id, event, payload, actor),
+        lambda: parts.executor.signal(definition, execution_id, event, payload, actor),
     )
 
 
-def resume_run(engine: SagaEngine, execution_id: str, actor: str | None = None) -> None:
+def _signal_handed_on(parts: WorkerParts, execution_id: str, arguments: dict[str, Any]) -> None:
+    payload = unpack(base64.b64decode(arguments["payload"]))
+    actor = arguments.get("actor")  # absent from a message of an older release
+    signal_run(parts, execution_id, arguments["event"], payload, actor)
+
+
+# -- resume and abandon -----------------------------------------------------------------
+def resume_run(parts: WorkerParts, execution_id: str, actor: str | None = None) -> None:
     """``engine.resume_compensation``: here, or handed on when this process lacks the
     run's version (only a run whose unwind is parked is resumed, checked here first)."""
     check_actor(actor)
     try:
-        definition = engine._definition_of(execution_id)
+        definition = definition_of(parts, execution_id)
     except VersionNotDeployedError as missing:
-        engine._store(
+        parts.store.run(
             f"reading the unwind of {execution_id!r}",
-            lambda: require_stuck(engine.db, execution_id, "resume_compensation"),
+            lambda: require_stuck(parts.db, execution_id, "resume_compensation"),
         )
-        engine.publisher.hand_on(missing, execution_id, "resume", actor=actor)
+        parts.publisher.hand_on(missing, execution_id, "resume", actor=actor)
         return
-    engine._store(
+    parts.store.run(
         f"resuming the unwind of {execution_id!r}",
-        lambda: engine.executor.unwinder.resume(definition, execution_id, actor),
+        lambda: parts.executor.unwinder.resume(definition, execution_id, actor),
     )
+
+
+def _resume_handed_on(parts: WorkerParts, execution_id: str, arguments: dict[str, Any]) -> None:
+    resume_run(parts, execution_id, arguments.get("actor"))
 
 
 def abandon_run(
-    engine: SagaEngine, execution_id: str, actor: str | None, reason: str | None
+    parts: WorkerParts, execution_id: str, actor: str | None, reason: str | None
 ) -> int:
     """``engine.abandon_compensation``: only where the run's version is registered."""
     check_actor(actor)
-    if reason is not None and not isinstance(reason, str):
-        raise SagaError(f"an abandon reason is text, got {type(reason).__name__}")
-    definition = engine._definition_of(execution_id)
-    return engine._store(
+    check_reason(reason, "an abandon reason")
+    definition = definition_of(parts, execution_id)
+    return parts.store.run(
         f"abandoning the unwind of {execution_id!r}",
-        lambda: engine.executor.unwinder.abandon(definition, execution_id, actor, reason),
+        lambda: parts.executor.unwinder.abandon(definition, execution_id, actor, reason),
     )
 
 
+# -- handed on --------------------------------------------------------------------------
+#: A worker's side of each command a process without the run's version hands on.
+HANDED_ON: dict[str, Callable[[WorkerParts, str, dict[str, Any]], None]] = {
+    "signal": _signal_handed_on,
+    "resume": _resume_handed_on,
+    "cancel": _cancel_handed_on,
+}
+
+
 def carry_out(
-    engine: SagaEngine, execution_id: str, command: str, arguments: dict[str, Any]
+    parts: WorkerParts, execution_id: str, command: str, arguments: dict[str, Any]
 ) -> NoBody:
     """A worker's side of a handed-on call (the message's version is registered here:
     ``COMMAND_TASK`` checked it). What the run refuses now is logged: its caller is gone."""
     try:
-        if command == "signal":
-            payload = unpack(base64.b64decode(arguments["payload"]))
-            actor = arguments.get("actor")  # absent from a message of an older release
-            signal_run(engine, execution_id, arguments["event"], payload, actor)
-        elif command == "resume":
-            resume_run(engine, execution_id, arguments.get("actor"))
-        elif command == "cancel":
-            record = queries.load_execution(engine.db, execution_id)
-            if record is not None:
-                engine.executor.continue_cancel(record)
-        else:
+        handed_on = HANDED_ON.get(command)
+        if handed_on is None:
             raise SagaError(f"unknown command {command!r} (sent by a newer release?)")
+        handed_on(parts, execution_id, arguments)
     except VersionNotDeployedError:
         raise  # moved to another version meanwhile: handed back for a worker with it
     except SagaError as refused:

@@ -12,7 +12,7 @@ cancel stopped (REVOKED, as the cancel's revoke left it).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from celery.exceptions import Retry
 from sqlalchemy.exc import SQLAlchemyError
@@ -22,19 +22,17 @@ from celery_saga.runtime.outcomes import Outcome
 from celery_saga.store.transient import describe_store_error
 from celery_saga.worker.delivery import handle_message
 from celery_saga.worker.endings import end_task
+from celery_saga.worker.parts import WorkerParts
+from celery_saga.worker.publisher import CeleryPublisher
 from celery_saga.worker.saga_header import HEADER, REVERSES, node_message, version_of
 from celery_saga.worker.step_tasks import GENERATED_FROM
 
-if TYPE_CHECKING:
-    from celery_saga.worker.engine import SagaEngine
-    from celery_saga.worker.publisher import CeleryPublisher
-
 
 class StepRun:
-    """The wrapper's saga path (see ``step_tasks``), for the engine ``engine``."""
+    """The wrapper's saga path (see ``step_tasks``), for one engine's ``parts``."""
 
-    def __init__(self, engine: SagaEngine) -> None:
-        self.engine = engine
+    def __init__(self, parts: WorkerParts) -> None:
+        self.parts = parts
 
     def __call__(self, task: Any, original: Any, header: dict[str, Any]) -> Any:
         request = task.request
@@ -48,9 +46,9 @@ class StepRun:
         token = running_body.set(body)
         try:
             resends = int(header.get("resent", 0))
-            send_again = _send_again(self.engine.publisher, task, header)
+            send_again = _send_again(self.parts.publisher, task, header)
             outcome = handle_message(
-                self.engine, task, resends, send_again, lambda again: self._handle(header, again)
+                self.parts, task, resends, send_again, lambda again: self._handle(header, again)
             )
         finally:
             running_body.reset(token)
@@ -58,14 +56,14 @@ class StepRun:
         # this frame as their caller: it must not keep what the body raised, or both stay
         # in a cycle until a full garbage collection (tests/test_failure_memory.py).
         body.error = None
-        send_events = self.engine.events.send_to_celery
+        send_events = self.parts.events.send_to_celery
         try:
             return end_task(task, outcome, own_body=True, send_events=send_events)
         finally:
             del outcome, body
 
     def _handle(self, header: dict[str, Any], redelivered: bool) -> Outcome:
-        executor = self.engine.executor
+        executor = self.parts.executor
         if REVERSES in header:
             attempt = int(header["attempt"])
             return executor.unwinder.run(

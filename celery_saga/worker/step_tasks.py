@@ -22,7 +22,7 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from celery import Celery
 
@@ -32,9 +32,6 @@ from celery_saga.definition.validation import is_async_callable
 from celery_saga.errors import DefinitionError
 from celery_saga.runtime.async_bodies import run_coroutine
 from celery_saga.runtime.invoke import running_body
-
-if TYPE_CHECKING:
-    from celery_saga.worker.celery_hooks import CeleryHooks
 
 #: Marks a task this module generated for a plain function (the value is the function).
 GENERATED_FROM = "__saga_function__"
@@ -46,10 +43,18 @@ def is_celery_task(target: Any) -> bool:
     return hasattr(target, "apply_async") and isinstance(getattr(target, "name", None), str)
 
 
+class Wrapper(Protocol):
+    """What binding a task needs of ``celery_hooks.CeleryHooks``."""
+
+    def wrap(self, task: Any) -> None: ...
+
+    def retrace(self) -> None: ...
+
+
 class StepTasks:
     """The Celery task of every registered step and reversal, by saga, step and kind."""
 
-    def __init__(self, app: Celery, hooks: CeleryHooks) -> None:
+    def __init__(self, app: Celery, hooks: Wrapper) -> None:
         self.app = app
         self.hooks = hooks
         self._names: dict[tuple[str, str, str], str] = {}

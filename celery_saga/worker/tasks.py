@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
-
-from celery import Celery
+from typing import Any
 
 from celery_saga.decisions.admission import NodeMessage
 from celery_saga.errors import StoreConfigurationError, StoreUnavailableError
 from celery_saga.runtime.outcomes import Outcome
-from celery_saga.worker.beat import retention_interval
 from celery_saga.worker.delivery import STORE_RETRY_MAX, SendAgain, handle_message
 from celery_saga.worker.endings import StepFailed, end_task
 from celery_saga.worker.housekeeping import quiet_housekeeping_logs
+from celery_saga.worker.parts import WorkerParts
 from celery_saga.worker.publisher import (
     ARCHIVE_TASK,
     CLEANUP_TASK,
@@ -27,11 +25,9 @@ from celery_saga.worker.publisher import (
 )
 from celery_saga.worker.run_commands import carry_out
 from celery_saga.worker.saga_header import read_header, version_of
+from celery_saga.worker.sweeps import Sweeps
 
 logger = logging.getLogger("celery_saga")
-
-if TYPE_CHECKING:
-    from celery_saga.worker.engine import SagaEngine
 
 #: Late ack + reject on worker loss: a SIGKILLed worker's message is redelivered, and
 #: admission turns the redelivery into a resume instead of a second run. A store that
@@ -48,8 +44,15 @@ _TASK_OPTIONS: dict[str, Any] = {
 _SWEEP_OPTIONS: dict[str, Any] = {"ignore_result": True, "shared": False, "send_events": False}
 
 
-def register_tasks(app: Celery, engine: SagaEngine) -> None:
+def register_tasks(parts: WorkerParts, sweeps: Sweeps) -> None:
     quiet_housekeeping_logs()
+    _message_tasks(parts)
+    _sweep_tasks(parts, sweeps)
+
+
+def _message_tasks(parts: WorkerParts) -> None:
+    """The tasks of a run's own messages: a node, a reversal, a handed-on command."""
+    app, executor, events = parts.app, parts.executor, parts.events
 
     @app.task(name=NODE_TASK, **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
     def saga_node(
@@ -63,65 +66,60 @@ def register_tasks(app: Celery, engine: SagaEngine) -> None:
     ) -> None:
         message = NodeMessage(execution_id, node, sub, member, attempt)
         outcome = handle_message(
-            engine,
+            parts,
             task,
             task.request.retries or 0,
             _send_again(task),
-            lambda redelivered: engine.executor.run_node(
+            lambda redelivered: executor.run_node(
                 message, saga_name, redelivered, version_of(read_header(task.request))
             ),
         )
-        end_task(task, outcome, own_body=False, send_events=engine.events.send_to_celery)
+        end_task(task, outcome, own_body=False, send_events=events.send_to_celery)
 
     @app.task(name=COMPENSATE_TASK, **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
     def saga_compensate(task: Any, execution_id: str, step_name: str, attempt: int) -> None:
         outcome = handle_message(
-            engine,
+            parts,
             task,
             task.request.retries or 0,
             _send_again(task),
-            lambda redelivered: engine.executor.unwinder.run(
+            lambda redelivered: executor.unwinder.run(
                 execution_id, step_name, attempt, redelivered, *_saga_and_version(task)
             ),
         )
-        end_task(task, outcome, own_body=False, send_events=engine.events.send_to_celery)
+        end_task(task, outcome, own_body=False, send_events=events.send_to_celery)
 
     @app.task(name=COMMAND_TASK, **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
     def saga_command(task: Any, execution_id: str, command: str, arguments: Any) -> None:
         def here(redelivered: bool) -> Outcome:
             saga, version = _saga_and_version(task)
             if saga is not None and version is not None:  # not here: raises, handed back
-                engine.catalog.for_run(saga, version, execution_id)
-            return carry_out(engine, execution_id, command, dict(arguments or {}))
+                parts.catalog.for_run(saga, version, execution_id)
+            return carry_out(parts, execution_id, command, dict(arguments or {}))
 
-        outcome = handle_message(engine, task, task.request.retries or 0, _send_again(task), here)
-        end_task(task, outcome, own_body=False, send_events=engine.events.send_to_celery)
+        outcome = handle_message(parts, task, task.request.retries or 0, _send_again(task), here)
+        end_task(task, outcome, own_body=False, send_events=events.send_to_celery)
+
+
+def _sweep_tasks(parts: WorkerParts, sweeps: Sweeps) -> None:
+    """Beat's tasks, each skipped with one line when the store is out."""
+    app = parts.app
 
     @app.task(name=RECOVER_TASK, **_SWEEP_OPTIONS)  # type: ignore[untyped-decorator]
     def saga_recover() -> int:
-        return _skipped_in_an_outage("the recovery sweep", engine.recover)
+        return _skipped_in_an_outage("the recovery sweep", sweeps.recover)
 
     @app.task(name=FIRE_TIMERS_TASK, **_SWEEP_OPTIONS)  # type: ignore[untyped-decorator]
     def saga_fire_timers() -> int:
-        return _skipped_in_an_outage("the timer sweep", engine.fire_timers)
+        return _skipped_in_an_outage("the timer sweep", sweeps.fire_timers)
 
-    # Half the interval each: a backlog is worked through over several runs of the task,
-    # none holding a worker for long, and two never overlap.
     @app.task(name=CLEANUP_TASK, **_SWEEP_OPTIONS)  # type: ignore[untyped-decorator]
     def saga_cleanup() -> int:
-        budget = retention_interval(app, "saga_cleanup_interval") / 2
-        after = float(app.conf.saga_cleanup_after)
-        return _skipped_in_an_outage(
-            "the cleanup sweep", lambda: engine.cleanup(after, budget=budget)
-        )
+        return _skipped_in_an_outage("the cleanup sweep", lambda: sweeps.retain(archive=False))
 
     @app.task(name=ARCHIVE_TASK, **_SWEEP_OPTIONS)  # type: ignore[untyped-decorator]
     def saga_archive() -> int:
-        budget = retention_interval(app, "saga_archive_interval") / 2
-        after = float(app.conf.saga_archive_after)
-        return _skipped_in_an_outage(
-            "the archive sweep", lambda: engine.archive(after, budget=budget)
-        )
+        return _skipped_in_an_outage("the archive sweep", lambda: sweeps.retain(archive=True))
 
 
 def _skipped_in_an_outage(what: str, sweep: Callable[[], int]) -> int:

@@ -16,14 +16,14 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from celery_saga.decisions.versions import VersionRef, decide_upgrade, find_version
+from celery_saga.definition import nodes
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.hashing import node_shape
-from celery_saga.definition.nodes import Node, StepNode, WaitNode
 from celery_saga.errors import (
     ExecutionNotFoundError,
     InvalidStateError,
@@ -34,10 +34,10 @@ from celery_saga.errors import (
 from celery_saga.limits import check_lookup_id
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.identity import process_name, set_process_name
+from celery_saga.runtime.moves import unreachable
 from celery_saga.store import queries, versions
-
-if TYPE_CHECKING:
-    from celery_saga.worker.engine import SagaEngine
+from celery_saga.worker.celery_hooks import CeleryHooks
+from celery_saga.worker.parts import WorkerParts
 
 logger = logging.getLogger("celery_saga")
 
@@ -58,12 +58,25 @@ class VersionInfo:
     live_runs: int
 
 
-def node_name(node: Node) -> str:
-    if isinstance(node, StepNode):
-        return node.step.name
-    if isinstance(node, WaitNode):
-        return f"wait_for({node.event!r})"
-    return str(getattr(node, "name", None) or "pivot")
+def node_name(node: nodes.Node) -> str:
+    """A node as an operator knows it: its step's name, its own, ``wait_for('event')``."""
+    match node:
+        case nodes.StepNode():
+            return node.step.name
+        case nodes.WaitNode():
+            return f"wait_for({node.event!r})"
+        case (
+            nodes.ParallelNode()
+            | nodes.BranchNode()
+            | nodes.SubSagaNode()
+            | nodes.LoopNode()
+            | nodes.ForEachNode()
+        ):
+            return node.name or "pivot"
+        case nodes.PivotNode():
+            return "pivot"
+        case _:
+            unreachable(node)
 
 
 def _shapes(definition: SagaDefinition) -> list[tuple[str, Any]]:
@@ -75,16 +88,18 @@ SEEN_EVERY = 300.0
 
 
 class Versions:
-    def __init__(self, engine: SagaEngine) -> None:
-        self.engine = engine
+    """The versions of one engine (``parts``); ``hooks`` name the worker this process runs."""
+
+    def __init__(self, parts: WorkerParts, hooks: CeleryHooks) -> None:
+        self.parts = parts
+        self.hooks = hooks
         self._seen_from: int | None = None
 
     def announce(self) -> None:
         """A worker starts: name this process after it, record its versions, and keep
         recording them while it runs (one thread per process)."""
-        engine = self.engine
-        if engine.hooks.worker_name:
-            set_process_name(engine.hooks.worker_name)
+        if self.hooks.worker_name:
+            set_process_name(self.hooks.worker_name)
         self._record()
         if self._seen_from != os.getpid():
             self._seen_from = os.getpid()
@@ -96,15 +111,15 @@ class Versions:
             self._record()
 
     def _record(self) -> None:
-        engine = self.engine
-        catalog = engine.catalog
+        parts = self.parts
+        catalog = parts.catalog
         registered = [
             (d.name, d.hash, d.label) for n in catalog.names() for d in catalog.versions(n)
         ]
         try:
-            engine.ensure_schema()
+            parts.store.ensure_schema()
             versions.record_seen(
-                engine.db, registered, seen_by=process_name(), now=get_clock().now()
+                parts.db, registered, seen_by=process_name(), now=get_clock().now()
             )
         except StoreConfigurationError as refused:  # no use to anything of the engine's
             logger.error("the saga store cannot be used: %s", refused)
@@ -112,23 +127,23 @@ class Versions:
             logger.warning("the versions this worker has were not recorded: %s", error)
 
     def report(self) -> list[VersionInfo]:
-        engine = self.engine
-        engine.ensure_schema()
-        seen = versions.list_seen(engine.db)
-        live = versions.live_runs(engine.db)
+        parts = self.parts
+        parts.store.ensure_schema()
+        seen = versions.list_seen(parts.db)
+        live = versions.live_runs(parts.db)
         keys: dict[tuple[str, str], str | None] = {}
         for row in seen:
             keys.setdefault((row.saga_name, row.definition_hash), row.label)
-        for name in engine.catalog.names():
-            for definition in engine.catalog.versions(name):
+        for name in parts.catalog.names():
+            for definition in parts.catalog.versions(name):
                 keys.setdefault((name, definition.hash), definition.label)
         for key in live:
             keys.setdefault(key, None)
         report = []
         for (saga, version), label in keys.items():
             rows = [r for r in seen if (r.saga_name, r.definition_hash) == (saga, version)]
-            here = engine.catalog.known(saga, version)
-            newest = engine.catalog.known(saga)
+            here = parts.catalog.known(saga, version)
+            newest = parts.catalog.known(saga)
             report.append(
                 VersionInfo(
                     saga,
@@ -150,13 +165,13 @@ class Versions:
         newest registered here by default). Refused, with nothing stored, unless every node
         the run has reached is the same in that version. ``actor`` (else this process's
         name) is recorded in the run's history."""
-        engine = self.engine
+        parts = self.parts
         check_lookup_id(execution_id)
-        engine.ensure_schema()
-        record, _ = queries.load_snapshot(engine.db, execution_id)
+        parts.store.ensure_schema()
+        record, _ = queries.load_snapshot(parts.db, execution_id)
         if record is None or record.id != execution_id:
             raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
-        current = engine.catalog.for_run(record.saga_name, record.definition_hash, record.id)
+        current = parts.catalog.for_run(record.saga_name, record.definition_hash, record.id)
         target = self._target(record.saga_name, to)
         if target.hash == current.hash:
             raise UpgradeRefusedError(
@@ -174,7 +189,7 @@ class Versions:
                 f"{verdict.reason}; nothing was changed"
             )
         moved = versions.move_to_version(
-            engine.db,
+            parts.db,
             execution_id=execution_id,
             seen_version=record.version,
             from_hash=current.hash,
@@ -191,7 +206,7 @@ class Versions:
         return target
 
     def _target(self, saga: str, to: str | None) -> SagaDefinition:
-        registered = self.engine.catalog.versions(saga)
+        registered = self.parts.catalog.versions(saga)
         refs = [VersionRef(d.hash, d.label) for d in registered]
         found = refs[-1] if to is None and refs else find_version(to or "", refs)
         if found is None:

@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from celery import Celery
 
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import node_steps
 from celery_saga.records import Execution, ExecutionState
+from celery_saga.runtime.catalog import Catalog
 from celery_saga.worker.hand_back_notes import hand_back_hint
 from celery_saga.worker.publisher import CeleryPublisher
-
-if TYPE_CHECKING:
-    from celery_saga.worker.engine import SagaEngine
 
 logger = logging.getLogger("celery_saga")
 
@@ -114,17 +112,17 @@ def no_consumer_hint(execution: Execution, missing: list[str], quiet_for: float)
     )
 
 
-def stall_hint(engine: SagaEngine, execution: Execution, quiet_for: float) -> str:
+def stall_hint(app: Celery, catalog: Catalog, execution: Execution, quiet_for: float) -> str:
     """For ``SagaHandle.wait``: the no-consumer sentence, else what the consumers of the
     run's queues say about handing its message back (``hand_back_notes``), logged once as a
     warning; "" when the run is not one a worker should be moving or nothing is wrong that
     the workers know of (then the same question is not asked again during this wait)."""
     if not moved_by_workers(execution):
         return ""
-    definition = engine.catalog(execution.record.saga_name)
+    definition = catalog(execution.record.saga_name)
     if definition is None:
         return ""
-    consumers = queue_consumers(engine.app, saga_queues(engine.app, definition, execution))
+    consumers = queue_consumers(app, saga_queues(app, definition, execution))
     if consumers is None:
         return ""
     missing = [queue for queue, nodes in consumers.items() if not nodes]
@@ -132,7 +130,7 @@ def stall_hint(engine: SagaEngine, execution: Execution, quiet_for: float) -> st
         hint = no_consumer_hint(execution, missing, quiet_for)
     else:
         workers = sorted({node for nodes in consumers.values() for node in nodes})
-        handed = hand_back_hint(engine.app, execution.id, workers)
+        handed = hand_back_hint(app, execution.id, workers)
         if handed is None:
             return ""
         hint = f"{_no_progress(execution, quiet_for)}: {handed}"
