@@ -68,7 +68,7 @@ from celery_saga import SagaEngine
 from celery_saga.store import history as history_rows
 from celery_saga.store import retention
 from celery_saga.store.tables import executions
-from celery_saga.worker import engine as engine_module
+from celery_saga.worker import run_commands
 
 SETTINGS = {"wal8g": ("max_wal_size", "'8GB'"), "lz4": ("wal_compression", "'lz4'")}
 KINDS = (
@@ -185,7 +185,7 @@ def _ids(kind: str) -> AbstractContextManager[object]:
     """The engine's new run ids as ``--ids`` says (random: version 4, as before version 7)."""
     if kind == "ordered":
         return nullcontext()
-    return mock.patch.object(engine_module, "new_execution_id", lambda: str(uuid.uuid4()))
+    return mock.patch.object(run_commands, "new_execution_id", lambda: str(uuid.uuid4()))
 
 
 def parse(variant: str) -> tuple[str, float, int | None, str | None]:
