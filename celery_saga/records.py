@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
-from typing import Any
+from typing import Any, ClassVar
 
 from celery_saga.definition.nodes import split_iteration
 
@@ -98,6 +98,13 @@ class StepRecord:
     compensation_holder: str | None = None
 
 
+class Direction(str, Enum):
+    """Which way an attempt goes: a step forward, or its reversal (the claim's kind)."""
+
+    FORWARD = "step"
+    REVERSE = "reversal"
+
+
 @dataclass(frozen=True)
 class StepAttempt:
     """One claimed attempt of a step: which run, which record, at which position, which
@@ -113,6 +120,8 @@ class StepAttempt:
     #: The process holding its claim ("node/pid/task id"); None where it is not known.
     holder: str | None = None
 
+    direction: ClassVar[Direction] = Direction.FORWARD
+
 
 @dataclass(frozen=True)
 class ReversalAttempt:
@@ -126,6 +135,12 @@ class ReversalAttempt:
     claimed_at: datetime | None = None
     #: The process holding its claim ("node/pid/task id"); None where it is not known.
     holder: str | None = None
+
+    direction: ClassVar[Direction] = Direction.REVERSE
+
+
+#: A claimed attempt, either direction.
+Attempt = StepAttempt | ReversalAttempt
 
 
 def completed_results(steps: Iterable[StepRecord]) -> dict[str, Any]:

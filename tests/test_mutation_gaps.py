@@ -249,15 +249,15 @@ def test_saga_starting_with_a_pivot_never_compensates(sqlite_harness: Harness) -
 def test_failure_past_the_pivot_never_enters_the_unwind(
     sqlite_harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    unwinder = sqlite_harness.engine.executor.unwinder
+    publisher = sqlite_harness.engine.executor.publisher
     published: list[tuple[str, str]] = []
-    real = unwinder.publisher.publish_compensation
+    real = publisher.publish_compensation
 
     def spy(saga: str, spec: Any, execution_id: str, name: str, *args: Any) -> None:
         published.append((execution_id, name))
         real(saga, spec, execution_id, name, *args)
 
-    monkeypatch.setattr(unwinder.publisher, "publish_compensation", spy)
+    monkeypatch.setattr(publisher, "publish_compensation", spy)
     run = sqlite_harness.start("pivoted", {"plan": {"b": {"fail": True}}})
     execution = run.wait(30)
     assert execution.rollback_status is RollbackStatus.NOT_APPLICABLE
@@ -275,7 +275,7 @@ def test_an_engine_without_settings_still_has_a_finite_default_reversal_timeout(
     engine = SagaEngine(app, store_url=f"sqlite:///{tmp_path}/defaults.sqlite3")
     timeout = engine.settings.compensation_timeout
     assert timeout is not None and math.isfinite(timeout) and timeout > 0
-    assert engine.executor.unwinder.settings.compensation_timeout == timeout
+    assert engine.executor.unwinder.parts.settings.compensation_timeout == timeout
 
 
 def test_a_declared_reversal_timeout_wins_over_the_engine_default(

@@ -380,7 +380,7 @@ class SagaEngine:
             "the timer sweep",
             lambda: (
                 self.executor.fire_timers()
-                + self.executor.cancellation.cancel_overdue()
+                + self.executor.cancel_overdue()
                 + self.recoverer.send_owed()
             ),
         )

@@ -68,7 +68,7 @@ def cancel_run(
             raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
         definition = engine.catalog.known(record.saga_name, record.definition_hash)
         # hands on if missing
-        verdict = engine.executor.cancellation.cancel(record, reason, actor)
+        verdict = engine.executor.cancel(record, reason, actor)
         if verdict is CancelVerdict.ENDED:  # it may have ended just now: say how
             record = queries.load_execution(engine.db, execution_id) or record
         _refuse(verdict, record, definition)
