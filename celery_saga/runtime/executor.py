@@ -1,17 +1,13 @@
 """Forward execution of one node message: admit it, route it (a gate, a sub-saga, a step,
 a position with nothing to run), and hand what follows to the interpreter; every rule it
-follows lives in ``decisions/``."""
+follows lives in ``decisions/``. The engine's calls on runs (start, signal, cancel, the
+timer sweeps) are ``EngineCalls``'s, reached through the executor."""
 
 from __future__ import annotations
 
-import functools
 import logging
-from datetime import timedelta
-from typing import Any
 
 from celery_saga.decisions.admission import Admission, NodeMessage, decide_admission
-from celery_saga.decisions.cancel import CancelVerdict
-from celery_saga.decisions.cursor import advance
 from celery_saga.decisions.takeover import Takeover
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import ParallelNode, StepNode, SubSagaNode, WaitNode
@@ -19,25 +15,24 @@ from celery_saga.errors import BranchPathError, LoopError, PayloadError
 from celery_saga.records import ExecutionRecord, ExecutionState, StepAttempt, StepRecord, StepStatus
 from celery_saga.runtime import forward_moves
 from celery_saga.runtime.attempt import run_attempt
-from celery_saga.runtime.cancel import DEADLINE
 from celery_saga.runtime.catalog import Catalog
 from celery_saga.runtime.children import Children
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.contexts import Snapshot
 from celery_saga.runtime.describe import describe_error
+from celery_saga.runtime.engine_calls import EngineCalls
 from celery_saga.runtime.holders import HeldClaim, Holders
 from celery_saga.runtime.interpreter import Interpreter
-from celery_saga.runtime.keys import record_key
-from celery_saga.runtime.moves import FailRun, FailStep, MoveOn, PublishNode, Stay
+from celery_saga.runtime.moves import FailRun, FailStep, PublishNode
 from celery_saga.runtime.navigation import Position, node_at, record_at, resolve, route
 from celery_saga.runtime.outcomes import Failed, NoBody, Outcome, attempt_failed
 from celery_saga.runtime.parts import Parts
 from celery_saga.runtime.ports import EventSink, Publisher, Settings
-from celery_saga.runtime.step_attempt import StepRun
+from celery_saga.runtime.step_attempt import StepRun, claim_step
 from celery_saga.runtime.takeovers import judge, taken_over
 from celery_saga.runtime.unwinder import Unwinder
 from celery_saga.runtime.waits import Waits
-from celery_saga.store import forward, queries, waits
+from celery_saga.store import queries
 from celery_saga.store.database import Database
 
 logger = logging.getLogger("celery_saga")
@@ -70,76 +65,11 @@ class Executor:
         # Views of the parts that the worker reads (the parts themselves are frozen).
         self.publisher, self.holders = parts.publisher, parts.holders
         self.lost_claims, self.renewals = parts.lost_claims, parts.renewals
-        #: Store a new run (see ``forward_moves.create``).
-        self.create = functools.partial(forward_moves.create, parts)
-
-    # -- the engine's calls on runs ---------------------------------------------------
-    def launch(self, definition: SagaDefinition, execution_id: str, **options: Any) -> None:
-        """Send the first message of a stored run (see ``forward_moves.launch``)."""
-        self.carry_out(forward_moves.launch(self.parts, definition, execution_id, **options))
-
-    def continue_cancel(self, execution: ExecutionRecord) -> None:
-        """Begin a cancelled run's unwind once nothing of it is going (guarantee 31)."""
-        cancellation = self.interpreter.cancellation
-        self.carry_out(
-            cancellation.resume_cancel(self.parts.definition_of(execution), execution.id)
-        )
-
-    def cancel(
-        self, execution: ExecutionRecord, reason: str | None, actor: str | None = None
-    ) -> CancelVerdict:
-        """Cancel ``execution`` (see ``Cancellation.cancel``); returns what was done."""
-        verdict, move = self.interpreter.cancellation.cancel(execution, reason, actor)
-        self.carry_out(move)
-        return verdict
-
-    def cancel_overdue(self, page: int = 200) -> int:
-        """Cancel every run whose deadline has passed (the timer sweep); returns how many."""
-        cancellation, acted = self.interpreter.cancellation, 0
-        for execution_id in cancellation.overdue(page):
-            execution = queries.load_execution(self.parts.db, execution_id)
-            if execution is None:
-                continue
-            verdict = self.cancel(execution, DEADLINE)
-            if verdict is CancelVerdict.CANCEL:
-                acted += 1
-            else:
-                cancellation.not_cancelled(execution_id, verdict)
-        return acted
-
-    def fire_timers(self, page: int = 200, most: int = 10_000) -> int:
-        """Fire every wait whose deadline passed (see ``Waits.expire``); returns how many
-        runs were moved. Safe with several sweepers at once."""
-        now = get_clock().now()
-        acted = seen = 0
-        after = None
-        while seen < most:
-            rows = waits.list_expired_waits(self.parts.db, now=now, limit=page, after=after)
-            for row in rows:
-                try:
-                    move = self.waits.expire(row, now)
-                    self.carry_out(move)
-                    acted += not isinstance(move, Stay)
-                except Exception:
-                    logger.exception("the deadline of execution %s could not be fired", row.id)
-            seen += len(rows)
-            if len(rows) < page:
-                break
-            after = (rows[-1].wake_at, rows[-1].id)
-        return acted
-
-    def signal(
-        self,
-        definition: SagaDefinition,
-        execution_id: str,
-        event: str,
-        payload: Any,
-        actor: str | None = None,
-    ) -> bool:
-        """Record the signal once; True if it resumed the run parked at its gate."""
-        move = self.waits.signal(definition, execution_id, event, payload, actor)
-        self.carry_out(move)
-        return isinstance(move, MoveOn)
+        # The engine's calls on runs, carried out through the same interpreter.
+        calls = EngineCalls(parts, self.interpreter, self.waits)
+        self.create, self.launch, self.signal = calls.create, calls.launch, calls.signal
+        self.cancel, self.continue_cancel = calls.cancel, calls.continue_cancel
+        self.fire_timers, self.cancel_overdue = calls.fire_timers, calls.cancel_overdue
 
     # -- running a node ---------------------------------------------------------------
     def run_node(
@@ -166,7 +96,7 @@ class Executor:
                 spec = route(target, 0, message.member)
                 assert spec is not None
                 position = Position(spec, spec.name)
-                attempt = self._claim(definition, position, message, None)
+                attempt = claim_step(self.parts, definition, position, message, None)
                 if attempt is not None:
                     return self._run_claimed(definition, position, message, attempt, None)
         scope = record_at(definition, message) if definition is not None else None
@@ -236,27 +166,11 @@ class Executor:
         return NoBody(f"the sub-saga node {node.name!r}")
 
     def _pass_position(self, definition: SagaDefinition, message: NodeMessage) -> NoBody:
-        """Nothing runs at this position (a loop or ``for_each`` ended, or had nothing to
-        run): move past the node."""
-        onward = advance(definition.nodes, message.node, 0)
-        if not forward.pass_position(
-            self.parts.db,
-            execution_id=message.execution_id,
-            node=message.node,
-            sub=message.sub,
-            advance=onward,
-            now=get_clock().now(),
-        ):
+        """Nothing runs at this position: move past the node."""
+        onward = forward_moves.pass_position(self.parts, definition, message)
+        if onward is None:
             return self._refused(message, Admission.REJECT_STALE_CURSOR)
-        passed: dict[str, Any] = {
-            "execution_id": message.execution_id,
-            "saga": definition.name,
-            "node": message.node,
-            "sub": message.sub,
-            "version": definition.hash,
-        }
-        self.parts.emit("saga-node-passed", passed)
-        self.carry_out(MoveOn(definition, message.execution_id, onward))
+        self.carry_out(onward)
         return NoBody("nothing runs at this position")
 
     def _admit_step(
@@ -302,43 +216,18 @@ class Executor:
                 self.carry_out(self.interpreter.steps.rejoin(definition, message))
             return self._refused(message, verdict)
         if not fenced:
-            take = lambda: self._claim(definition, position, message, record)  # noqa: E731
+            take = lambda: claim_step(self.parts, definition, position, message, record)  # noqa: E731
             steps_ = self.interpreter.steps
             lost = steps_.exhausted(definition, position, message, record, take)
             if lost is not None:
                 self.carry_out(lost)
                 return NoBody("no attempt left after lost ones")
-        attempt = self._claim(definition, position, message, record)
+        attempt = claim_step(self.parts, definition, position, message, record)
         if attempt is None:
             return self._refused(message, Admission.REJECT_IN_FLIGHT)
         if asked is not None:
             taken_over(*asked)
         return self._run_claimed(definition, position, message, attempt, snapshot)
-
-    def _claim(
-        self,
-        definition: SagaDefinition,
-        position: Position,
-        message: NodeMessage,
-        record: StepRecord | None,
-    ) -> int | None:
-        spec = position.spec
-        assert spec is not None
-        now = get_clock().now()
-        return forward.claim_step(
-            self.parts.db,
-            execution_id=message.execution_id,
-            name=position.record_name,
-            node=message.node,
-            sub=message.sub,
-            definition_hash=definition.hash,
-            idempotency_key=record_key(message.execution_id, position.record_name, "forward"),
-            compensatable=spec.compensatable,
-            lease_expires_at=now + timedelta(seconds=self.parts.settings.lease_seconds),
-            now=now,
-            existing=record,
-            holder=self.parts.holders.me(),
-        )
 
     def _run_claimed(
         self,

@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from celery_saga.decisions.admission import NodeMessage
-from celery_saga.decisions.cursor import Advance, first_position
+from celery_saga.decisions.cursor import Advance, advance, first_position
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import (
     BranchNode,
@@ -28,6 +28,7 @@ from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.moves import (
     FailRun,
     Move,
+    MoveOn,
     PublishNode,
     PublishPosition,
     Settled,
@@ -37,7 +38,7 @@ from celery_saga.runtime.moves import (
 from celery_saga.runtime.navigation import choose_path, route
 from celery_saga.runtime.outcomes import NoBody
 from celery_saga.runtime.parts import Parts
-from celery_saga.store import queries
+from celery_saga.store import forward, queries
 from celery_saga.store.codec import pack
 
 logger = logging.getLogger("celery_saga")
@@ -134,6 +135,30 @@ def advanced(parts: Parts, definition: SagaDefinition, execution_id: str, onward
         parts.emit("saga-completed", {"execution_id": execution_id, "saga": definition.name})
         return Settled(definition, execution_id)
     return PublishPosition(definition, execution_id, onward.node, onward.sub)
+
+
+def pass_position(parts: Parts, definition: SagaDefinition, message: NodeMessage) -> MoveOn | None:
+    """Nothing runs at this position (a loop or ``for_each`` ended, or had nothing to
+    run): move past the node; None if the run no longer stands there."""
+    onward = advance(definition.nodes, message.node, 0)
+    if not forward.pass_position(
+        parts.db,
+        execution_id=message.execution_id,
+        node=message.node,
+        sub=message.sub,
+        advance=onward,
+        now=get_clock().now(),
+    ):
+        return None
+    passed: dict[str, Any] = {
+        "execution_id": message.execution_id,
+        "saga": definition.name,
+        "node": message.node,
+        "sub": message.sub,
+        "version": definition.hash,
+    }
+    parts.emit("saga-node-passed", passed)
+    return MoveOn(definition, message.execution_id, onward)
 
 
 def refused(parts: Parts, message: NodeMessage, verdict_value: str) -> NoBody:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from typing import Any
 
 from billiard.exceptions import SoftTimeLimitExceeded
@@ -22,7 +23,7 @@ from celery_saga.errors import (
     StepRetryRequested,
     StepTimeoutError,
 )
-from celery_saga.records import StepAttempt
+from celery_saga.records import StepAttempt, StepRecord
 from celery_saga.redaction import scrub
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.contexts import Snapshot, step_context
@@ -55,6 +56,34 @@ from celery_saga.store import forward
 from celery_saga.store.codec import pack
 
 logger = logging.getLogger("celery_saga")
+
+
+def claim_step(
+    parts: Parts,
+    definition: SagaDefinition,
+    position: Position,
+    message: NodeMessage,
+    record: StepRecord | None,
+) -> int | None:
+    """Claim the step at ``position`` for this process (``record``: as read, None when
+    it has none yet); its attempt number, or None if the claim was refused."""
+    spec = position.spec
+    assert spec is not None
+    now = get_clock().now()
+    return forward.claim_step(
+        parts.db,
+        execution_id=message.execution_id,
+        name=position.record_name,
+        node=message.node,
+        sub=message.sub,
+        definition_hash=definition.hash,
+        idempotency_key=record_key(message.execution_id, position.record_name, "forward"),
+        compensatable=spec.compensatable,
+        lease_expires_at=now + timedelta(seconds=parts.lease),
+        now=now,
+        existing=record,
+        holder=parts.holders.me(),
+    )
 
 
 @dataclass
