@@ -26,7 +26,7 @@ from celery_saga.records import (
     completed_results,
 )
 from celery_saga.runtime.clock import get_clock
-from celery_saga.runtime.contexts import Snapshot
+from celery_saga.runtime.context_builder import Snapshot
 from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.invoke import as_plain_mapping
 from celery_saga.runtime.keys import record_key

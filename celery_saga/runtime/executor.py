@@ -18,7 +18,7 @@ from celery_saga.runtime.attempt import run_attempt
 from celery_saga.runtime.catalog import Catalog
 from celery_saga.runtime.children import Children
 from celery_saga.runtime.clock import get_clock
-from celery_saga.runtime.contexts import Snapshot
+from celery_saga.runtime.context_builder import Snapshot
 from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.engine_calls import EngineCalls
 from celery_saga.runtime.holders import HeldClaim, Holders

@@ -15,7 +15,7 @@ from celery_saga.records import CompensationOutcome, ReversalAttempt, StepRecord
 from celery_saga.redaction import scrub
 from celery_saga.runtime.async_bodies import run_body
 from celery_saga.runtime.clock import get_clock
-from celery_saga.runtime.contexts import reversal_context
+from celery_saga.runtime.context_builder import reversal_context
 from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.invoke import body_error, body_of, call_arguments
 from celery_saga.runtime.keys import record_key

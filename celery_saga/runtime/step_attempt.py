@@ -26,7 +26,7 @@ from celery_saga.errors import (
 from celery_saga.records import StepAttempt, StepRecord
 from celery_saga.redaction import scrub
 from celery_saga.runtime.clock import get_clock
-from celery_saga.runtime.contexts import Snapshot, step_context
+from celery_saga.runtime.context_builder import Snapshot, step_context
 from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.invoke import body_error, invoke_step
 from celery_saga.runtime.keys import record_key
