@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 from typing import Any
 
 from celery_saga.decisions.lost_claims import MINE
@@ -32,10 +33,55 @@ from celery_saga.runtime.parts import Parts
 from celery_saga.runtime.reversal_outcome import ReversalOutcomes
 from celery_saga.runtime.scrubbing import failure_secrets, log_failure, scrub_exception
 from celery_saga.runtime.stopping import RESEND_AFTER
-from celery_saga.store import unwind
+from celery_saga.store import reversal, unwind
 from celery_saga.store.reversal import Unwinding
 
 logger = logging.getLogger("celery_saga")
+
+
+def claim_next(
+    parts: Parts, asked: ReversalAttempt, with_run: bool
+) -> tuple[ReversalAttempt, Unwinding] | None:
+    """Claim the reversal ``asked`` names if it is the unwind's next, on a first delivery
+    (the claim's WHERE clause is the admission rule); the attempt as held and the run as
+    the claim read it (its row too, ``with_run``), or None."""
+    now, me = get_clock().now(), parts.holders.me()
+    held = replace(asked, claimed_at=now, holder=me)
+    lease = get_clock().now() + timedelta(seconds=parts.lease)
+    claimed = reversal.claim_next_reversal(
+        parts.db, held, lease_expires_at=lease, with_run=with_run, holder=me
+    )
+    return None if claimed is None else (held, claimed)
+
+
+def claim_after(
+    parts: Parts, unwinding: Unwinding, record: StepRecord, seen_lease: datetime | None
+) -> tuple[ReversalAttempt, Unwinding, StepRecord] | None:
+    """Claim the next attempt of ``record``'s reversal, admitted on the run as read
+    (``seen_lease``: the live lease it takes over); the attempt, the run and the record as
+    claimed, or None if another claimed it first."""
+    lease = get_clock().now() + timedelta(seconds=parts.lease)
+    now, me = get_clock().now(), parts.holders.me()
+    attempt = record.compensation_attempts + 1
+    held = ReversalAttempt(record.execution_id, record.name, attempt, now, me)
+    if not unwind.claim_compensation(
+        parts.db,
+        held,
+        lease_expires_at=lease,
+        now=now,
+        holder=me,
+        seen_lease=seen_lease,
+        previous=record,
+    ):
+        return None
+    claimed = replace(
+        record,
+        compensation_attempts=held.attempt,
+        compensation_lease_expires_at=lease,
+        compensation_holder=me,
+    )
+    steps = [claimed if s.id == record.id else s for s in unwinding.steps]
+    return held, Unwinding(unwinding.run, steps), claimed
 
 
 @dataclass

@@ -5,8 +5,7 @@ parked unwind."""
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from celery_saga.decisions.admission import Admission
 from celery_saga.decisions.takeover import Answer, Takeover
@@ -38,9 +37,9 @@ from celery_saga.runtime.outcomes import (
     attempt_failed,
 )
 from celery_saga.runtime.parts import Parts
-from celery_saga.runtime.reversal_runs import ReversalRun
+from celery_saga.runtime.reversal_runs import ReversalRun, claim_after, claim_next
 from celery_saga.runtime.takeovers import judge, taken_over
-from celery_saga.store import operator_exits, queries, reversal, unwind
+from celery_saga.store import operator_exits, queries, unwind
 from celery_saga.store.reversal import Unwinding
 
 logger = logging.getLogger("celery_saga")
@@ -169,20 +168,13 @@ class Unwinder:
         spec = definition.find_step(step_name) if definition else None
         if definition is None or spec is None or spec.compensation is None:
             return None
-        lease = get_clock().now() + timedelta(seconds=self.parts.lease)
-        me = self.parts.holders.me()
-        held = ReversalAttempt(execution_id, step_name, attempt, get_clock().now(), me)
-        claimed = reversal.claim_next_reversal(
-            self.parts.db,
-            held,
-            lease_expires_at=lease,
-            with_run=reversal_needs_run(spec),
-            holder=me,
-        )
+        held = ReversalAttempt(execution_id, step_name, attempt)
+        claimed = claim_next(self.parts, held, reversal_needs_run(spec))
         if claimed is None:
             return None
-        record = next(s for s in claimed.steps if s.name == step_name)
-        return self._run(definition, held, claimed, spec, record)
+        held, unwinding = claimed
+        record = next(s for s in unwinding.steps if s.name == step_name)
+        return self._run(definition, held, unwinding, spec, record)
 
     def _reverse(
         self,
@@ -194,31 +186,13 @@ class Unwinder:
         seen_lease: datetime | None = None,
         asked: tuple[HeldClaim, Answer] | None = None,
     ) -> Outcome:
-        lease = get_clock().now() + timedelta(seconds=self.parts.lease)
-        now = get_clock().now()
-        attempt = record.compensation_attempts + 1
-        me = self.parts.holders.me()
-        held = ReversalAttempt(record.execution_id, record.name, attempt, now, me)
-        if not unwind.claim_compensation(
-            self.parts.db,
-            held,
-            lease_expires_at=lease,
-            now=now,
-            holder=me,
-            seen_lease=seen_lease,
-            previous=record,
-        ):
+        claimed = claim_after(self.parts, Unwinding(execution, steps), record, seen_lease)
+        if claimed is None:
             return _refused(record.execution_id, record.name, "claimed elsewhere")
         if asked is not None:
             taken_over(*asked)
-        claimed = replace(
-            record,
-            compensation_attempts=held.attempt,
-            compensation_lease_expires_at=lease,
-            compensation_holder=me,
-        )
-        steps = [claimed if s.id == record.id else s for s in steps]
-        return self._run(definition, held, Unwinding(execution, steps), spec, claimed)
+        held, unwinding, record = claimed
+        return self._run(definition, held, unwinding, spec, record)
 
     def _run(
         self,
