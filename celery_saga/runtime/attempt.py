@@ -63,6 +63,17 @@ class AttemptBody(Protocol):
         """Send the attempt's message again, to run at once elsewhere."""
 
 
+def attempt_fields(definition: SagaDefinition, held: Attempt, key: str) -> dict[str, Any]:
+    """The fields every event about an attempt carries (``key``: its idempotency key)."""
+    return {
+        "execution_id": held.execution_id,
+        "saga": definition.name,
+        "step": held.name,
+        "attempt": held.attempt,
+        "idempotency_key": key,
+    }
+
+
 def run_attempt(parts: Parts, body: AttemptBody) -> tuple[Outcome, Move]:
     """Run ``body``'s claimed attempt; returns its outcome and the move that follows."""
     held = body.held

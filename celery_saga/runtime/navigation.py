@@ -18,20 +18,9 @@ from celery_saga.decisions.loops import (
     loop_verdict,
     needs_condition,
 )
+from celery_saga.definition import nodes
 from celery_saga.definition.builder import SagaDefinition
-from celery_saga.definition.nodes import (
-    BranchNode,
-    ForEachNode,
-    LoopNode,
-    Node,
-    ParallelNode,
-    PivotNode,
-    StepNode,
-    StepSpec,
-    SubSagaNode,
-    WaitNode,
-    iteration_name,
-)
+from celery_saga.definition.nodes import Node, StepSpec, iteration_name
 from celery_saga.errors import BranchPathError, LoopError, SagaError
 from celery_saga.records import ExecutionRecord, StepRecord
 from celery_saga.runtime.clock import get_clock
@@ -66,7 +55,7 @@ def node_at(definition: SagaDefinition, message: NodeMessage) -> Node | None:
     if message.node >= len(definition.nodes):
         return None
     target = definition.nodes[message.node]
-    if isinstance(target, ParallelNode) and message.member >= len(target.steps):
+    if isinstance(target, nodes.ParallelNode) and message.member >= len(target.steps):
         return None
     return target
 
@@ -75,13 +64,13 @@ def route(target: Node, sub: int, member: int) -> StepSpec | None:
     """The step whose queue, name and limits a message for this position takes, where that
     needs no choice (not for a branch); None for the engine's own control nodes."""
     match target:
-        case StepNode() | ForEachNode():
+        case nodes.StepNode() | nodes.ForEachNode():
             return target.step
-        case ParallelNode():
+        case nodes.ParallelNode():
             return target.steps[member]
-        case LoopNode():
+        case nodes.LoopNode():
             return target.steps[sub % len(target.steps)]
-        case BranchNode() | PivotNode() | WaitNode() | SubSagaNode():
+        case nodes.BranchNode() | nodes.PivotNode() | nodes.WaitNode() | nodes.SubSagaNode():
             return None
         case _:
             unreachable(target)
@@ -92,12 +81,12 @@ def record_at(definition: SagaDefinition, message: NodeMessage) -> str | None:
     (not for a branch); None for the engine's own control nodes. ``resolve`` names the
     same record."""
     match node_at(definition, message):
-        case StepNode() | ParallelNode() as target:
+        case nodes.StepNode() | nodes.ParallelNode() as target:
             spec = route(target, 0, message.member)
             return None if spec is None else spec.name
-        case ForEachNode() as target:
+        case nodes.ForEachNode() as target:
             return iteration_name(target.step.name, message.sub)
-        case LoopNode() as target:
+        case nodes.LoopNode() as target:
             iteration, index = loop_position(message.sub, len(target.steps))
             return iteration_name(target.steps[index].name, iteration)
         case _:
@@ -113,13 +102,13 @@ def resolve(
     target = definition.nodes[message.node]
     execution_id, node, sub = message.execution_id, message.node, message.sub
     match target:
-        case BranchNode():
+        case nodes.BranchNode():
             chosen = choose_path(db, definition, target, execution_id, node, snapshot)
             path = target.paths[chosen]
             return Position(path[sub], path[sub].name, len(path))
-        case LoopNode():
+        case nodes.LoopNode():
             return _loop_position(db, definition, target, snapshot, message)
-        case ForEachNode():
+        case nodes.ForEachNode():
             items = for_each_items(db, definition, target, node, execution_id, snapshot)
             if for_each_verdict(sub, len(items)) is LoopVerdict.DONE:
                 return Position(None)
@@ -142,7 +131,7 @@ def _loaded(
 def _loop_position(
     db: Database,
     definition: SagaDefinition,
-    loop: LoopNode,
+    loop: nodes.LoopNode,
     snapshot: Snapshot | None,
     message: NodeMessage,
 ) -> Position:
@@ -206,7 +195,7 @@ def ask(
 def loop_condition(
     db: Database,
     definition: SagaDefinition,
-    loop: LoopNode,
+    loop: nodes.LoopNode,
     at: tuple[str, int],
     iteration: int,
     snapshot: Snapshot | None,
@@ -240,7 +229,7 @@ def loop_condition(
 def for_each_items(
     db: Database,
     definition: SagaDefinition,
-    loop: ForEachNode,
+    loop: nodes.ForEachNode,
     node: int,
     execution_id: str,
     snapshot: Snapshot | None,
@@ -262,7 +251,7 @@ def for_each_items(
 def choose_path(
     db: Database,
     definition: SagaDefinition,
-    branch: BranchNode,
+    branch: nodes.BranchNode,
     execution_id: str,
     node: int,
     snapshot: Snapshot | None = None,

@@ -15,6 +15,7 @@ from celery_saga.definition.nodes import StepSpec
 from celery_saga.records import CompensationOutcome, ReversalAttempt, StepRecord
 from celery_saga.redaction import scrub
 from celery_saga.runtime.async_bodies import run_body
+from celery_saga.runtime.attempt import attempt_fields
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.context_builder import reversal_context
 from celery_saga.runtime.describe import describe_error
@@ -104,12 +105,9 @@ class ReversalRun:
 
     @property
     def fields(self) -> dict[str, Any]:
+        key = record_key(self.held.execution_id, self.record.name, "compensate")
         return {
-            "execution_id": self.held.execution_id,
-            "saga": self.definition.name,
-            "step": self.record.name,
-            "attempt": self.held.attempt,
-            "idempotency_key": record_key(self.held.execution_id, self.record.name, "compensate"),
+            **attempt_fields(self.definition, self.held, key),
             "forward_key": self.record.idempotency_key,
         }
 

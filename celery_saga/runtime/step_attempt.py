@@ -25,6 +25,7 @@ from celery_saga.errors import (
 )
 from celery_saga.records import StepAttempt, StepRecord
 from celery_saga.redaction import scrub
+from celery_saga.runtime.attempt import attempt_fields
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.context_builder import Snapshot, step_context
 from celery_saga.runtime.describe import describe_error
@@ -118,13 +119,7 @@ class StepRun:
 
     @property
     def fields(self) -> dict[str, Any]:
-        return {
-            "execution_id": self.held.execution_id,
-            "saga": self.definition.name,
-            "step": self.held.name,
-            "attempt": self.held.attempt,
-            "idempotency_key": self.key,
-        }
+        return attempt_fields(self.definition, self.held, self.key)
 
     def context(self) -> Any:
         held, position = self.held, self.position
