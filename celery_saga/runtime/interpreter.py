@@ -95,25 +95,10 @@ class Interpreter:
                 )
             case StartChild():
                 self._start_child(move)
-            case PublishNode(definition, message, label, spec, countdown):
-                publisher.publish_node(
-                    definition.name,
-                    spec,
-                    message,
-                    countdown=countdown,
-                    label=label,
-                    version=definition.hash,
-                )
-            case PublishReversal(definition, execution_id, name, attempt, countdown):
-                publisher.publish_compensation(
-                    definition.name,
-                    definition.find_step(name),
-                    execution_id,
-                    name,
-                    attempt,
-                    countdown,
-                    version=definition.hash,
-                )
+            case PublishNode():
+                self._publish_node(move)
+            case PublishReversal():
+                self._publish_reversal(move)
             case RecordReversal(definition, execution_id):
                 plan = self.reversals.record_child_reversal(move)
                 self.carry_out(FollowUnwind(definition, execution_id, plan))
@@ -125,6 +110,29 @@ class Interpreter:
                 publisher.hand_on(missing, execution_id, command)
             case _:
                 unreachable(move)
+
+    def _publish_node(self, move: PublishNode) -> None:
+        definition = move.definition
+        self.parts.publisher.publish_node(
+            definition.name,
+            move.spec,
+            move.message,
+            countdown=move.countdown,
+            label=move.label,
+            version=definition.hash,
+        )
+
+    def _publish_reversal(self, move: PublishReversal) -> None:
+        definition, name = move.definition, move.name
+        self.parts.publisher.publish_compensation(
+            definition.name,
+            definition.find_step(name),
+            move.execution_id,
+            name,
+            move.attempt,
+            move.countdown,
+            version=definition.hash,
+        )
 
     def _start_child(self, move: StartChild) -> None:
         parts = self.parts

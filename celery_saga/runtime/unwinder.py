@@ -11,6 +11,7 @@ from celery_saga.decisions.admission import Admission
 from celery_saga.decisions.takeover import Answer, Takeover
 from celery_saga.decisions.unwind import (
     UnwindKind,
+    UnwindStep,
     compensation_admission,
     next_unwind_step,
 )
@@ -96,6 +97,25 @@ class Unwinder:
             if record is None or record.id != planned.record.id:
                 return _refused(execution_id, step_name, "not next")
             return self._reverse_child(definition, execution, planned.record)
+        asked = ReversalAttempt(execution_id, step_name, attempt)
+        unwinding = Unwinding(execution, steps)
+        return self._admit(definition, unwinding, planned, record, asked, redelivered)
+
+    def _admit(
+        self,
+        definition: SagaDefinition,
+        unwinding: Unwinding,
+        planned: UnwindStep,
+        record: StepRecord | None,
+        message: ReversalAttempt,
+        redelivered: bool,
+    ) -> Outcome:
+        """Admit the reversal ``message`` names by the run as read (``planned``: the
+        unwind's next move): a claim in flight is left to a live holder, or taken over."""
+        now = get_clock().now()
+        execution, steps = unwinding.run, unwinding.steps
+        assert execution is not None
+        execution_id, step_name, attempt = message.execution_id, message.name, message.attempt
         lease = record.compensation_lease_expires_at if record else None
         live = lease is not None and lease > now
         verdict = compensation_admission(record, planned, attempt, live)
@@ -121,7 +141,7 @@ class Unwinder:
             asked = (claim, answer)
         lost = takeover is Takeover.TAKE_OVER and lease is not None
         if lost and record.compensation_attempts > spec.compensation_retry:
-            plan = self.outcomes.lost_too_often(definition, Unwinding(execution, steps), record)
+            plan = self.outcomes.lost_too_often(definition, unwinding, record)
             self.carry_out(FollowUnwind(definition, execution_id, plan))
             return NoBody("no attempt left after lost ones")
         seen = lease if live else None
