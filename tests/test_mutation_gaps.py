@@ -35,7 +35,7 @@ from celery_saga import (
 )
 from celery_saga.decisions.admission import NodeMessage
 from celery_saga.decisions.cursor import advance
-from celery_saga.records import ReversalAttempt, StepAttempt
+from celery_saga.records import Attempt, StepAttempt
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.keys import idempotency_key
 from celery_saga.runtime.ports import Settings
@@ -172,7 +172,7 @@ def test_an_outcome_is_written_once_and_a_second_write_changes_nothing(
     before = sqlite_harness.engine.get(run_id)
     plan = reversal.record_compensation(
         sqlite_harness.engine.db,
-        ReversalAttempt(run_id, "s3", 1),
+        Attempt.reversal(run_id, "s3", 1),
         outcome=CompensationOutcome.FAILED,
         reason="ConnectionError: late report of the same attempt",
         compensations={"s1", "s2", "s3"},
@@ -218,7 +218,7 @@ def test_an_abandoned_run_is_never_reopened_by_a_late_worker(harness: Harness) -
     assert not unwind.park_unwind(db, execution_id=run.id, reason="late", now=now)
     assert unwind.plan_unwind(db, execution_id=run.id, compensations={"s1"}, now=now) is None
     assert not unwind.claim_compensation(
-        db, ReversalAttempt(run.id, "s1", 1), lease_expires_at=now + timedelta(seconds=60), now=now
+        db, Attempt.reversal(run.id, "s1", 1), lease_expires_at=now + timedelta(seconds=60), now=now
     )
     after = run.get()
     assert after.state is ExecutionState.FAILED

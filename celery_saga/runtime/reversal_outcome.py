@@ -17,7 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from celery_saga.decisions.lost_claims import MINE
 from celery_saga.decisions.unwind import UnwindStep
 from celery_saga.definition.builder import SagaDefinition
-from celery_saga.records import CompensationOutcome, ReversalAttempt, StepRecord
+from celery_saga.records import Attempt, CompensationOutcome, ReversalAttempt, StepRecord
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.keys import record_key
 from celery_saga.runtime.moves import RecordReversal
@@ -99,7 +99,7 @@ class ReversalOutcomes:
             "never finished (its worker stopped) and no attempt is left"
         )
         now = get_clock().now()
-        held = ReversalAttempt(record.execution_id, record.name, attempt + 1, now)
+        held = Attempt.reversal(record.execution_id, record.name, attempt + 1, now)
         # Take the lapsed claim over first: a holder that renewed its lease keeps it.
         lease = now + timedelta(seconds=self.parts.lease)
         claim = unwind.claim_compensation
@@ -111,7 +111,7 @@ class ReversalOutcomes:
     def record_child_reversal(self, move: RecordReversal) -> UnwindStep | None:
         """Record how a parent's reversal of its child ended; returns the next move."""
         record = move.record
-        held = ReversalAttempt(move.execution_id, record.name, record.compensation_attempts)
+        held = Attempt.reversal(move.execution_id, record.name, record.compensation_attempts)
         plan = self.record_outcome(move.definition, held, move.outcome, move.reason)
         if plan is None:
             return None

@@ -12,7 +12,7 @@ from celery_saga.decisions.lost_claims import MINE
 from celery_saga.decisions.retry import backoff_delay
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import StepSpec
-from celery_saga.records import CompensationOutcome, ReversalAttempt, StepRecord
+from celery_saga.records import Attempt, CompensationOutcome, ReversalAttempt, StepRecord
 from celery_saga.redaction import scrub
 from celery_saga.runtime.async_bodies import run_body
 from celery_saga.runtime.attempt import attempt_fields
@@ -64,7 +64,7 @@ def claim_after(
     lease = get_clock().now() + timedelta(seconds=parts.lease)
     now, me = get_clock().now(), parts.holders.me()
     attempt = record.compensation_attempts + 1
-    held = ReversalAttempt(record.execution_id, record.name, attempt, now, me)
+    held = Attempt.reversal(record.execution_id, record.name, attempt, now, me)
     if not unwind.claim_compensation(
         parts.db,
         held,

@@ -16,7 +16,7 @@ from datetime import datetime
 
 from celery_saga.decisions.lost_claims import ClaimState
 from celery_saga.decisions.takeover import Answer, Takeover, decide_takeover
-from celery_saga.records import Attempt, ReversalAttempt, StepAttempt
+from celery_saga.records import Attempt, Direction
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.heartbeat import LeaseState
 from celery_saga.runtime.holders import HeldClaim, Holders
@@ -77,11 +77,11 @@ class Renewals:
         body's own heartbeat to write back)."""
 
         def renew(expiry: datetime) -> LeaseState:
-            match held:
-                case StepAttempt():
+            match held.direction:
+                case Direction.FORWARD:
                     renewed = forward.renew_step_lease(self.db, held, lease_expires_at=expiry)
                     state = None if renewed else self.lost.step(held, compensatable)
-                case ReversalAttempt():
+                case Direction.REVERSE:
                     renewed = unwind.renew_compensation_lease(
                         self.db, held, lease_expires_at=expiry
                     )

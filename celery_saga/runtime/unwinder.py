@@ -18,6 +18,7 @@ from celery_saga.decisions.unwind import (
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import StepSpec
 from celery_saga.records import (
+    Attempt,
     CompensationOutcome,
     ExecutionRecord,
     ExecutionState,
@@ -97,7 +98,7 @@ class Unwinder:
             if record is None or record.id != planned.record.id:
                 return _refused(execution_id, step_name, "not next")
             return self._reverse_child(definition, execution, planned.record)
-        asked = ReversalAttempt(execution_id, step_name, attempt)
+        asked = Attempt.reversal(execution_id, step_name, attempt)
         unwinding = Unwinding(execution, steps)
         return self._admit(definition, unwinding, planned, record, asked, redelivered)
 
@@ -136,7 +137,7 @@ class Unwinder:
             )
             takeover, answer = judge(self.parts.holders, claim)
             if takeover is Takeover.LEAVE:
-                again = ReversalAttempt(execution_id, step_name, attempt)
+                again = Attempt.reversal(execution_id, step_name, attempt)
                 return self._left_to_holder(definition, again, redelivered, lease, live)
             asked = (claim, answer)
         lost = takeover is Takeover.TAKE_OVER and lease is not None
@@ -188,7 +189,7 @@ class Unwinder:
         spec = definition.find_step(step_name) if definition else None
         if definition is None or spec is None or spec.compensation is None:
             return None
-        held = ReversalAttempt(execution_id, step_name, attempt)
+        held = Attempt.reversal(execution_id, step_name, attempt)
         claimed = claim_next(self.parts, held, reversal_needs_run(spec))
         if claimed is None:
             return None
