@@ -63,13 +63,18 @@ class Executor:
         self.unwinder = Unwinder(parts, self.interpreter)
         self.waits, self.children = Waits(parts), Children(parts)
         # Views of the parts that the worker reads (the parts themselves are frozen).
-        self.publisher, self.holders = parts.publisher, parts.holders
+        self.holders = parts.holders
         self.lost_claims, self.renewals = parts.lost_claims, parts.renewals
         # The engine's calls on runs, carried out through the same interpreter.
         calls = EngineCalls(parts, self.interpreter, self.waits)
         self.create, self.launch, self.signal = calls.create, calls.launch, calls.signal
         self.cancel, self.continue_cancel = calls.cancel, calls.continue_cancel
         self.fire_timers, self.cancel_overdue = calls.fire_timers, calls.cancel_overdue
+
+    @property
+    def publisher(self) -> Publisher:
+        """The parts' publisher (read-only: the parts are one value every part shares)."""
+        return self.parts.publisher
 
     # -- running a node ---------------------------------------------------------------
     def run_node(
