@@ -11,6 +11,7 @@ the message sent again).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -90,8 +91,7 @@ def run_attempt(parts: Parts, body: AttemptBody) -> tuple[Outcome, Move]:
         except (SQLAlchemyError, PayloadKeyError):
             raise  # the store (or a key) failed, not the attempt: the claim waits its lease
         except Exception as error:  # e.g. the soft time limit, spent before the body
-            outcome, move = body.failed(error)
-            return no_body_if_taken_over(outcome), move
+            return _before_the_body(body.failed(error))
         try:
             result = body.call(ctx)
         except (Exception, SystemExit) as error:
@@ -105,6 +105,23 @@ def run_attempt(parts: Parts, body: AttemptBody) -> tuple[Outcome, Move]:
         else:
             return body.succeeded(result)
     return _interrupted(body, stopped), Stay()
+
+
+def carried_out(carry_out: Callable[[Move], None], ran: tuple[Outcome, Move]) -> Outcome:
+    """Carry out what an attempt led to (``ran``: its outcome and move); its outcome.
+
+    Only this frame holds the outcome: the caller's frame outlives the attempt as the
+    caller of a frame on the body's traceback, and an outcome kept in it (which holds what
+    the body raised) would close a cycle that only a full garbage collection frees
+    (tests/test_failure_memory.py)."""
+    carry_out(ran[1])
+    return ran[0]
+
+
+def _before_the_body(ran: tuple[Outcome, Move]) -> tuple[Outcome, Move]:
+    """An attempt that failed before its body ran (its outcome kept out of the frame that
+    caught the error, as in ``carried_out``)."""
+    return no_body_if_taken_over(ran[0]), ran[1]
 
 
 def _interrupted(body: AttemptBody, error: BaseException) -> Interrupted:

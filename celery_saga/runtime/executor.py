@@ -14,7 +14,7 @@ from celery_saga.definition.nodes import ParallelNode, StepNode, SubSagaNode, Wa
 from celery_saga.errors import BranchPathError, LoopError, PayloadError
 from celery_saga.records import ExecutionRecord, ExecutionState, StepAttempt, StepRecord, StepStatus
 from celery_saga.runtime import forward_moves
-from celery_saga.runtime.attempt import run_attempt
+from celery_saga.runtime.attempt import carried_out, run_attempt
 from celery_saga.runtime.catalog import Catalog
 from celery_saga.runtime.children import Children
 from celery_saga.runtime.clock import get_clock
@@ -255,6 +255,4 @@ class Executor:
         steps = self.interpreter.steps
         run = StepRun(self.parts, steps, definition, position, message, held, snapshot)
         self.parts.emit("saga-step-started", {**run.fields, "version": definition.hash})
-        outcome, move = run_attempt(self.parts, run)
-        self.carry_out(move)
-        return outcome
+        return carried_out(self.carry_out, run_attempt(self.parts, run))

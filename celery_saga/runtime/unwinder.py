@@ -26,7 +26,7 @@ from celery_saga.records import (
     StepRecord,
 )
 from celery_saga.runtime import unwind_exits
-from celery_saga.runtime.attempt import run_attempt
+from celery_saga.runtime.attempt import carried_out, run_attempt
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.holders import HeldClaim
 from celery_saga.runtime.interpreter import Interpreter
@@ -226,9 +226,7 @@ class Unwinder:
         """Run the reversal this worker claimed (``held``; ``record`` as claimed)."""
         run = ReversalRun(self.parts, self.outcomes, definition, held, unwinding, spec, record)
         self.parts.emit("saga-compensation-started", run.fields)
-        outcome, move = run_attempt(self.parts, run)
-        self.carry_out(move)
-        return outcome
+        return carried_out(self.carry_out, run_attempt(self.parts, run))
 
     # -- operator exits ------------------------------------------------------------------
     def resume(
