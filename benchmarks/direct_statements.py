@@ -37,7 +37,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from celery_saga.decisions.cursor import Advance
-from celery_saga.records import ExecutionState, ReversalAttempt, StepAttempt
+from celery_saga.records import Attempt, ExecutionState, StepAttempt
 from celery_saga.store import drivers, forward, queries, reversal
 from celery_saga.store.codec import pack
 from celery_saga.store.database import Database
@@ -157,7 +157,7 @@ class Store:
     def reversal_claim(self, run_id: str) -> None:
         claimed = reversal.claim_next_reversal(
             self.db,
-            ReversalAttempt(run_id, "a", 1),
+            Attempt.reversal(run_id, "a", 1),
             lease_expires_at=now() + timedelta(minutes=5),
             with_run=False,
         )

@@ -34,7 +34,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from celery_saga.decisions.cursor import Advance
-from celery_saga.records import CompensationOutcome, ExecutionState, ReversalAttempt, StepAttempt
+from celery_saga.records import Attempt, CompensationOutcome, ExecutionState, StepAttempt
 from celery_saga.store import forward, queries, reversal
 from celery_saga.store.codec import pack
 from celery_saga.store.database import Database
@@ -142,7 +142,7 @@ class Store:
     def reversal_claim(self, run_id: str) -> reversal.Unwinding:
         unwinding = reversal.claim_next_reversal(
             self.db,
-            ReversalAttempt(run_id, STEPS[-1], 1),
+            Attempt.reversal(run_id, STEPS[-1], 1),
             lease_expires_at=now() + timedelta(minutes=5),
             with_run=False,
         )
@@ -152,7 +152,7 @@ class Store:
     def reversal_outcome(self, run_id: str, unwinding: reversal.Unwinding) -> None:
         plan = reversal.record_compensation(
             self.db,
-            ReversalAttempt(run_id, STEPS[-1], 1),
+            Attempt.reversal(run_id, STEPS[-1], 1),
             outcome=CompensationOutcome.COMPENSATED,
             reason=None,
             compensations=STEPS,

@@ -37,8 +37,8 @@ from celery_saga.records import (
     StepStatus,
 )
 from celery_saga.runtime.clock import Clock, SystemClock, get_clock, set_clock
-from celery_saga.runtime.context import SagaContext
 from celery_saga.runtime.holders import cancelled, fencing_token
+from celery_saga.runtime.saga_context import SagaContext
 from celery_saga.store.queries import Page
 from celery_saga.worker.engine import SagaEngine
 from celery_saga.worker.handle import SagaHandle

@@ -98,10 +98,19 @@ class StepRecord:
     compensation_holder: str | None = None
 
 
+class Direction(str, Enum):
+    """Which way an attempt goes: a step forward, or its reversal (the claim's kind)."""
+
+    FORWARD = "step"
+    REVERSE = "reversal"
+
+
 @dataclass(frozen=True)
-class StepAttempt:
-    """One claimed attempt of a step: which run, which record, at which position, which
-    attempt. The store's writes for it hold only while the record is still this attempt's."""
+class Attempt:
+    """One claimed attempt, either direction: which run, which record, which attempt, and
+    (a step's) at which position. The store's writes for it hold only while the record is
+    still this attempt's. A step's is built as ``StepAttempt(...)``, a reversal's as
+    ``Attempt.reversal(...)`` (reversals are keyed by their record alone; position 0, 0)."""
 
     execution_id: str
     name: str
@@ -112,20 +121,24 @@ class StepAttempt:
     claimed_at: datetime | None = None
     #: The process holding its claim ("node/pid/task id"); None where it is not known.
     holder: str | None = None
+    direction: Direction = Direction.FORWARD
+
+    def __post_init__(self) -> None:
+        # A reversal's coordinates given in a step's order would shift every field.
+        if not all(isinstance(n, int) for n in (self.node, self.sub, self.attempt)):
+            raise TypeError(f"{self!r}: a reversal's attempt is built by Attempt.reversal")
+
+    @classmethod
+    def reversal(
+        cls, run: str, name: str, attempt: int, at: datetime | None = None, by: str | None = None
+    ) -> Attempt:
+        """The attempt of a step's reversal (of run ``run``), begun ``at``, held ``by``."""
+        return cls(run, name, 0, 0, attempt, at, by, Direction.REVERSE)
 
 
-@dataclass(frozen=True)
-class ReversalAttempt:
-    """One attempt of a step's reversal: which run, which record, which attempt (reversals
-    are keyed by their record alone; its position plays no part)."""
-
-    execution_id: str
-    name: str
-    attempt: int
-    #: When the attempt began (its history row's start); None where it is not known.
-    claimed_at: datetime | None = None
-    #: The process holding its claim ("node/pid/task id"); None where it is not known.
-    holder: str | None = None
+#: The names the store's functions give an attempt of each direction (one type).
+StepAttempt = Attempt
+ReversalAttempt = Attempt
 
 
 def completed_results(steps: Iterable[StepRecord]) -> dict[str, Any]:

@@ -129,16 +129,11 @@ class TestApp:
         )
         self.engine = SagaEngine(self.app)
         if duplicate:
+            # The runtime holds its publisher in its frozen parts: the engine's own one
+            # becomes a duplicating one (it adds no state, only sends twice).
             single = self.engine.executor.publisher
-            assert isinstance(single, CeleryPublisher)
-            self.engine.executor.publisher = DuplicatingPublisher(
-                self.app,
-                on_unsent=single.on_unsent,
-                hard_limit_grace=single.hard_limit_grace,
-                compensation_timeout=single.compensation_timeout,
-                tasks=single.tasks,
-            )
-            self.engine.executor.unwinder.publisher = self.engine.executor.publisher
+            assert type(single) is CeleryPublisher
+            single.__class__ = DuplicatingPublisher
         # NullPool: worker processes fork after import, and a pooled connection inherited
         # by two pool children would interleave their statements on one socket.
         # Fault tests reach the store through a proxy they cut; the ledger (the steps'

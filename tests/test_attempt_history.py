@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from celery_saga import ExecutionState
 from celery_saga.cli import saga
 from celery_saga.decisions.cursor import Advance
-from celery_saga.records import ReversalAttempt, StepAttempt
+from celery_saga.records import Attempt, StepAttempt
 from celery_saga.runtime.holders import parse_holder
 from celery_saga.store import forward, history, joins, queries, step_failure, unwind
 from celery_saga.store.database import Database
@@ -241,7 +241,7 @@ def _claim_reversal(database: Database, execution_id: str, attempt: int, at: Any
     assert record is not None
     return unwind.claim_compensation(
         database,
-        ReversalAttempt(execution_id, "a", attempt, at),
+        Attempt.reversal(execution_id, "a", attempt, at),
         lease_expires_at=at + timedelta(seconds=60),
         now=at,
         holder=f"node-r/{attempt}/task-{attempt}",
@@ -252,12 +252,12 @@ def _claim_reversal(database: Database, execution_id: str, attempt: int, at: Any
 def test_a_released_then_a_lapsed_reversal_attempt(db: Database) -> None:  # noqa: F811
     execution_id = _compensating_run(db)
     assert _claim_reversal(db, execution_id, 1, NOW)
-    released = ReversalAttempt(execution_id, "a", 1, NOW)
+    released = Attempt.reversal(execution_id, "a", 1, NOW)
     assert unwind.give_up_reversal_claim(db, released, now=NOW)
     assert _claim_reversal(db, execution_id, 2, NOW + timedelta(seconds=1))
     assert _claim_reversal(db, execution_id, 3, LATER)  # attempt 2's lease lapsed
     assert unwind.release_compensation(
-        db, ReversalAttempt(execution_id, "a", 3, LATER), reason="boom", now=LATER
+        db, Attempt.reversal(execution_id, "a", 3, LATER), reason="boom", now=LATER
     )
     rows = _reversal_rows(db, execution_id)
     assert [(r.kind, r.attempt, r.holder) for r in rows] == [

@@ -339,3 +339,84 @@ def test_no_worker_module_imports_the_engine() -> None:
         if path != _ENGINE_MODULE and engine in _imports(path)
     ]
     assert not importers, f"worker modules importing worker/engine.py: {importers}"
+
+
+# -- the runtime: parts passed, moves returned, carried out in one place ----------------------
+
+
+def _runtime_modules() -> list[Any]:
+    import importlib
+
+    return [
+        importlib.import_module(_module_name(path))
+        for path in sorted((PACKAGE / "runtime").glob("*.py"))
+    ]
+
+
+def test_no_runtime_class_inherits_from_a_class_of_the_package() -> None:
+    """The runtime is composed over one frozen value of parts, never a base class: a
+    class whose methods reach a sibling file's through its MRO is the shape to avoid."""
+    import inspect
+
+    inherited = []
+    for module in _runtime_modules():
+        for name, cls in vars(module).items():
+            if not inspect.isclass(cls) or cls.__module__ != module.__name__:
+                continue
+            for base in cls.__mro__[1:]:
+                if base.__module__.split(".")[0] == "celery_saga":
+                    inherited.append(f"{module.__name__}.{name}({base.__qualname__})")
+    assert not inherited, f"runtime classes built on the package's own classes: {inherited}"
+
+
+def _move_matches(tree: ast.AST, kinds: set[str]) -> list[ast.Match]:
+    """The ``match`` statements with a case over a kind of move."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Match):
+            continue
+        named = {
+            sub.cls.id
+            for case in node.cases
+            for sub in ast.walk(case.pattern)
+            if isinstance(sub, ast.MatchClass) and isinstance(sub.cls, ast.Name)
+        }
+        if named & kinds:
+            found.append(node)
+    return found
+
+
+def test_one_interpreter_carries_every_kind_of_move_out() -> None:
+    """Exactly one ``match`` over moves in ``runtime/``: one case per kind, and a last
+    ``case _`` through ``unreachable``, so mypy flags a kind left unhandled."""
+    from celery_saga.runtime import moves
+
+    kinds = {kind.__name__ for kind in typing.get_args(moves.Move)}
+    matches = {
+        f"{path.name}:{match.lineno}": match
+        for path in sorted((PACKAGE / "runtime").glob("*.py"))
+        for match in _move_matches(ast.parse(path.read_text()), kinds)
+    }
+    assert len(matches) == 1, f"moves are matched in more than one place: {sorted(matches)}"
+    (match,) = matches.values()
+    cased = {
+        sub.cls.id
+        for case in match.cases
+        for sub in ast.walk(case.pattern)
+        if isinstance(sub, ast.MatchClass) and isinstance(sub.cls, ast.Name)
+    }
+    assert cased == kinds, f"kinds of move with no case: {sorted(kinds - cased)}"
+    last = match.cases[-1]
+    assert isinstance(last.pattern, ast.MatchAs) and last.pattern.pattern is None
+    assert "unreachable(" in ast.unparse(last.body[0])
+
+
+def test_no_runtime_stub_waits_for_another_half() -> None:
+    """No ``raise NotImplementedError`` standing for a method a subclass supplies."""
+    stubs = [
+        f"{path.name}:{node.lineno}"
+        for path in sorted((PACKAGE / "runtime").glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Name) and node.id == "NotImplementedError"
+    ]
+    assert not stubs, f"stubs in runtime/: {stubs}"

@@ -24,7 +24,7 @@ from sqlalchemy import delete, insert, update
 from celery_saga import ExecutionState, RollbackStatus, Saga, SagaContext
 from celery_saga.decisions.lost_claims import ClaimFound, ClaimState, claim_state
 from celery_saga.decisions.recovery import Recovery, RecoveryKind, left_to_running
-from celery_saga.records import ReversalAttempt, StepAttempt, StepStatus
+from celery_saga.records import Attempt, StepAttempt, StepStatus
 from celery_saga.store import forward, history, queries, recovery, unwind
 from celery_saga.store.tables import executions, step_records
 from tests.sagaapp import TestApp
@@ -302,7 +302,7 @@ def test_a_holders_claim_ends_nothing_another_process_claimed_under_the_same_num
     def undo(ctx: SagaContext) -> None:
         db = eager.engine.db
         _rewind(eager, ctx.execution_id, "reserve", compensation_holder=OTHER)
-        mine = ReversalAttempt(ctx.execution_id, "reserve", ctx.attempt, None, "mine/1/x")
+        mine = Attempt.reversal(ctx.execution_id, "reserve", ctx.attempt, None, "mine/1/x")
         now = datetime.now(timezone.utc)
         seen["released"] = unwind.release_compensation(db, mine, reason="r", now=now)
         seen["given_up"] = unwind.give_up_reversal_claim(db, mine, now=now)

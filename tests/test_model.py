@@ -169,8 +169,9 @@ class SagaModel(RuleBasedStateMachine):
         self.clock = ControlledClock(START, seed=0)
         self.previous = set_clock(self.clock)
         publisher = ModelPublisher(self.clock)
-        self.engine.executor.publisher = publisher  # type: ignore[assignment]
-        self.engine.executor.unwinder.publisher = publisher  # type: ignore[assignment]
+        # The runtime's parts are one frozen value that every part of it shares: the
+        # model's publisher takes the engine's place there.
+        object.__setattr__(self.engine.executor.parts, "publisher", publisher)
         with self.engine.db.transaction() as connection:
             connection.execute(delete(executions))
         self.runs: list[str] = []

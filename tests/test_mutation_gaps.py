@@ -35,7 +35,7 @@ from celery_saga import (
 )
 from celery_saga.decisions.admission import NodeMessage
 from celery_saga.decisions.cursor import advance
-from celery_saga.records import ReversalAttempt, StepAttempt
+from celery_saga.records import Attempt, StepAttempt
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.keys import idempotency_key
 from celery_saga.runtime.ports import Settings
@@ -172,7 +172,7 @@ def test_an_outcome_is_written_once_and_a_second_write_changes_nothing(
     before = sqlite_harness.engine.get(run_id)
     plan = reversal.record_compensation(
         sqlite_harness.engine.db,
-        ReversalAttempt(run_id, "s3", 1),
+        Attempt.reversal(run_id, "s3", 1),
         outcome=CompensationOutcome.FAILED,
         reason="ConnectionError: late report of the same attempt",
         compensations={"s1", "s2", "s3"},
@@ -218,7 +218,7 @@ def test_an_abandoned_run_is_never_reopened_by_a_late_worker(harness: Harness) -
     assert not unwind.park_unwind(db, execution_id=run.id, reason="late", now=now)
     assert unwind.plan_unwind(db, execution_id=run.id, compensations={"s1"}, now=now) is None
     assert not unwind.claim_compensation(
-        db, ReversalAttempt(run.id, "s1", 1), lease_expires_at=now + timedelta(seconds=60), now=now
+        db, Attempt.reversal(run.id, "s1", 1), lease_expires_at=now + timedelta(seconds=60), now=now
     )
     after = run.get()
     assert after.state is ExecutionState.FAILED
@@ -249,15 +249,15 @@ def test_saga_starting_with_a_pivot_never_compensates(sqlite_harness: Harness) -
 def test_failure_past_the_pivot_never_enters_the_unwind(
     sqlite_harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    unwinder = sqlite_harness.engine.executor.unwinder
+    publisher = sqlite_harness.engine.executor.publisher
     published: list[tuple[str, str]] = []
-    real = unwinder.publisher.publish_compensation
+    real = publisher.publish_compensation
 
     def spy(saga: str, spec: Any, execution_id: str, name: str, *args: Any) -> None:
         published.append((execution_id, name))
         real(saga, spec, execution_id, name, *args)
 
-    monkeypatch.setattr(unwinder.publisher, "publish_compensation", spy)
+    monkeypatch.setattr(publisher, "publish_compensation", spy)
     run = sqlite_harness.start("pivoted", {"plan": {"b": {"fail": True}}})
     execution = run.wait(30)
     assert execution.rollback_status is RollbackStatus.NOT_APPLICABLE
@@ -275,7 +275,7 @@ def test_an_engine_without_settings_still_has_a_finite_default_reversal_timeout(
     engine = SagaEngine(app, store_url=f"sqlite:///{tmp_path}/defaults.sqlite3")
     timeout = engine.settings.compensation_timeout
     assert timeout is not None and math.isfinite(timeout) and timeout > 0
-    assert engine.executor.unwinder.settings.compensation_timeout == timeout
+    assert engine.executor.unwinder.parts.settings.compensation_timeout == timeout
 
 
 def test_a_declared_reversal_timeout_wins_over_the_engine_default(

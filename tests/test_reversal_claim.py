@@ -18,7 +18,13 @@ from sqlalchemy.exc import OperationalError
 
 from celery_saga import RollbackStatus, Saga, SagaContext, SagaEngine, SagaError
 from celery_saga.decisions.unwind import UnwindStep, next_after_outcome
-from celery_saga.records import CompensationOutcome, ExecutionState, ReversalAttempt, StepRecord
+from celery_saga.records import (
+    Attempt,
+    CompensationOutcome,
+    ExecutionState,
+    ReversalAttempt,
+    StepRecord,
+)
 from celery_saga.store import queries, reversal
 from celery_saga.store.database import Database
 from celery_saga.store.tables import step_records
@@ -100,7 +106,7 @@ def _store_run(db: Database, steps: list[Step]) -> str:
 
 
 def _claim(db: Database, run: str, name: str, with_run: bool) -> reversal.Unwinding | None:
-    held = ReversalAttempt(run, name, 1)
+    held = Attempt.reversal(run, name, 1)
     return reversal.claim_next_reversal(db, held, lease_expires_at=LEASE, with_run=with_run)
 
 

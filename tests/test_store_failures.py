@@ -41,14 +41,13 @@ def _failing_first(real: Any, failures: int, after: bool = False) -> Any:
 @pytest.fixture
 def short_budget(sqlite_harness: Harness) -> Iterator[Harness]:
     """An outcome budget of 0.3 s, so a store that keeps refusing gives up quickly."""
-    executor = sqlite_harness.engine.executor
-    saved = executor.settings
-    short = dataclasses.replace(saved, outcome_retry_budget=0.3)
-    for part in (executor, executor.unwinder):
-        part.settings = short
+    # The runtime's parts are one frozen value that every part of it shares: its settings
+    # are swapped in place for the test, and back after it.
+    parts = sqlite_harness.engine.executor.parts
+    saved = parts.settings
+    object.__setattr__(parts, "settings", dataclasses.replace(saved, outcome_retry_budget=0.3))
     yield sqlite_harness
-    for part in (executor, executor.unwinder):
-        part.settings = saved
+    object.__setattr__(parts, "settings", saved)
 
 
 def _poll(

@@ -22,6 +22,7 @@ from celery_saga import (
     SagaEngine,
 )
 from celery_saga.decisions.admission import NodeMessage
+from celery_saga.runtime import forward_moves
 from celery_saga.runtime.children import child_execution_id
 from celery_saga.store import recovery
 from celery_saga.store.tables import executions
@@ -202,7 +203,7 @@ def test_re_entering_the_node_adopts_the_child_it_already_started(
     parent, child = _family(direct)
     run = direct.start(parent)
     direct.executor.run_node(NodeMessage(run.id, 0, 0, 0, 1), parent)
-    real, crashed = direct.executor.create, []
+    real, crashed = forward_moves.create, []
 
     def dies_before_creating_the_child(*args: Any, **kwargs: Any) -> None:
         if not crashed:
@@ -210,7 +211,7 @@ def test_re_entering_the_node_adopts_the_child_it_already_started(
             raise KeyboardInterrupt  # the worker dies between the claim and the child
         real(*args, **kwargs)
 
-    monkeypatch.setattr(direct.executor, "create", dies_before_creating_the_child)
+    monkeypatch.setattr(forward_moves, "create", dies_before_creating_the_child)
     with pytest.raises(KeyboardInterrupt):
         direct.executor.run_node(NodeMessage(run.id, 1, 0, 0, 1), parent)
     assert _children_of(direct, run.id) == 0

@@ -2,23 +2,32 @@
 
 ``Cancellation.cancel`` decides (``decisions/cancel.py``), stores the cancel (first writer
 wins against every forward write), asks the workers running the run's bodies to stop them
-(Celery's revoke, which the body sees as its soft time limit), cancels the run's children
-first, and begins the unwind once nothing of the run is still going. A body that ends, or
-a child that ends, after the cancel comes back through ``resume_cancel``; the recovery sweep
-does too, for a cancel whose worker died halfway.
+(Celery's revoke, which the body sees as its soft time limit), and returns the moves that
+cancel the run's children first and begin the unwind once nothing of the run is still going.
+A body that ends, or a child that ends, after the cancel comes back through
+``resume_cancel``; the recovery sweep does too, for a cancel whose worker died halfway.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from dataclasses import dataclass
 
 from celery_saga.decisions.cancel import CancelVerdict, bodies_in_flight, decide_cancel
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.errors import VersionNotDeployedError
 from celery_saga.records import ExecutionRecord, ExecutionState, StepRecord
 from celery_saga.runtime.clock import get_clock
-from celery_saga.runtime.ports import RuntimeParts
+from celery_saga.runtime.moves import (
+    BeginUnwind,
+    CancelChild,
+    ContinueCancel,
+    HandOn,
+    Move,
+    Stay,
+    then,
+)
+from celery_saga.runtime.parts import Parts
 from celery_saga.store import cancel, queries
 
 logger = logging.getLogger("celery_saga")
@@ -26,28 +35,25 @@ logger = logging.getLogger("celery_saga")
 #: The reason a run cancelled by its saga's deadline records.
 DEADLINE = "deadline"
 
-#: ``begin(definition, execution_id, plan, reason)``: the unwinder's first move.
-BeginUnwind = Callable[..., None]
-#: The definition a run runs on (its own version).
-DefinitionOf = Callable[[ExecutionRecord], SagaDefinition]
 
-
+@dataclass(frozen=True)
 class Cancellation:
-    def __init__(self, parts: RuntimeParts, begin: BeginUnwind, definition_of: DefinitionOf):
-        self.parts, self.begin, self.definition_of = parts, begin, definition_of
+    """Stores cancels and returns what each leads to."""
+
+    parts: Parts
 
     def cancel(
         self, execution: ExecutionRecord, reason: str | None, actor: str | None = None
-    ) -> CancelVerdict:
+    ) -> tuple[CancelVerdict, Move]:
         """Cancel ``execution`` (as read; ``actor``: who asked, recorded in its history);
-        returns what was done (see ``CancelVerdict``)."""
+        returns what was done (see ``CancelVerdict``) and the moves that follow."""
         verdict = decide_cancel(execution)
-        if execution.state is ExecutionState.CANCELLING:
-            # stored already, perhaps by this very call retried after a lost reply: what
-            # the cancel does next is done again (each part of it is safe to repeat)
-            self._carry_on(execution)
         if verdict is not CancelVerdict.CANCEL:
-            return verdict
+            if execution.state is ExecutionState.CANCELLING:
+                # stored already, perhaps by this very call retried after a lost reply: what
+                # the cancel does next is done again (each part of it is safe to repeat)
+                return verdict, self._carry_on(execution)
+            return verdict, Stay()
         db, now = self.parts.db, get_clock().now()
         stored = cancel.request_cancel(
             db,
@@ -59,9 +65,9 @@ class Cancellation:
         if not stored:  # something moved it first: decide again on what it is now
             current = queries.load_execution(db, execution.id)
             if current is None:
-                return CancelVerdict.ENDED
+                return CancelVerdict.ENDED, Stay()
             again = decide_cancel(current)
-            return CancelVerdict.ENDED if again is CancelVerdict.CANCEL else again
+            return CancelVerdict.ENDED if again is CancelVerdict.CANCEL else again, Stay()
         logger.log(
             # the engine's own decision (a deadline) warns; a caller's cancel is news
             logging.WARNING if reason == DEADLINE else logging.INFO,
@@ -75,24 +81,35 @@ class Cancellation:
             "saga-cancelled",
             {"execution_id": execution.id, "saga": execution.saga_name, "reason": reason},
         )
-        self._carry_on(execution, actor)
-        return CancelVerdict.CANCEL
+        return CancelVerdict.CANCEL, self._carry_on(execution, actor)
 
-    def _carry_on(self, execution: ExecutionRecord, actor: str | None = None) -> None:
-        """A stored cancel's next moves: stop the bodies, cancel the children, and begin
-        the unwind if nothing of the run still goes."""
+    def _carry_on(self, execution: ExecutionRecord, actor: str | None = None) -> Move:
+        """A stored cancel's next moves: stop the bodies (here), cancel the children, and
+        begin the unwind if nothing of the run still goes."""
         steps = queries.load_snapshot(self.parts.db, execution.id)[1]
         self._stop_bodies(execution.id, steps)
-        self._cancel_children(execution.id, steps, actor)
+        why = f"its parent {execution.id} was cancelled"
+        children = [
+            CancelChild(step.child_execution_id, why, actor)
+            for step in steps
+            if step.child_execution_id is not None
+        ]
         try:
-            definition = self.definition_of(execution)
+            definition = self.parts.definition_of(execution)
         except VersionNotDeployedError as missing:  # its unwind needs its own version
-            self.parts.publisher.hand_on(missing, execution.id, "cancel")
-            return
-        self.resume_cancel(definition, execution.id)
+            return then(*children, HandOn(missing, execution.id, "cancel"))
+        return then(*children, ContinueCancel(definition, execution.id))
 
-    def resume_cancel(self, definition: SagaDefinition, execution_id: str) -> bool:
-        """Begin the cancelled run's unwind if nothing of it is still going; False if
+    def cancel_child(self, child_id: str, reason: str, actor: str | None) -> Move:
+        """Cancel a cancelled run's child if it still runs or waits (read now, as the
+        cancel reaches it)."""
+        child = queries.load_execution(self.parts.db, child_id)
+        if child is None or child.state not in (ExecutionState.RUNNING, ExecutionState.WAITING):
+            return Stay()
+        return self.cancel(child, reason, actor)[1]
+
+    def resume_cancel(self, definition: SagaDefinition, execution_id: str) -> Move:
+        """Begin the cancelled run's unwind if nothing of it is still going; nothing if
         something is (a body, a child), which comes back here when it ends."""
         begun = cancel.begin_cancelled_unwind(
             self.parts.db,
@@ -101,29 +118,22 @@ class Cancellation:
             now=get_clock().now(),
         )
         if begun is None:
-            return False
+            return Stay()
         plan, reason = begun
-        self.begin(definition, execution_id, plan, reason)
-        return True
+        return BeginUnwind(definition, execution_id, plan, reason)
 
-    def cancel_overdue(self, page: int = 200) -> int:
-        """Cancel every run whose deadline has passed (the timer sweep); returns how many."""
-        db, acted = self.parts.db, 0
-        for execution_id in cancel.list_overdue(db, now=get_clock().now(), limit=page):
-            execution = queries.load_execution(db, execution_id)
-            if execution is None:
-                continue
-            verdict = self.cancel(execution, DEADLINE)
-            if verdict is CancelVerdict.CANCEL:
-                acted += 1
-                continue
-            logger.info(
-                "execution %s: its deadline passed, but it is not cancelled (%s)",
-                execution_id,
-                verdict.value,
-            )
-            cancel.clear_deadline(db, execution_id)
-        return acted
+    def overdue(self, page: int = 200) -> list[str]:
+        """The runs whose deadline has passed (for the timer sweep to cancel)."""
+        return cancel.list_overdue(self.parts.db, now=get_clock().now(), limit=page)
+
+    def not_cancelled(self, execution_id: str, verdict: CancelVerdict) -> None:
+        """A run past its deadline that a cancel did not stop: its deadline is cleared."""
+        logger.info(
+            "execution %s: its deadline passed, but it is not cancelled (%s)",
+            execution_id,
+            verdict.value,
+        )
+        cancel.clear_deadline(self.parts.db, execution_id)
 
     def _stop_bodies(self, execution_id: str, steps: list[StepRecord]) -> None:
         for step in bodies_in_flight(steps, get_clock().now()):
@@ -135,16 +145,3 @@ class Cancellation:
                     step.holder,
                 )
                 self.parts.holders.stop(step.holder)
-
-    def _cancel_children(
-        self, execution_id: str, steps: list[StepRecord], actor: str | None
-    ) -> None:
-        for step in steps:
-            if step.child_execution_id is None:
-                continue
-            child = queries.load_execution(self.parts.db, step.child_execution_id)
-            if child is not None and child.state in (
-                ExecutionState.RUNNING,
-                ExecutionState.WAITING,
-            ):
-                self.cancel(child, f"its parent {execution_id} was cancelled", actor)

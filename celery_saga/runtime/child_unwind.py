@@ -23,13 +23,13 @@ from celery_saga.records import (
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.moves import (
     FollowUnwind,
+    Move,
     PublishNode,
-    PublishReversal,
     RecordReversal,
     Stay,
-    UnwindMove,
+    next_reversal,
 )
-from celery_saga.runtime.ports import RuntimeParts
+from celery_saga.runtime.parts import Parts
 from celery_saga.store import queries, unwind
 
 logger = logging.getLogger("celery_saga")
@@ -38,17 +38,12 @@ logger = logging.getLogger("celery_saga")
 class ChildUnwind:
     """A parent's unwind through its children; returns the move for its owner."""
 
-    def __init__(self, parts: RuntimeParts) -> None:
+    def __init__(self, parts: Parts) -> None:
         self.parts = parts
-
-    def definition_of(self, execution: ExecutionRecord) -> SagaDefinition:
-        return self.parts.registry.for_run(
-            execution.saga_name, execution.definition_hash, execution.id
-        )
 
     def reverse(
         self, definition: SagaDefinition, parent: ExecutionRecord, record: StepRecord
-    ) -> UnwindMove:
+    ) -> Move:
         """The parent's unwind reached its record of a child."""
         u = self.parts
         assert record.child_execution_id is not None
@@ -57,7 +52,7 @@ class ChildUnwind:
         fields = {"execution_id": parent.id, "saga": definition.name, "step": record.name}
         if decision.kind is ChildReversalKind.START_UNWIND:
             assert child is not None
-            child_definition = self.definition_of(child)
+            child_definition = u.definition_of(child)
             plan = unwind.reopen_for_unwind(
                 u.db,
                 execution_id=child.id,
@@ -78,7 +73,7 @@ class ChildUnwind:
         outcome = CompensationOutcome.COMPENSATED if settled else CompensationOutcome.FAILED
         return RecordReversal(definition, parent.id, record, outcome, decision.reason)
 
-    def notify_parent(self, child_id: str) -> UnwindMove:
+    def notify_parent(self, child_id: str) -> Move:
         """The child settled: what its parent waits on is published (no parent polls a
         child)."""
         u = self.parts
@@ -97,7 +92,7 @@ class ChildUnwind:
         if notify is Notify.NODE:
             message = NodeMessage(parent.id, record.node, record.sub, 0, 1)
             return PublishNode(definition, message, f"{definition.name}.{record.name}")
-        return PublishReversal(definition, parent.id, record)
+        return next_reversal(definition, parent.id, record)
 
     def _hand_on(self, parent: ExecutionRecord, record: StepRecord, notify: Notify) -> None:
         """The parent's message, named after its version (a worker without it hands it back)."""

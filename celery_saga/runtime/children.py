@@ -26,7 +26,7 @@ from celery_saga.records import (
     completed_results,
 )
 from celery_saga.runtime.clock import get_clock
-from celery_saga.runtime.contexts import Snapshot
+from celery_saga.runtime.context_builder import Snapshot
 from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.invoke import as_plain_mapping
 from celery_saga.runtime.keys import record_key
@@ -40,7 +40,7 @@ from celery_saga.runtime.moves import (
     Stay,
 )
 from celery_saga.runtime.navigation import ask, journaled
-from celery_saga.runtime.ports import RuntimeParts
+from celery_saga.runtime.parts import Parts
 from celery_saga.store import forward, queries
 from celery_saga.store.codec import pack
 
@@ -55,7 +55,7 @@ def child_execution_id(parent_id: str, record_name: str) -> str:
 class Children:
     """A parent's sub-saga nodes; returns the move for its owner to carry out."""
 
-    def __init__(self, parts: RuntimeParts) -> None:
+    def __init__(self, parts: Parts) -> None:
         self.parts = parts
 
     def enter(

@@ -11,8 +11,8 @@ from typing import Any
 from celery_saga.definition.nodes import StepSpec
 from celery_saga.errors import SchemaValidationError
 from celery_saga.runtime.async_bodies import run_body
-from celery_saga.runtime.context import SagaContext
 from celery_saga.runtime.describe import describe_error
+from celery_saga.runtime.saga_context import SagaContext
 
 # Also read through this module by the step and reversal runners and the worker.
 from celery_saga.runtime.task_body import RunningBody as RunningBody

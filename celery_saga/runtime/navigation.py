@@ -18,24 +18,17 @@ from celery_saga.decisions.loops import (
     loop_verdict,
     needs_condition,
 )
+from celery_saga.definition import nodes
 from celery_saga.definition.builder import SagaDefinition
-from celery_saga.definition.nodes import (
-    BranchNode,
-    ForEachNode,
-    LoopNode,
-    Node,
-    ParallelNode,
-    StepNode,
-    StepSpec,
-    iteration_name,
-)
+from celery_saga.definition.nodes import Node, StepSpec, iteration_name
 from celery_saga.errors import BranchPathError, LoopError, SagaError
 from celery_saga.records import ExecutionRecord, StepRecord
 from celery_saga.runtime.clock import get_clock
-from celery_saga.runtime.context import SagaContext
-from celery_saga.runtime.contexts import Snapshot, run_context
+from celery_saga.runtime.context_builder import Snapshot, run_context
 from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.keys import record_key
+from celery_saga.runtime.moves import unreachable
+from celery_saga.runtime.saga_context import SagaContext
 from celery_saga.store import queries
 from celery_saga.store.database import Database
 
@@ -62,7 +55,7 @@ def node_at(definition: SagaDefinition, message: NodeMessage) -> Node | None:
     if message.node >= len(definition.nodes):
         return None
     target = definition.nodes[message.node]
-    if isinstance(target, ParallelNode) and message.member >= len(target.steps):
+    if isinstance(target, nodes.ParallelNode) and message.member >= len(target.steps):
         return None
     return target
 
@@ -70,31 +63,34 @@ def node_at(definition: SagaDefinition, message: NodeMessage) -> Node | None:
 def route(target: Node, sub: int, member: int) -> StepSpec | None:
     """The step whose queue, name and limits a message for this position takes, where that
     needs no choice (not for a branch); None for the engine's own control nodes."""
-    if isinstance(target, StepNode):
-        return target.step
-    if isinstance(target, ParallelNode):
-        return target.steps[member]
-    if isinstance(target, LoopNode):
-        return target.steps[sub % len(target.steps)]
-    if isinstance(target, ForEachNode):
-        return target.step
-    return None
+    match target:
+        case nodes.StepNode() | nodes.ForEachNode():
+            return target.step
+        case nodes.ParallelNode():
+            return target.steps[member]
+        case nodes.LoopNode():
+            return target.steps[sub % len(target.steps)]
+        case nodes.BranchNode() | nodes.PivotNode() | nodes.WaitNode() | nodes.SubSagaNode():
+            return None
+        case _:
+            unreachable(target)
 
 
 def record_at(definition: SagaDefinition, message: NodeMessage) -> str | None:
     """The record a message's position runs under, where no journaled choice decides it
     (not for a branch); None for the engine's own control nodes. ``resolve`` names the
     same record."""
-    target = node_at(definition, message)
-    if isinstance(target, (StepNode, ParallelNode)):
-        spec = route(target, 0, message.member)
-        return None if spec is None else spec.name
-    if isinstance(target, ForEachNode):
-        return iteration_name(target.step.name, message.sub)
-    if isinstance(target, LoopNode):
-        iteration, index = loop_position(message.sub, len(target.steps))
-        return iteration_name(target.steps[index].name, iteration)
-    return None
+    match node_at(definition, message):
+        case nodes.StepNode() | nodes.ParallelNode() as target:
+            spec = route(target, 0, message.member)
+            return None if spec is None else spec.name
+        case nodes.ForEachNode() as target:
+            return iteration_name(target.step.name, message.sub)
+        case nodes.LoopNode() as target:
+            iteration, index = loop_position(message.sub, len(target.steps))
+            return iteration_name(target.steps[index].name, iteration)
+        case _:
+            return None  # none, or a node whose record a choice decides, or none runs
 
 
 def resolve(
@@ -105,20 +101,23 @@ def resolve(
     made reads it (a journaled one does not)."""
     target = definition.nodes[message.node]
     execution_id, node, sub = message.execution_id, message.node, message.sub
-    if isinstance(target, BranchNode):
-        path = target.paths[choose_path(db, definition, target, execution_id, node, snapshot)]
-        return Position(path[sub], path[sub].name, len(path))
-    if isinstance(target, LoopNode):
-        return _loop_position(db, definition, target, snapshot, message)
-    if isinstance(target, ForEachNode):
-        items = for_each_items(db, definition, target, node, execution_id, snapshot)
-        if for_each_verdict(sub, len(items)) is LoopVerdict.DONE:
-            return Position(None)
-        name = iteration_name(target.step.name, sub)
-        return Position(target.step, name, len(items), sub, items[sub], for_each=True)
-    spec = route(target, sub, message.member)
-    assert spec is not None
-    return Position(spec, spec.name)
+    match target:
+        case nodes.BranchNode():
+            chosen = choose_path(db, definition, target, execution_id, node, snapshot)
+            path = target.paths[chosen]
+            return Position(path[sub], path[sub].name, len(path))
+        case nodes.LoopNode():
+            return _loop_position(db, definition, target, snapshot, message)
+        case nodes.ForEachNode():
+            items = for_each_items(db, definition, target, node, execution_id, snapshot)
+            if for_each_verdict(sub, len(items)) is LoopVerdict.DONE:
+                return Position(None)
+            name = iteration_name(target.step.name, sub)
+            return Position(target.step, name, len(items), sub, items[sub], for_each=True)
+        case _:
+            spec = route(target, sub, message.member)
+            assert spec is not None
+            return Position(spec, spec.name)
 
 
 def _loaded(
@@ -132,7 +131,7 @@ def _loaded(
 def _loop_position(
     db: Database,
     definition: SagaDefinition,
-    loop: LoopNode,
+    loop: nodes.LoopNode,
     snapshot: Snapshot | None,
     message: NodeMessage,
 ) -> Position:
@@ -196,7 +195,7 @@ def ask(
 def loop_condition(
     db: Database,
     definition: SagaDefinition,
-    loop: LoopNode,
+    loop: nodes.LoopNode,
     at: tuple[str, int],
     iteration: int,
     snapshot: Snapshot | None,
@@ -230,7 +229,7 @@ def loop_condition(
 def for_each_items(
     db: Database,
     definition: SagaDefinition,
-    loop: ForEachNode,
+    loop: nodes.ForEachNode,
     node: int,
     execution_id: str,
     snapshot: Snapshot | None,
@@ -252,7 +251,7 @@ def for_each_items(
 def choose_path(
     db: Database,
     definition: SagaDefinition,
-    branch: BranchNode,
+    branch: nodes.BranchNode,
     execution_id: str,
     node: int,
     snapshot: Snapshot | None = None,

@@ -3,27 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Protocol
 
 from celery_saga.decisions.admission import NodeMessage
-from celery_saga.decisions.lost_claims import MINE
-from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import StepSpec
 from celery_saga.errors import VersionNotDeployedError
-from celery_saga.records import StepAttempt
 from celery_saga.runtime.catalog import Catalog
-from celery_saga.runtime.clock import get_clock
-from celery_saga.runtime.heartbeat import Renewal, keep_lease
-from celery_saga.runtime.holders import Holders
-from celery_saga.runtime.lost_claims import LostClaims
-from celery_saga.runtime.takeovers import Renewals
 from celery_saga.store.codec import DEFAULT_MAX_PAYLOAD_BYTES
-from celery_saga.store.database import Database
 
-__all__ = ["Catalog", "EventSink", "Publisher", "RuntimeParts", "Settings"]
+__all__ = ["Catalog", "EventSink", "Publisher", "Settings"]
 
 
 class Publisher(Protocol):
@@ -110,58 +99,3 @@ class Settings:
             store_retry_budget=number("store_retry_budget"),
             outcome_retry_budget=number("outcome_retry_budget"),
         )
-
-
-class RuntimeParts:
-    """What the forward executor and the unwinder share: the store, the deployed
-    definitions, the way out to the broker, the event sink, the settings, and who this
-    process is as a claim's holder and how it asks other holders (``holders``; without a
-    worker's remote control, ``Holders()``)."""
-
-    def __init__(
-        self,
-        db: Database,
-        registry: Catalog,
-        publisher: Publisher,
-        emit: EventSink,
-        settings: Settings,
-        holders: Holders | None = None,
-    ) -> None:
-        self.db, self.registry, self.publisher = db, registry, publisher
-        self.emit, self.settings = emit, settings
-        self.holders = Holders() if holders is None else holders
-        self.lost_claims = LostClaims(db, settings.lease_seconds)
-        self.renewals = Renewals(db, self.lost_claims)
-
-    def parts(self) -> RuntimeParts:
-        """The same parts on their own, for a helper that must not hold its owner."""
-        return RuntimeParts(
-            self.db, self.registry, self.publisher, self.emit, self.settings, self.holders
-        )
-
-    def until_released(self, lease_expires_at: datetime | None, live: bool) -> float:
-        """Seconds a redelivered message left to a claim's holder waits before it is tried
-        again: until the live lease ends, or a whole lease once its holder renewed it."""
-        if live and lease_expires_at is not None:
-            return max(1.0, (lease_expires_at - get_clock().now()).total_seconds() + 1)
-        return self.lease + 1
-
-    @property
-    def lease(self) -> float:
-        return self.settings.lease_seconds
-
-    def restore_step(self, definition: SagaDefinition, step: StepAttempt) -> bool:
-        """An outcome of ``step`` matched nothing: whether its claim is its own again, as
-        the store had lost it and it was written back (here, or a moment ago by the lease's
-        heartbeat): then the outcome is written again."""
-        spec = definition.find_step(step.name)
-        compensatable = True if spec is None else spec.compensatable
-        return self.lost_claims.step(step, compensatable) in MINE
-
-    def holding(self, renew: Renewal, what: str) -> AbstractContextManager[None]:
-        """Keep this claim's lease alive while the block runs: the body, and the write of
-        its outcome. Not on a store with one shared connection (in-memory SQLite): the
-        heartbeat thread must not interleave with the task's transaction there."""
-        if self.db.single_connection:
-            return nullcontext()
-        return keep_lease(renew, self.lease, what)

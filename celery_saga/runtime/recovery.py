@@ -23,6 +23,15 @@ from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.executor import Executor
 from celery_saga.runtime.identity import process_name
+from celery_saga.runtime.moves import (
+    ContinueCancel,
+    FollowUnwind,
+    Move,
+    PublishNode,
+    PublishPosition,
+    next_reversal,
+    then,
+)
 from celery_saga.store import queries, recovery, unwind, versions
 from celery_saga.store.transient import retry_transient
 
@@ -38,8 +47,11 @@ class _Planned(NamedTuple):
 
 
 class Recoverer:
+    """Finds what lost messages left unfinished and returns, for each run, the move that
+    carries it on; ``carry_out`` (the executor's interpreter) does it."""
+
     def __init__(self, executor: Executor) -> None:
-        self.executor = executor
+        self.parts, self.carry_out = executor.parts, executor.carry_out
 
     def sweep(
         self,
@@ -58,7 +70,7 @@ class Recoverer:
         for less than ``stale_after``, nor for a run a worker says it still runs: a crash
         may have lost claims whose bodies run on, and their holders write them back.
         """
-        db = self.executor.db
+        db = self.parts.db
         if self._store_just_started(stale_after):
             return 0
         now = get_clock().now()
@@ -74,7 +86,7 @@ class Recoverer:
         return acted
 
     def _store_just_started(self, stale_after: timedelta) -> bool:
-        up = recovery.seconds_since_start(self.executor.db)
+        up = recovery.seconds_since_start(self.parts.db)
         if up is None or up >= stale_after.total_seconds():
             return False
         logger.info(
@@ -130,7 +142,7 @@ class Recoverer:
         when the workers could not be asked (said once)."""
         if not execution_ids:
             return {}
-        running = self.executor.holders.running(execution_ids)
+        running = self.parts.holders.running(execution_ids)
         if running is None:
             logger.warning(
                 "%d run(s) not recovered now: the workers could not be asked whether they "
@@ -142,13 +154,13 @@ class Recoverer:
     def owe_message(self, execution_id: str, error: Exception) -> None:
         """The broker refused a message whose transition is recorded: mark the run so the
         timer sweep sends it once the broker is back (seconds, not ``recover_after``)."""
-        db = self.executor.db
+        db = self.parts.db
         try:
             retry_transient(
                 lambda: recovery.mark_message_owed(
                     db, execution_id=execution_id, now=get_clock().now()
                 ),
-                budget=self.executor.settings.store_retry_budget,
+                budget=self.parts.settings.store_retry_budget,
                 what=f"marking execution {execution_id} as owed a message",
             )
         except Exception:
@@ -168,7 +180,7 @@ class Recoverer:
 
     def send_owed(self, page: int = 200) -> int:
         """Send the next message of every run marked as owed one; returns how many."""
-        db = self.executor.db
+        db = self.parts.db
         now = get_clock().now()
         acted = 0
         for execution_id, version in recovery.list_owed(db, now=now, limit=page):
@@ -186,15 +198,15 @@ class Recoverer:
             logger.info(
                 "sending the owed message of execution %s: %s", execution_id, action.kind.value
             )
-            self._carry_out(
-                definition, execution_id, execution.cursor, execution.cursor_sub, action
+            self.carry_out(
+                self._move(definition, execution_id, execution.cursor, execution.cursor_sub, action)
             )
             acted += 1
         return acted
 
     def _plan(self, execution_id: str, now: datetime, stale_after: timedelta) -> _Planned | None:
         """What the sweep would do with one run (None: nothing)."""
-        db = self.executor.db
+        db = self.parts.db
         execution, steps = queries.load_snapshot(db, execution_id)
         definition = self._version_of(execution) if execution else None
         if execution is None or definition is None:
@@ -222,7 +234,7 @@ class Recoverer:
         definition, execution, _, action, child = planned
         execution_id = execution.id
         if not recovery.claim_stale(
-            self.executor.db,
+            self.parts.db,
             execution_id=execution_id,
             seen_version=execution.version,
             now=now,
@@ -233,18 +245,19 @@ class Recoverer:
         if action.kind is RecoveryKind.RECOVER_CHILD and child is not None:
             return self._recover_one(child.id, now, stale_after, actor)
         logger.warning("recovering execution %s: %s", execution_id, action.kind.value)
-        self.executor.emit(
+        self.parts.emit(
             "saga-recovered",
             {"execution_id": execution_id, "saga": definition.name, "action": action.kind.value},
         )
-        self._carry_out(definition, execution_id, execution.cursor, execution.cursor_sub, action)
+        node, sub = execution.cursor, execution.cursor_sub
+        self.carry_out(self._move(definition, execution_id, node, sub, action))
         return 1
 
     def _version_of(self, execution: ExecutionRecord) -> SagaDefinition | None:
         """The run's own version, or None (logged, and the run marked as waiting for it):
         a sweep never handles a run with another version; the sweep of a process that has
         it recovers the run."""
-        found = self.executor.registry.known(execution.saga_name, execution.definition_hash)
+        found = self.parts.registry.known(execution.saga_name, execution.definition_hash)
         if found is None:
             logger.warning(
                 "execution %s runs version %s of saga %r, which this process does not have; "
@@ -254,7 +267,7 @@ class Recoverer:
                 execution.saga_name,
             )
             versions.mark_waiting(
-                self.executor.db,
+                self.parts.db,
                 execution_id=execution.id,
                 definition_hash=execution.definition_hash,
                 handed_back_by=process_name(),
@@ -262,32 +275,27 @@ class Recoverer:
             )
         return found
 
-    def _carry_out(
+    def _move(
         self, definition: SagaDefinition, execution_id: str, node: int, sub: int, action: Recovery
-    ) -> None:
-        executor, unwinder = self.executor, self.executor.unwinder
+    ) -> Move:
+        """What carries the run on, as the sweep decided (``action``)."""
         if action.kind is RecoveryKind.CONTINUE_CANCEL:
-            executor.cancellation.resume_cancel(definition, execution_id)
-            return
+            return ContinueCancel(definition, execution_id)
         if action.kind is RecoveryKind.REPUBLISH_POSITION:
-            executor.publish_position(definition, execution_id, node, sub)
             target = definition.nodes[node]
             members = target.steps if isinstance(target, ParallelNode) else ()
+            retries = []
             for name, attempt in action.retries:
                 member = next((i for i, s in enumerate(members) if s.name == name), 0)
-                spec = definition.find_step(name)
                 message = NodeMessage(execution_id, node, sub, member, attempt)
-                executor.publisher.publish_node(
-                    definition.name, spec, message, version=definition.hash
-                )
-            return
+                retries.append(PublishNode(definition, message, spec=definition.find_step(name)))
+            return then(PublishPosition(definition, execution_id, node, sub), *retries)
         if action.kind is RecoveryKind.REPUBLISH_COMPENSATION and action.record is not None:
-            unwinder.publish_reversal(definition, execution_id, action.record)
-            return
-        now = get_clock().now()
+            return next_reversal(definition, execution_id, action.record)
+        db, now = self.parts.db, get_clock().now()
         if action.kind is RecoveryKind.REOPEN_UNWIND:
             plan = unwind.reopen_for_unwind(
-                executor.db,
+                db,
                 execution_id=execution_id,
                 reason="recorded failed before its unwind started",
                 compensations=definition.reversible,
@@ -295,9 +303,6 @@ class Recoverer:
             )
         else:
             plan = unwind.plan_unwind(
-                executor.db,
-                execution_id=execution_id,
-                compensations=definition.reversible,
-                now=now,
+                db, execution_id=execution_id, compensations=definition.reversible, now=now
             )
-        unwinder.follow(definition, execution_id, plan)
+        return FollowUnwind(definition, execution_id, plan)

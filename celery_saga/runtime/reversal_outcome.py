@@ -9,6 +9,7 @@ announced. A resume then re-runs that reversal under the same idempotency key.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import timedelta
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -16,13 +17,11 @@ from sqlalchemy.exc import SQLAlchemyError
 from celery_saga.decisions.lost_claims import MINE
 from celery_saga.decisions.unwind import UnwindStep
 from celery_saga.definition.builder import SagaDefinition
-from celery_saga.records import CompensationOutcome, ReversalAttempt, StepRecord
+from celery_saga.records import Attempt, CompensationOutcome, ReversalAttempt, StepRecord
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.keys import record_key
 from celery_saga.runtime.moves import RecordReversal
-from celery_saga.runtime.outcomes import Interrupted
-from celery_saga.runtime.ports import RuntimeParts
-from celery_saga.runtime.stopping import RESEND_AFTER, give_up
+from celery_saga.runtime.parts import Parts
 from celery_saga.runtime.store_retry import write_outcome
 from celery_saga.store import queries, recovery, reversal, unwind
 from celery_saga.store.reversal import Unwinding
@@ -31,7 +30,13 @@ from celery_saga.store.transient import describe_store_error, retry_transient
 logger = logging.getLogger("celery_saga")
 
 
-class ReversalOutcomes(RuntimeParts):
+@dataclass(frozen=True)
+class ReversalOutcomes:
+    """Writes a reversal's outcome and returns the unwind's next move as its record
+    decided it."""
+
+    parts: Parts
+
     def record_outcome(
         self,
         definition: SagaDefinition,
@@ -48,11 +53,11 @@ class ReversalOutcomes(RuntimeParts):
         try:
             return write_outcome(
                 lambda: self._write_outcome(definition, held, outcome, reason, unwinding),
-                budget=self.settings.outcome_retry_budget,
+                budget=self.parts.settings.outcome_retry_budget,
                 what=f"the outcome of the reversal of step {name!r} of execution {execution_id}",
                 landed=lambda: self._landed(held, outcome),
                 if_landed=already,
-                restore=lambda: self.lost_claims.reversal(held) in MINE,
+                restore=lambda: self.parts.lost_claims.reversal(held) in MINE,
             )
         except SQLAlchemyError as store_error:
             self._park_unknown(definition, execution_id, name, outcome, store_error)
@@ -67,12 +72,12 @@ class ReversalOutcomes(RuntimeParts):
         unwinding: Unwinding | None,
     ) -> UnwindStep | None:
         if unwinding is None:
-            execution, steps = queries.load_snapshot(self.db, held.execution_id)
+            execution, steps = queries.load_snapshot(self.parts.db, held.execution_id)
             if execution is None:
                 return None
             unwinding = Unwinding(execution, steps)
         return reversal.record_compensation(
-            self.db,
+            self.parts.db,
             held,
             outcome=outcome,
             reason=reason,
@@ -94,11 +99,11 @@ class ReversalOutcomes(RuntimeParts):
             "never finished (its worker stopped) and no attempt is left"
         )
         now = get_clock().now()
-        held = ReversalAttempt(record.execution_id, record.name, attempt + 1, now)
+        held = Attempt.reversal(record.execution_id, record.name, attempt + 1, now)
         # Take the lapsed claim over first: a holder that renewed its lease keeps it.
-        lease = now + timedelta(seconds=self.lease)
+        lease = now + timedelta(seconds=self.parts.lease)
         claim = unwind.claim_compensation
-        if not claim(self.db, held, lease_expires_at=lease, now=now, previous=record):
+        if not claim(self.parts.db, held, lease_expires_at=lease, now=now, previous=record):
             return None
         logger.warning("execution %s: %s", record.execution_id, reason)
         return self.record_outcome(definition, held, CompensationOutcome.FAILED, reason, unwinding)
@@ -106,7 +111,7 @@ class ReversalOutcomes(RuntimeParts):
     def record_child_reversal(self, move: RecordReversal) -> UnwindStep | None:
         """Record how a parent's reversal of its child ended; returns the next move."""
         record = move.record
-        held = ReversalAttempt(move.execution_id, record.name, record.compensation_attempts)
+        held = Attempt.reversal(move.execution_id, record.name, record.compensation_attempts)
         plan = self.record_outcome(move.definition, held, move.outcome, move.reason)
         if plan is None:
             return None
@@ -116,38 +121,13 @@ class ReversalOutcomes(RuntimeParts):
             "step": record.name,
         }
         if move.outcome is CompensationOutcome.COMPENSATED:
-            self.emit("saga-step-compensated", fields)
+            self.parts.emit("saga-step-compensated", fields)
         else:
-            self.emit("saga-compensation-failed", {**fields, "error": move.reason})
+            self.parts.emit("saga-compensation-failed", {**fields, "error": move.reason})
         return plan
 
-    def interrupted(
-        self, definition: SagaDefinition, held: ReversalAttempt, error: BaseException
-    ) -> Interrupted:
-        """The worker's shutdown cut the reversal short: record nothing, give the claim up
-        and send its message again, so the next worker runs it at once (the attempt counts:
-        guarantee 27)."""
-        what = f"the reversal of step {held.name!r} attempt {held.attempt}"
-        where = f"saga {definition.name!r} execution {held.execution_id}"
-        spec = definition.find_step(held.name)
-        description = give_up(
-            lambda: unwind.give_up_reversal_claim(self.db, held, now=get_clock().now()),
-            lambda: self.publisher.publish_compensation(
-                definition.name,
-                spec,
-                held.execution_id,
-                held.name,
-                held.attempt,
-                countdown=RESEND_AFTER,
-                version=definition.hash,
-            ),
-            where,
-            what,
-        )
-        return Interrupted(description, error)
-
     def _landed(self, held: ReversalAttempt, outcome: CompensationOutcome) -> bool:
-        record = queries.load_step(self.db, held.execution_id, held.name)
+        record = queries.load_step(self.parts.db, held.execution_id, held.name)
         if record is None or record.compensation_status is not outcome:
             return False
         if record.compensation_attempts != held.attempt:
@@ -155,12 +135,12 @@ class ReversalOutcomes(RuntimeParts):
         # Ours committed, but the next move it decided is unknown here: the timer sweep
         # carries on with whatever the record says is next.
         now = get_clock().now()
-        recovery.mark_message_owed(self.db, execution_id=held.execution_id, now=now)
+        recovery.mark_message_owed(self.parts.db, execution_id=held.execution_id, now=now)
         return True
 
     def name_reruns(self, execution_id: str) -> None:
         """Log each reversal a resume runs again (failed, or outcome unknown) and its key."""
-        _, steps = queries.load_snapshot(self.db, execution_id)
+        _, steps = queries.load_snapshot(self.parts.db, execution_id)
         for record in steps:
             unsettled = record.compensation_status is None and record.compensation_attempts
             if record.compensation_status is CompensationOutcome.FAILED or unsettled:
@@ -182,16 +162,16 @@ class ReversalOutcomes(RuntimeParts):
         key = record_key(execution_id, name, "compensate")
         why = (
             f"the outcome ({outcome.value}) of the reversal of step {name!r} could not be "
-            f"recorded within {self.settings.outcome_retry_budget:g} s "
+            f"recorded within {self.parts.settings.outcome_retry_budget:g} s "
             f"({describe_store_error(store_error)}); it is unknown to the store whether it "
             f"ran: resume_compensation runs it again under the key {key}"
         )
         try:
             parked = retry_transient(
                 lambda: unwind.park_unwind(
-                    self.db, execution_id=execution_id, reason=why, now=get_clock().now()
+                    self.parts.db, execution_id=execution_id, reason=why, now=get_clock().now()
                 ),
-                budget=self.settings.outcome_retry_budget,
+                budget=self.parts.settings.outcome_retry_budget,
                 what=f"parking execution {execution_id}",
             )
         except SQLAlchemyError as error:
@@ -214,7 +194,7 @@ class ReversalOutcomes(RuntimeParts):
             why,
             execution_id,
         )
-        self.emit(
+        self.parts.emit(
             "saga-compensation-stuck",
             {"execution_id": execution_id, "saga": definition.name, "step": name, "reason": why},
         )

@@ -1,28 +1,27 @@
-"""Running one claimed reversal: its handler under the claim's lease, then its outcome
-(guarantees 1-7, 20, 27, 30)."""
+"""A claimed reversal's side of ``run_attempt``: its handler's context and call, and what
+its outcome records (guarantees 1-7, 20, 27, 30)."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
-
-from sqlalchemy.exc import SQLAlchemyError
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any
 
 from celery_saga.decisions.lost_claims import MINE
 from celery_saga.decisions.retry import backoff_delay
-from celery_saga.decisions.unwind import UnwindStep
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import StepSpec
-from celery_saga.errors import PayloadKeyError
-from celery_saga.records import CompensationOutcome, ReversalAttempt, StepRecord
+from celery_saga.records import Attempt, CompensationOutcome, ReversalAttempt, StepRecord
 from celery_saga.redaction import scrub
 from celery_saga.runtime.async_bodies import run_body
+from celery_saga.runtime.attempt import attempt_fields
 from celery_saga.runtime.clock import get_clock
-from celery_saga.runtime.contexts import reversal_context
+from celery_saga.runtime.context_builder import reversal_context
 from celery_saga.runtime.describe import describe_error
-from celery_saga.runtime.holders import attempt_running
 from celery_saga.runtime.invoke import body_error, body_of, call_arguments
 from celery_saga.runtime.keys import record_key
+from celery_saga.runtime.moves import Announce, FollowUnwind, Move, PublishReversal, then
 from celery_saga.runtime.outcomes import (
     Failed,
     Outcome,
@@ -30,103 +29,119 @@ from celery_saga.runtime.outcomes import (
     Retrying,
     TakenOver,
     attempt_failed,
-    no_body_if_taken_over,
 )
+from celery_saga.runtime.parts import Parts
 from celery_saga.runtime.reversal_outcome import ReversalOutcomes
 from celery_saga.runtime.scrubbing import failure_secrets, log_failure, scrub_exception
-from celery_saga.runtime.stopping import worker_is_stopping
-from celery_saga.store import unwind
+from celery_saga.runtime.stopping import RESEND_AFTER
+from celery_saga.store import reversal, unwind
 from celery_saga.store.reversal import Unwinding
 
 logger = logging.getLogger("celery_saga")
 
 
-class ReversalRuns(ReversalOutcomes):
-    """The handler of a claimed reversal, and what its outcome leads to; the unwinder
-    (its subclass) publishes and follows the unwind."""
+def claim_next(
+    parts: Parts, asked: ReversalAttempt, with_run: bool
+) -> tuple[ReversalAttempt, Unwinding] | None:
+    """Claim the reversal ``asked`` names if it is the unwind's next, on a first delivery
+    (the claim's WHERE clause is the admission rule); the attempt as held and the run as
+    the claim read it (its row too, ``with_run``), or None."""
+    now, me = get_clock().now(), parts.holders.me()
+    held = replace(asked, claimed_at=now, holder=me)
+    lease = get_clock().now() + timedelta(seconds=parts.lease)
+    claimed = reversal.claim_next_reversal(
+        parts.db, held, lease_expires_at=lease, with_run=with_run, holder=me
+    )
+    return None if claimed is None else (held, claimed)
 
-    def follow(
-        self, definition: SagaDefinition, execution_id: str, plan: UnwindStep | None
-    ) -> None:
-        raise NotImplementedError  # the unwinder's
 
-    def _publish(
-        self, definition: SagaDefinition, held: ReversalAttempt, countdown: float | None = None
-    ) -> None:
-        raise NotImplementedError  # the unwinder's
+def claim_after(
+    parts: Parts, unwinding: Unwinding, record: StepRecord, seen_lease: datetime | None
+) -> tuple[ReversalAttempt, Unwinding, StepRecord] | None:
+    """Claim the next attempt of ``record``'s reversal, admitted on the run as read
+    (``seen_lease``: the live lease it takes over); the attempt, the run and the record as
+    claimed, or None if another claimed it first."""
+    lease = get_clock().now() + timedelta(seconds=parts.lease)
+    now, me = get_clock().now(), parts.holders.me()
+    attempt = record.compensation_attempts + 1
+    held = Attempt.reversal(record.execution_id, record.name, attempt, now, me)
+    if not unwind.claim_compensation(
+        parts.db,
+        held,
+        lease_expires_at=lease,
+        now=now,
+        holder=me,
+        seen_lease=seen_lease,
+        previous=record,
+    ):
+        return None
+    claimed = replace(
+        record,
+        compensation_attempts=held.attempt,
+        compensation_lease_expires_at=lease,
+        compensation_holder=me,
+    )
+    steps = [claimed if s.id == record.id else s for s in unwinding.steps]
+    return held, Unwinding(unwinding.run, steps), claimed
 
-    def _run_reversal(
-        self,
-        definition: SagaDefinition,
-        held: ReversalAttempt,
-        unwinding: Unwinding,
-        spec: StepSpec,
-        record: StepRecord,
-    ) -> Outcome:
-        """Run the reversal this worker claimed (``held``; ``record`` as claimed) and
-        record it."""
-        timeout = spec.compensation_timeout or self.settings.compensation_timeout
-        execution_id, attempt = held.execution_id, held.attempt
-        key = record_key(execution_id, record.name, "compensate")
-        fields = {
-            "execution_id": execution_id,
-            "saga": definition.name,
-            "step": record.name,
-            "attempt": attempt,
-            "idempotency_key": key,
-            "forward_key": record.idempotency_key,
+
+@dataclass
+class ReversalRun:
+    """The reversal this worker claimed (``held``; ``record`` as claimed) of a run as its
+    claim found it (``unwinding``)."""
+
+    parts: Parts
+    outcomes: ReversalOutcomes
+    definition: SagaDefinition
+    held: ReversalAttempt
+    unwinding: Unwinding
+    spec: StepSpec
+    record: StepRecord
+    compensatable: bool | None = None
+
+    @property
+    def label(self) -> str:
+        return f"the reversal of step {self.held.name!r}"
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        key = record_key(self.held.execution_id, self.record.name, "compensate")
+        return {
+            **attempt_fields(self.definition, self.held, key),
+            "forward_key": self.record.idempotency_key,
         }
-        self.emit("saga-compensation-started", fields)
-        what = f"the reversal of step {record.name!r} of execution {execution_id}"
-        stopped: BaseException | None = None
-        with (
-            self.holding(self.renewals.of_reversal(held), what),
-            attempt_running("reversal", execution_id, record.name, attempt, None, held.holder),
-        ):
-            try:
-                ctx = reversal_context(self.db, definition, unwinding, record, key, attempt)
-            except (SQLAlchemyError, PayloadKeyError):
-                raise  # reading the context failed, not the reversal: its claim expires
-            except Exception as error:  # e.g. the soft time limit, spent before the handler
-                failed = self._reversal_failed(definition, held, unwinding, spec, error, fields)
-                return no_body_if_taken_over(failed)
-            try:
-                kwargs = call_arguments(
-                    spec.compensation, ctx, spec.compensation_args, extra={"result": record.result}
-                )
-                call = body_of(spec.compensation)
-                result = run_body(
-                    spec.compensation,
-                    lambda: call(kwargs),
-                    timeout,
-                    f"reversal of step {record.name!r} of saga {definition.name!r}",
-                )
-            except (Exception, SystemExit) as error:
-                # The handler's own errors, database errors of its own included; only the
-                # worker's own shutdown is not the reversal's (given up below).
-                if not worker_is_stopping(error):
-                    return self._reversal_failed(definition, held, unwinding, spec, error, fields)
-                stopped = error
-            else:
-                compensated = CompensationOutcome.COMPENSATED
-                plan = self.record_outcome(definition, held, compensated, None, unwinding)
-        if stopped is not None:
-            return self.interrupted(definition, held, stopped)
-        self.emit("saga-step-compensated", fields)
-        self.follow(definition, execution_id, plan)
-        return Ran(result)
 
-    def _reversal_failed(
-        self,
-        definition: SagaDefinition,
-        held: ReversalAttempt,
-        unwinding: Unwinding,
-        spec: StepSpec,
-        error: BaseException,
-        fields: dict[str, object],
-    ) -> Outcome:
+    def context(self) -> Any:
+        key = record_key(self.held.execution_id, self.record.name, "compensate")
+        return reversal_context(
+            self.parts.db, self.definition, self.unwinding, self.record, key, self.held.attempt
+        )
+
+    def call(self, ctx: Any) -> Any:
+        spec, record = self.spec, self.record
+        assert spec.compensation is not None
+        kwargs = call_arguments(
+            spec.compensation, ctx, spec.compensation_args, extra={"result": record.result}
+        )
+        call = body_of(spec.compensation)
+        return run_body(
+            spec.compensation,
+            lambda: call(kwargs),
+            spec.compensation_timeout or self.parts.settings.compensation_timeout,
+            f"reversal of step {record.name!r} of saga {self.definition.name!r}",
+        )
+
+    def succeeded(self, result: Any) -> tuple[Outcome, Move]:
+        compensated = CompensationOutcome.COMPENSATED
+        held, definition = self.held, self.definition
+        plan = self.outcomes.record_outcome(definition, held, compensated, None, self.unwinding)
+        follow = FollowUnwind(definition, held.execution_id, plan)
+        return Ran(result), then(Announce("saga-step-compensated", self.fields), follow)
+
+    def failed(self, error: BaseException) -> tuple[Outcome, Move]:
+        definition, held, spec = self.definition, self.held, self.spec
         execution_id, attempt = held.execution_id, held.attempt
-        secrets = failure_secrets(self.db, definition, execution_id)
+        secrets = failure_secrets(self.parts.db, definition, execution_id)
         scrub_exception(error, secrets)
         reason = scrub(describe_error(error), secrets)
         log_failure(
@@ -145,19 +160,47 @@ class ReversalRuns(ReversalOutcomes):
             "reversal of step", definition.name, held.name, attempt, reason
         )
         if attempt < spec.compensation_retry:
+            retry = self._retry(reason)
+            if retry is None:
+                return TakenOver(f"{description}; its claim was taken over"), then()
+            delay = retry.countdown or 0.0
+            return Retrying(f"{description}; retry in {delay:.3g}s", delay, body_error()), retry
+        failed = CompensationOutcome.FAILED
+        plan = self.outcomes.record_outcome(definition, held, failed, reason, self.unwinding)
+        self.parts.emit("saga-compensation-failed", {**self.fields, "error": reason})
+        follow = FollowUnwind(definition, execution_id, plan)
+        return Failed(description, body_error()), follow
 
-            def release() -> bool:
-                now = get_clock().now()
-                return unwind.release_compensation(self.db, held, reason=reason, now=now)
+    def _retry(self, reason: str) -> PublishReversal | None:
+        """Release the claim and send the next attempt with a backoff; None: the claim was
+        no longer ours."""
+        parts, held, spec = self.parts, self.held, self.spec
 
-            if not (release() or (self.lost_claims.reversal(held) in MINE and release())):
-                return TakenOver(f"{description}; its claim was taken over")
-            delay = backoff_delay(attempt, spec.backoff, spec.backoff_max, get_clock().random())
-            self.emit("saga-compensation-retry", {**fields, "error": reason, "countdown": delay})
-            following = replace(held, attempt=attempt + 1)
-            self._publish(definition, following, countdown=delay)
-            return Retrying(f"{description}; retry in {delay:.3g}s", delay, body_error())
-        plan = self.record_outcome(definition, held, CompensationOutcome.FAILED, reason, unwinding)
-        self.emit("saga-compensation-failed", {**fields, "error": reason})
-        self.follow(definition, execution_id, plan)
-        return Failed(description, body_error())
+        def release() -> bool:
+            now = get_clock().now()
+            return unwind.release_compensation(parts.db, held, reason=reason, now=now)
+
+        if not (release() or (parts.lost_claims.reversal(held) in MINE and release())):
+            return None
+        delay = backoff_delay(held.attempt, spec.backoff, spec.backoff_max, get_clock().random())
+        retry = {**self.fields, "error": reason, "countdown": delay}
+        parts.emit("saga-compensation-retry", retry)
+        following = replace(held, attempt=held.attempt + 1)
+        return PublishReversal(
+            self.definition, held.execution_id, held.name, following.attempt, delay
+        )
+
+    def give_up_claim(self) -> bool:
+        return unwind.give_up_reversal_claim(self.parts.db, self.held, now=get_clock().now())
+
+    def send_again(self) -> None:
+        held, definition = self.held, self.definition
+        self.parts.publisher.publish_compensation(
+            definition.name,
+            self.spec,
+            held.execution_id,
+            held.name,
+            held.attempt,
+            countdown=RESEND_AFTER,
+            version=definition.hash,
+        )

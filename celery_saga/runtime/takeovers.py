@@ -16,7 +16,7 @@ from datetime import datetime
 
 from celery_saga.decisions.lost_claims import ClaimState
 from celery_saga.decisions.takeover import Answer, Takeover, decide_takeover
-from celery_saga.records import ReversalAttempt, StepAttempt
+from celery_saga.records import Attempt, Direction
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.heartbeat import LeaseState
 from celery_saga.runtime.holders import HeldClaim, Holders
@@ -69,24 +69,24 @@ class Renewals:
     def __init__(self, db: Database, lost: LostClaims) -> None:
         self.db, self.lost = db, lost
 
-    def of_step(
-        self, step: StepAttempt, compensatable: bool | None
+    def of(
+        self, held: Attempt, compensatable: bool | None = None
     ) -> Callable[[datetime], LeaseState]:
-        """``compensatable``: as the claim stored it; None where it is not known (a lost
-        claim is then left to the body's own heartbeat to write back)."""
+        """Renew ``held``'s lease, either direction. ``compensatable`` (a step's): as the
+        claim stored it; None where it is not known (a lost claim is then left to the
+        body's own heartbeat to write back)."""
 
         def renew(expiry: datetime) -> LeaseState:
-            if forward.renew_step_lease(self.db, step, lease_expires_at=expiry):
-                return LeaseState.HELD
-            return _lease_state(self.lost.step(step, compensatable))
-
-        return renew
-
-    def of_reversal(self, reversal: ReversalAttempt) -> Callable[[datetime], LeaseState]:
-        def renew(expiry: datetime) -> LeaseState:
-            if unwind.renew_compensation_lease(self.db, reversal, lease_expires_at=expiry):
-                return LeaseState.HELD
-            return _lease_state(self.lost.reversal(reversal))
+            match held.direction:
+                case Direction.FORWARD:
+                    renewed = forward.renew_step_lease(self.db, held, lease_expires_at=expiry)
+                    state = None if renewed else self.lost.step(held, compensatable)
+                case Direction.REVERSE:
+                    renewed = unwind.renew_compensation_lease(
+                        self.db, held, lease_expires_at=expiry
+                    )
+                    state = None if renewed else self.lost.reversal(held)
+            return LeaseState.HELD if state is None else _lease_state(state)
 
         return renew
 

@@ -1,18 +1,18 @@
 """The operator's exits from a parked unwind: reopen it, or close it for good. The owner
 (``Unwinder.resume`` / ``abandon``) first checks the run is parked and handles the parked
-children it halted on, then carries out what these return."""
+children it halted on, then has the interpreter carry out what these return."""
 
 from __future__ import annotations
 
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.runtime.clock import get_clock
-from celery_saga.runtime.moves import FollowUnwind
-from celery_saga.runtime.ports import RuntimeParts
+from celery_saga.runtime.moves import FollowUnwind, Settled
+from celery_saga.runtime.parts import Parts
 from celery_saga.store import operator_exits, unwind
 
 
 def reopen(
-    parts: RuntimeParts, definition: SagaDefinition, execution_id: str, actor: str | None = None
+    parts: Parts, definition: SagaDefinition, execution_id: str, actor: str | None = None
 ) -> FollowUnwind:
     """Reopen a parked unwind; the reversal that failed, or whose outcome could not be
     recorded, runs again under its own idempotency key (``actor``: who asked)."""
@@ -28,13 +28,14 @@ def reopen(
 
 
 def close(
-    parts: RuntimeParts,
+    parts: Parts,
     definition: SagaDefinition,
     execution_id: str,
     actor: str | None = None,
     reason: str | None = None,
-) -> int:
-    """Close a parked unwind for good; returns how many steps were marked skipped."""
+) -> tuple[int, Settled]:
+    """Close a parked unwind for good; returns how many steps were marked skipped, and
+    the run's settling (its parent is told)."""
     now = get_clock().now()
     skipped = operator_exits.abandon_compensation(parts.db, execution_id, now, actor, reason)
     parts.emit(
@@ -46,4 +47,4 @@ def close(
             "abandoned": True,
         },
     )
-    return skipped
+    return skipped, Settled(definition, execution_id)

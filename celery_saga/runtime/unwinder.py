@@ -1,12 +1,11 @@
-"""The unwind: one reversal per message, in reverse start order, halting on
-the first definitive failure (guarantees 1-9, 20)."""
+"""The unwind's messages: one reversal per message, in reverse start order, halting on
+the first definitive failure (guarantees 1-9, 20); and the operator's exits from a
+parked unwind."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import datetime
 
 from celery_saga.decisions.admission import Admission
 from celery_saga.decisions.takeover import Answer, Takeover
@@ -19,6 +18,7 @@ from celery_saga.decisions.unwind import (
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import StepSpec
 from celery_saga.records import (
+    Attempt,
     CompensationOutcome,
     ExecutionRecord,
     ExecutionState,
@@ -26,147 +26,35 @@ from celery_saga.records import (
     StepRecord,
 )
 from celery_saga.runtime import unwind_exits
-from celery_saga.runtime.child_unwind import ChildUnwind
+from celery_saga.runtime.attempt import carried_out, run_attempt
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.holders import HeldClaim
+from celery_saga.runtime.interpreter import Interpreter
 from celery_saga.runtime.invoke import reversal_needs_run
-from celery_saga.runtime.moves import (
-    BeginUnwind,
-    FollowUnwind,
-    PublishNode,
-    PublishReversal,
-    RecordReversal,
-    Stay,
-    UnwindMove,
-    unreachable,
-)
+from celery_saga.runtime.moves import FollowUnwind, PublishReversal, RecordReversal
 from celery_saga.runtime.outcomes import (
     Failed,
     NoBody,
     Outcome,
     attempt_failed,
 )
-from celery_saga.runtime.reversal_runs import ReversalRuns
+from celery_saga.runtime.parts import Parts
+from celery_saga.runtime.reversal_runs import ReversalRun, claim_after, claim_next
 from celery_saga.runtime.takeovers import judge, taken_over
-from celery_saga.store import operator_exits, queries, reversal, unwind
+from celery_saga.store import operator_exits, queries, unwind
 from celery_saga.store.reversal import Unwinding
 
 logger = logging.getLogger("celery_saga")
 
 
-def compensations_of(definition: SagaDefinition | None) -> frozenset[str]:
-    """Names of the records the deployed definition can reverse (none if it is unknown)."""
-    return frozenset() if definition is None else definition.reversible
+class Unwinder:
+    """Admits and routes compensate messages and the operator's exits from a parked
+    unwind; what they lead to is carried out by the interpreter."""
 
-
-class Unwinder(ReversalRuns):
-    """Runs one reversal per compensate message and decides the next move."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.children = ChildUnwind(self.parts())
-
-    def carry_out(self, move: UnwindMove) -> None:
-        """Do what a helper decided: the store write that follows it, then the publish."""
-        match move:
-            case Stay():
-                pass
-            case BeginUnwind(definition, execution_id, plan, reason):
-                self.begin(definition, execution_id, plan, reason)
-            case FollowUnwind(definition, execution_id, plan):
-                self.follow(definition, execution_id, plan)
-            case PublishNode(definition, message, label):
-                self.publisher.publish_node(
-                    definition.name, None, message, label=label, version=definition.hash
-                )
-            case PublishReversal(definition, execution_id, record):
-                self.publish_reversal(definition, execution_id, record)
-            case RecordReversal(definition, execution_id):
-                self.follow(definition, execution_id, self.record_child_reversal(move))
-            case _:
-                unreachable(move)
-
-    def begin(
-        self,
-        definition: SagaDefinition,
-        execution_id: str,
-        plan: UnwindStep,
-        failure_reason: str | None,
-        at: tuple[int, int] | None = None,
-    ) -> None:
-        """Carry out the first move of an unwind that the failure record just decided;
-        ``at``: the (node, sub) of a failure that no step raised."""
-        fields: dict[str, Any] = {
-            "execution_id": execution_id,
-            "saga": definition.name,
-            "reason": failure_reason,
-        }
-        if at is not None:
-            fields.update(node=at[0], sub=at[1], version=definition.hash)
-        self.emit("saga-forward-failed", fields)
-        self.follow(definition, execution_id, plan)
-
-    def settled(self, definition: SagaDefinition, execution_id: str) -> None:
-        """The run ended or parked: a child tells its parent (guarantee 17)."""
-        if self.registry.may_be_child(definition.name):
-            self.carry_out(self.children.notify_parent(execution_id))
-
-    def follow(
-        self, definition: SagaDefinition, execution_id: str, plan: UnwindStep | None
-    ) -> None:
-        fields = {"execution_id": execution_id, "saga": definition.name}
-        if plan is None:
-            return
-        if plan.kind is UnwindKind.COMPENSATE:
-            assert plan.record is not None
-            self.publish_reversal(definition, execution_id, plan.record)
-            return
-        if plan.kind is UnwindKind.DONE:
-            assert plan.rollback_status is not None
-            self.emit("saga-failed", {**fields, "rollback_status": plan.rollback_status.value})
-        else:
-            if plan.kind is UnwindKind.HALT_VANISHED:
-                # The plan was made before parking; parking is what records it.
-                plan = unwind.plan_unwind(
-                    self.db,
-                    execution_id=execution_id,
-                    compensations=compensations_of(definition),
-                    now=get_clock().now(),
-                )
-            assert plan is None or plan.record is not None
-            step = plan.record.name if plan and plan.record else None
-            logger.warning(
-                "execution %s of saga %r parked compensation_stuck at the reversal of step %r "
-                "(%s): %s (to continue: celery saga resume %s, or abandon)",
-                execution_id,
-                definition.name,
-                step,
-                plan.kind.value if plan else "halted",
-                plan.record.compensation_reason if plan and plan.record else "",
-                execution_id,
-            )
-            self.emit("saga-compensation-stuck", {**fields, "step": step})
-        self.settled(definition, execution_id)
-
-    def publish_reversal(
-        self, definition: SagaDefinition, execution_id: str, record: StepRecord
-    ) -> None:
-        """The message for the next attempt owed to ``record``'s reversal."""
-        following = record.compensation_attempts + 1
-        self._publish(definition, ReversalAttempt(execution_id, record.name, following))
-
-    def _publish(
-        self, definition: SagaDefinition, held: ReversalAttempt, countdown: float | None = None
-    ) -> None:
-        self.publisher.publish_compensation(
-            definition.name,
-            definition.find_step(held.name),
-            held.execution_id,
-            held.name,
-            held.attempt,
-            countdown,
-            version=definition.hash,
-        )
+    def __init__(self, parts: Parts, interpreter: Interpreter) -> None:
+        self.parts, self.interpreter = parts, interpreter
+        self.carry_out = interpreter.carry_out
+        self.children, self.outcomes = interpreter.children, interpreter.reversals
 
     def run(
         self,
@@ -192,26 +80,43 @@ class Unwinder(ReversalRuns):
             if outcome is not None:
                 return outcome
         now = get_clock().now()
-        execution, steps = queries.load_snapshot(self.db, execution_id)
+        execution, steps = queries.load_snapshot(self.parts.db, execution_id)
         if execution is None or execution.state is not ExecutionState.COMPENSATING:
             return _refused(execution_id, step_name, "run is not compensating")
         # Compensations of the run's own version only; without it the message goes back.
-        definition = self.registry.for_run(
-            execution.saga_name, execution.definition_hash, execution.id
-        )
-        compensations = compensations_of(definition)
+        definition = self.parts.definition_of(execution)
+        compensations = definition.reversible
         planned = next_unwind_step(steps, execution.committed_at is not None, compensations)
         if planned.kind is not UnwindKind.COMPENSATE:
             plan = unwind.plan_unwind(
-                self.db, execution_id=execution_id, compensations=compensations, now=now
+                self.parts.db, execution_id=execution_id, compensations=compensations, now=now
             )
-            self.follow(definition, execution_id, plan)
+            self.carry_out(FollowUnwind(definition, execution_id, plan))
             return NoBody("the unwind has no reversal to run here")
         record = next((s for s in steps if s.name == step_name), None)
         if planned.record is not None and planned.record.child_execution_id is not None:
             if record is None or record.id != planned.record.id:
                 return _refused(execution_id, step_name, "not next")
             return self._reverse_child(definition, execution, planned.record)
+        asked = Attempt.reversal(execution_id, step_name, attempt)
+        unwinding = Unwinding(execution, steps)
+        return self._admit(definition, unwinding, planned, record, asked, redelivered)
+
+    def _admit(
+        self,
+        definition: SagaDefinition,
+        unwinding: Unwinding,
+        planned: UnwindStep,
+        record: StepRecord | None,
+        message: ReversalAttempt,
+        redelivered: bool,
+    ) -> Outcome:
+        """Admit the reversal ``message`` names by the run as read (``planned``: the
+        unwind's next move): a claim in flight is left to a live holder, or taken over."""
+        now = get_clock().now()
+        execution, steps = unwinding.run, unwinding.steps
+        assert execution is not None
+        execution_id, step_name, attempt = message.execution_id, message.name, message.attempt
         lease = record.compensation_lease_expires_at if record else None
         live = lease is not None and lease > now
         verdict = compensation_admission(record, planned, attempt, live)
@@ -230,15 +135,15 @@ class Unwinder(ReversalRuns):
                 record.compensation_holder,
                 lease_live=live,
             )
-            takeover, answer = judge(self.holders, claim)
+            takeover, answer = judge(self.parts.holders, claim)
             if takeover is Takeover.LEAVE:
-                again = ReversalAttempt(execution_id, step_name, attempt)
+                again = Attempt.reversal(execution_id, step_name, attempt)
                 return self._left_to_holder(definition, again, redelivered, lease, live)
             asked = (claim, answer)
         lost = takeover is Takeover.TAKE_OVER and lease is not None
         if lost and record.compensation_attempts > spec.compensation_retry:
-            plan = self.lost_too_often(definition, Unwinding(execution, steps), record)
-            self.follow(definition, execution_id, plan)
+            plan = self.outcomes.lost_too_often(definition, unwinding, record)
+            self.carry_out(FollowUnwind(definition, execution_id, plan))
             return NoBody("no attempt left after lost ones")
         seen = lease if live else None
         return self._reverse(definition, execution, steps, spec, record, seen, asked)
@@ -254,7 +159,10 @@ class Unwinder(ReversalRuns):
         """The holder still runs the reversal: a redelivered message waits for its claim."""
         if not redelivered:
             return _refused(again.execution_id, again.name, Admission.REJECT_IN_FLIGHT.value)
-        self._publish(definition, again, countdown=self.until_released(lease, live))
+        wait = self.parts.until_released(lease, live)
+        self.carry_out(
+            PublishReversal(definition, again.execution_id, again.name, again.attempt, wait)
+        )
         return NoBody("held back while the attempt in flight holds its claim")
 
     def _reverse_child(
@@ -266,8 +174,8 @@ class Unwinder(ReversalRuns):
         if not isinstance(move, RecordReversal):
             self.carry_out(move)
             return NoBody("a child's unwind")
-        plan = self.record_child_reversal(move)
-        self.follow(definition, parent.id, plan)
+        plan = self.outcomes.record_child_reversal(move)
+        self.carry_out(FollowUnwind(definition, parent.id, plan))
         if plan is None or move.outcome is not CompensationOutcome.FAILED:
             return NoBody("a child's unwind")
         what = (definition.name, record.name, record.compensation_attempts, move.reason or "")
@@ -277,24 +185,17 @@ class Unwinder(ReversalRuns):
         self, saga_name: str, execution_id: str, step_name: str, attempt: int, version: str | None
     ) -> Outcome | None:
         # Only with the version the message names: this claim does not check it.
-        definition = self.registry.known(saga_name, version) if version else None
+        definition = self.parts.registry.known(saga_name, version) if version else None
         spec = definition.find_step(step_name) if definition else None
         if definition is None or spec is None or spec.compensation is None:
             return None
-        lease = get_clock().now() + timedelta(seconds=self.settings.lease_seconds)
-        me = self.holders.me()
-        held = ReversalAttempt(execution_id, step_name, attempt, get_clock().now(), me)
-        claimed = reversal.claim_next_reversal(
-            self.db,
-            held,
-            lease_expires_at=lease,
-            with_run=reversal_needs_run(spec),
-            holder=me,
-        )
+        held = Attempt.reversal(execution_id, step_name, attempt)
+        claimed = claim_next(self.parts, held, reversal_needs_run(spec))
         if claimed is None:
             return None
-        record = next(s for s in claimed.steps if s.name == step_name)
-        return self._run_reversal(definition, held, claimed, spec, record)
+        held, unwinding = claimed
+        record = next(s for s in unwinding.steps if s.name == step_name)
+        return self._run(definition, held, unwinding, spec, record)
 
     def _reverse(
         self,
@@ -306,31 +207,26 @@ class Unwinder(ReversalRuns):
         seen_lease: datetime | None = None,
         asked: tuple[HeldClaim, Answer] | None = None,
     ) -> Outcome:
-        lease = get_clock().now() + timedelta(seconds=self.settings.lease_seconds)
-        now = get_clock().now()
-        attempt = record.compensation_attempts + 1
-        me = self.holders.me()
-        held = ReversalAttempt(record.execution_id, record.name, attempt, now, me)
-        if not unwind.claim_compensation(
-            self.db,
-            held,
-            lease_expires_at=lease,
-            now=now,
-            holder=me,
-            seen_lease=seen_lease,
-            previous=record,
-        ):
+        claimed = claim_after(self.parts, Unwinding(execution, steps), record, seen_lease)
+        if claimed is None:
             return _refused(record.execution_id, record.name, "claimed elsewhere")
         if asked is not None:
             taken_over(*asked)
-        claimed = replace(
-            record,
-            compensation_attempts=held.attempt,
-            compensation_lease_expires_at=lease,
-            compensation_holder=me,
-        )
-        steps = [claimed if s.id == record.id else s for s in steps]
-        return self._run_reversal(definition, held, Unwinding(execution, steps), spec, claimed)
+        held, unwinding, record = claimed
+        return self._run(definition, held, unwinding, spec, record)
+
+    def _run(
+        self,
+        definition: SagaDefinition,
+        held: ReversalAttempt,
+        unwinding: Unwinding,
+        spec: StepSpec,
+        record: StepRecord,
+    ) -> Outcome:
+        """Run the reversal this worker claimed (``held``; ``record`` as claimed)."""
+        run = ReversalRun(self.parts, self.outcomes, definition, held, unwinding, spec, record)
+        self.parts.emit("saga-compensation-started", run.fields)
+        return carried_out(self.carry_out, run_attempt(self.parts, run))
 
     # -- operator exits ------------------------------------------------------------------
     def resume(
@@ -338,11 +234,11 @@ class Unwinder(ReversalRuns):
     ) -> None:
         """Reopen a parked unwind, first the parked children it halted on (the reversal
         that failed runs again under its own key; the log line names it)."""
-        operator_exits.require_stuck(self.db, execution_id, "resume_compensation")
-        self.name_reruns(execution_id)
+        operator_exits.require_stuck(self.parts.db, execution_id, "resume_compensation")
+        self.outcomes.name_reruns(execution_id)
         for child in self.children.parked_children(execution_id, (CompensationOutcome.FAILED,)):
-            self.resume(self.children.definition_of(child), child.id, actor)
-        self.carry_out(unwind_exits.reopen(self, definition, execution_id, actor))
+            self.resume(self.parts.definition_of(child), child.id, actor)
+        self.carry_out(unwind_exits.reopen(self.parts, definition, execution_id, actor))
 
     def abandon(
         self,
@@ -352,12 +248,12 @@ class Unwinder(ReversalRuns):
         reason: str | None = None,
     ) -> int:
         """Close a parked unwind for good, and the parked children it halted on."""
-        operator_exits.require_stuck(self.db, execution_id, "abandon_compensation")
+        operator_exits.require_stuck(self.parts.db, execution_id, "abandon_compensation")
         owed = (None, CompensationOutcome.FAILED)
         for child in self.children.parked_children(execution_id, owed):
-            self.abandon(self.children.definition_of(child), child.id, actor, reason)
-        skipped = unwind_exits.close(self, definition, execution_id, actor, reason)
-        self.settled(definition, execution_id)
+            self.abandon(self.parts.definition_of(child), child.id, actor, reason)
+        skipped, move = unwind_exits.close(self.parts, definition, execution_id, actor, reason)
+        self.carry_out(move)
         return skipped
 
 

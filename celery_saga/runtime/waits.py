@@ -15,7 +15,7 @@ from celery_saga.definition.nodes import WaitNode
 from celery_saga.errors import UnknownEventError
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.moves import BeginUnwind, Move, MoveOn, Refuse, Stay
-from celery_saga.runtime.ports import RuntimeParts
+from celery_saga.runtime.parts import Parts
 from celery_saga.store import waits
 from celery_saga.store.codec import pack
 
@@ -29,7 +29,7 @@ def _seconds(value: float) -> str:
 class Waits:
     """Parks runs at their gates and resumes them; returns the move for its owner."""
 
-    def __init__(self, parts: RuntimeParts) -> None:
+    def __init__(self, parts: Parts) -> None:
         self.parts = parts
 
     def arrive(self, definition: SagaDefinition, message: NodeMessage, gate: WaitNode) -> Move:

@@ -149,7 +149,7 @@ def cancel_run(
         if record is None or record.id != execution_id:
             raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
         definition = parts.catalog.known(record.saga_name, record.definition_hash)
-        verdict = parts.executor.cancellation.cancel(record, reason, actor)
+        verdict = parts.executor.cancel(record, reason, actor)  # hands on if missing
         if verdict is CancelVerdict.ENDED:  # it may have ended just now: say how
             record = queries.load_execution(parts.db, execution_id) or record
         _refuse(verdict, record, definition)

@@ -40,11 +40,7 @@ class Sweeps:
         self.parts.store.ensure_schema()
         return self.parts.store.run(
             "the timer sweep",
-            lambda: (
-                executor.fire_timers()
-                + executor.cancellation.cancel_overdue()
-                + self.recoverer.send_owed()
-            ),
+            lambda: executor.fire_timers() + executor.cancel_overdue() + self.recoverer.send_owed(),
         )
 
     def retire(

@@ -9,8 +9,8 @@ from typing import Any
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import ForEachNode, StepSpec, split_iteration
 from celery_saga.records import ExecutionRecord, StepRecord, completed_results
-from celery_saga.runtime.context import SagaContext
 from celery_saga.runtime.invoke import needs_context, needs_results
+from celery_saga.runtime.saga_context import SagaContext
 from celery_saga.store import queries
 from celery_saga.store.database import Database
 from celery_saga.store.reversal import Unwinding

@@ -1,0 +1,100 @@
+"""The engine's calls on runs, outside any message: store and launch a run, record a
+signal, cancel a run (or every run past its deadline), fire the waits whose deadline
+passed. Each asks a helper, and the interpreter carries out the move it returns."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+from celery_saga.decisions.cancel import CancelVerdict
+from celery_saga.definition.builder import SagaDefinition
+from celery_saga.records import ExecutionRecord
+from celery_saga.runtime import forward_moves
+from celery_saga.runtime.cancel import DEADLINE
+from celery_saga.runtime.clock import get_clock
+from celery_saga.runtime.interpreter import Interpreter
+from celery_saga.runtime.moves import MoveOn, Stay
+from celery_saga.runtime.parts import Parts
+from celery_saga.runtime.waits import Waits
+from celery_saga.store import queries, waits
+
+logger = logging.getLogger("celery_saga")
+
+
+class EngineCalls:
+    """What the engine asks of the runtime about a run, as opposed to a message's work."""
+
+    def __init__(self, parts: Parts, interpreter: Interpreter, gates: Waits) -> None:
+        self.parts, self.interpreter, self.waits = parts, interpreter, gates
+        self.carry_out, self.cancellation = interpreter.carry_out, interpreter.cancellation
+        #: Store a new run (see ``forward_moves.create``).
+        self.create = functools.partial(forward_moves.create, parts)
+
+    def launch(self, definition: SagaDefinition, execution_id: str, **options: Any) -> None:
+        """Send the first message of a stored run (see ``forward_moves.launch``)."""
+        self.carry_out(forward_moves.launch(self.parts, definition, execution_id, **options))
+
+    def continue_cancel(self, execution: ExecutionRecord) -> None:
+        """Begin a cancelled run's unwind once nothing of it is going (guarantee 31)."""
+        cancellation = self.cancellation
+        self.carry_out(
+            cancellation.resume_cancel(self.parts.definition_of(execution), execution.id)
+        )
+
+    def cancel(
+        self, execution: ExecutionRecord, reason: str | None, actor: str | None = None
+    ) -> CancelVerdict:
+        """Cancel ``execution`` (see ``Cancellation.cancel``); returns what was done."""
+        verdict, move = self.cancellation.cancel(execution, reason, actor)
+        self.carry_out(move)
+        return verdict
+
+    def cancel_overdue(self, page: int = 200) -> int:
+        """Cancel every run whose deadline has passed (the timer sweep); returns how many."""
+        cancellation, acted = self.cancellation, 0
+        for execution_id in cancellation.overdue(page):
+            execution = queries.load_execution(self.parts.db, execution_id)
+            if execution is None:
+                continue
+            verdict = self.cancel(execution, DEADLINE)
+            if verdict is CancelVerdict.CANCEL:
+                acted += 1
+            else:
+                cancellation.not_cancelled(execution_id, verdict)
+        return acted
+
+    def fire_timers(self, page: int = 200, most: int = 10_000) -> int:
+        """Fire every wait whose deadline passed (see ``Waits.expire``); returns how many
+        runs were moved. Safe with several sweepers at once."""
+        now = get_clock().now()
+        acted = seen = 0
+        after = None
+        while seen < most:
+            rows = waits.list_expired_waits(self.parts.db, now=now, limit=page, after=after)
+            for row in rows:
+                try:
+                    move = self.waits.expire(row, now)
+                    self.carry_out(move)
+                    acted += not isinstance(move, Stay)
+                except Exception:
+                    logger.exception("the deadline of execution %s could not be fired", row.id)
+            seen += len(rows)
+            if len(rows) < page:
+                break
+            after = (rows[-1].wake_at, rows[-1].id)
+        return acted
+
+    def signal(
+        self,
+        definition: SagaDefinition,
+        execution_id: str,
+        event: str,
+        payload: Any,
+        actor: str | None = None,
+    ) -> bool:
+        """Record the signal once; True if it resumed the run parked at its gate."""
+        move = self.waits.signal(definition, execution_id, event, payload, actor)
+        self.carry_out(move)
+        return isinstance(move, MoveOn)
