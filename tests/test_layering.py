@@ -420,3 +420,49 @@ def test_no_runtime_stub_waits_for_another_half() -> None:
         if isinstance(node, ast.Name) and node.id == "NotImplementedError"
     ]
     assert not stubs, f"stubs in runtime/: {stubs}"
+
+
+NODE_KINDS = {
+    "StepNode",
+    "ParallelNode",
+    "BranchNode",
+    "PivotNode",
+    "WaitNode",
+    "SubSagaNode",
+    "LoopNode",
+    "ForEachNode",
+}
+
+
+def _kinds_tested(call: ast.Call) -> set[str]:
+    """The node kinds an ``isinstance(x, K)`` or ``isinstance(x, (K, L))`` call tests."""
+    if (
+        not (isinstance(call.func, ast.Name) and call.func.id == "isinstance")
+        or len(call.args) != 2
+    ):
+        return set()
+    tested = call.args[1]
+    names = tested.elts if isinstance(tested, ast.Tuple) else [tested]
+    found = {n.id if isinstance(n, ast.Name) else getattr(n, "attr", "") for n in names}
+    return found & NODE_KINDS
+
+
+def test_node_kinds_are_dispatched_by_match_not_by_isinstance_ladders() -> None:
+    """A function that tells node kinds apart does it in one ``match`` (exhaustive where
+    every kind matters), so a new kind is flagged by mypy where it is left unhandled; one
+    ``isinstance`` filter (``if isinstance(node, (StepNode, ParallelNode))``) is not a
+    ladder, two tests of node kinds in one function are."""
+    ladders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for function in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            tests = [
+                sorted(kinds)
+                for call in ast.walk(function)
+                if isinstance(call, ast.Call) and (kinds := _kinds_tested(call))
+            ]
+            if len(tests) > 1:
+                where = f"{path.relative_to(PACKAGE.parent)}:{function.lineno}"
+                ladders.append(f"{where} {function.name}: {tests}")
+    assert not ladders, "isinstance ladders over node kinds:\n" + "\n".join(ladders)
