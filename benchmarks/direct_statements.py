@@ -37,7 +37,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from celery_saga.decisions.cursor import Advance
-from celery_saga.records import Attempt, ExecutionState, StepAttempt
+from celery_saga.records import Attempt, ExecutionState
 from celery_saga.store import drivers, forward, queries, reversal
 from celery_saga.store.codec import pack
 from celery_saga.store.database import Database
@@ -147,7 +147,7 @@ class Store:
         # The run stays live after its step, so that it can be failed and unwound.
         written = forward.record_step_completed(
             self.db,
-            StepAttempt(run_id, "a", 0, 0, 1),
+            Attempt(run_id, "a", 0, 0, 1),
             result_blob=NOTHING,
             advance=Advance(1, 0, finished=False, passes_pivot=False),
             now=now(),

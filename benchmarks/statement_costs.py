@@ -34,7 +34,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from celery_saga.decisions.cursor import Advance
-from celery_saga.records import Attempt, CompensationOutcome, ExecutionState, StepAttempt
+from celery_saga.records import Attempt, CompensationOutcome, ExecutionState
 from celery_saga.store import forward, queries, reversal
 from celery_saga.store.codec import pack
 from celery_saga.store.database import Database
@@ -126,7 +126,7 @@ class Store:
         advance = Advance(node + 1, 0, finished=False, passes_pivot=False)
         written = forward.record_step_completed(
             self.db,
-            StepAttempt(run_id, STEPS[node], node, 0, 1),
+            Attempt(run_id, STEPS[node], node, 0, 1),
             result_blob=NOTHING,
             advance=advance,
             now=now(),

@@ -109,7 +109,7 @@ class Direction(str, Enum):
 class Attempt:
     """One claimed attempt, either direction: which run, which record, which attempt, and
     (a step's) at which position. The store's writes for it hold only while the record is
-    still this attempt's. A step's is built as ``StepAttempt(...)``, a reversal's as
+    still this attempt's. A step's is built as ``Attempt(...)``, a reversal's as
     ``Attempt.reversal(...)`` (reversals are keyed by their record alone; position 0, 0)."""
 
     execution_id: str
@@ -134,11 +134,6 @@ class Attempt:
     ) -> Attempt:
         """The attempt of a step's reversal (of run ``run``), begun ``at``, held ``by``."""
         return cls(run, name, 0, 0, attempt, at, by, Direction.REVERSE)
-
-
-#: The names the store's functions give an attempt of each direction (one type).
-StepAttempt = Attempt
-ReversalAttempt = Attempt
 
 
 def completed_results(steps: Iterable[StepRecord]) -> dict[str, Any]:

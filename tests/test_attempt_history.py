@@ -14,9 +14,9 @@ from click.testing import CliRunner
 from celery_saga import ExecutionState
 from celery_saga.cli import saga
 from celery_saga.decisions.cursor import Advance
-from celery_saga.records import Attempt, StepAttempt
+from celery_saga.records import Attempt
 from celery_saga.runtime.holders import parse_holder
-from celery_saga.store import forward, history, joins, queries, step_failure, unwind
+from celery_saga.store import claims, forward, history, joins, queries, step_failure, unwind
 from celery_saga.store.database import Database
 from celery_saga.store.history import ATTEMPT_KINDS, REVERSAL_KINDS, HistoryEntry
 from tests.conftest import Harness
@@ -29,8 +29,8 @@ def _attempt_rows(database: Database, execution_id: str) -> list[HistoryEntry]:
     return [e for e in history.load(database, execution_id) if e.kind in ATTEMPT_KINDS]
 
 
-def _held(execution_id: str, attempt: int = 1) -> StepAttempt:
-    return StepAttempt(execution_id, "a", 0, 0, attempt, NOW)
+def _held(execution_id: str, attempt: int = 1) -> Attempt:
+    return Attempt(execution_id, "a", 0, 0, attempt, NOW)
 
 
 def _claim_again(database: Database, execution_id: str, at: Any) -> int | None:
@@ -70,12 +70,12 @@ def test_a_completed_attempt_writes_its_row_with_the_outcome(db: Database) -> No
 
 def test_a_retry_then_a_lapsed_attempt_then_a_final_failure(db: Database) -> None:  # noqa: F811
     execution_id = _claimed_run(db)
-    assert forward.record_step_retry(db, _held(execution_id), error="boom 1", now=NOW)
+    assert claims.release(db, _held(execution_id), reason="boom 1", now=NOW)
     assert _claim_again(db, execution_id, NOW) == 2  # a retry's claim: nothing was lost
     assert _claim_again(db, execution_id, LATER) == 3  # attempt 2's lease lapsed
     failed = step_failure.record_step_failed(
         db,
-        StepAttempt(execution_id, "a", 0, 0, 3, LATER),
+        Attempt(execution_id, "a", 0, 0, 3, LATER),
         members=["a"],
         advance=Advance(0, 0, False, False),
         compensations={"a"},
@@ -99,8 +99,8 @@ def test_a_retry_then_a_lapsed_attempt_then_a_final_failure(db: Database) -> Non
 def test_a_released_claim_is_not_counted_lost_when_taken_again(db: Database) -> None:  # noqa: F811
     execution_id = _claimed_run(db)
     step = _held(execution_id)
-    assert forward.give_up_step_claim(db, step, now=NOW, why="its worker is shutting down")
-    assert not forward.give_up_step_claim(db, _held(execution_id, 2), now=NOW, why="not held")
+    assert claims.give_up(db, step, now=NOW, why="its worker is shutting down")
+    assert not claims.give_up(db, _held(execution_id, 2), now=NOW, why="not held")
     assert _claim_again(db, execution_id, NOW + timedelta(seconds=1)) == 2
     rows = _attempt_rows(db, execution_id)
     assert [(r.kind, r.attempt, r.detail) for r in rows] == [
@@ -253,10 +253,10 @@ def test_a_released_then_a_lapsed_reversal_attempt(db: Database) -> None:  # noq
     execution_id = _compensating_run(db)
     assert _claim_reversal(db, execution_id, 1, NOW)
     released = Attempt.reversal(execution_id, "a", 1, NOW)
-    assert unwind.give_up_reversal_claim(db, released, now=NOW)
+    assert claims.give_up(db, released, now=NOW, why="its worker is shutting down")
     assert _claim_reversal(db, execution_id, 2, NOW + timedelta(seconds=1))
     assert _claim_reversal(db, execution_id, 3, LATER)  # attempt 2's lease lapsed
-    assert unwind.release_compensation(
+    assert claims.release(
         db, Attempt.reversal(execution_id, "a", 3, LATER), reason="boom", now=LATER
     )
     rows = _reversal_rows(db, execution_id)

@@ -24,8 +24,8 @@ from sqlalchemy import delete, insert, update
 from celery_saga import ExecutionState, RollbackStatus, Saga, SagaContext
 from celery_saga.decisions.lost_claims import ClaimFound, ClaimState, claim_state
 from celery_saga.decisions.recovery import Recovery, RecoveryKind, left_to_running
-from celery_saga.records import Attempt, StepAttempt, StepStatus
-from celery_saga.store import forward, history, queries, recovery, unwind
+from celery_saga.records import Attempt, StepStatus
+from celery_saga.store import claims, forward, history, queries, recovery
 from celery_saga.store.tables import executions, step_records
 from tests.sagaapp import TestApp
 from tests.test_decisions import NOW, execution, record
@@ -236,7 +236,7 @@ def test_an_outcome_meeting_a_claim_its_heartbeat_wrote_back_first_is_recorded(
     real = forward.record_step_completed
     calls: list[bool] = []
 
-    def refused_then_heartbeat(db: Any, step: StepAttempt, **kwargs: Any) -> bool:
+    def refused_then_heartbeat(db: Any, step: Attempt, **kwargs: Any) -> bool:
         if calls:
             calls.append(real(db, step, **kwargs))
             return calls[-1]
@@ -304,8 +304,8 @@ def test_a_holders_claim_ends_nothing_another_process_claimed_under_the_same_num
         _rewind(eager, ctx.execution_id, "reserve", compensation_holder=OTHER)
         mine = Attempt.reversal(ctx.execution_id, "reserve", ctx.attempt, None, "mine/1/x")
         now = datetime.now(timezone.utc)
-        seen["released"] = unwind.release_compensation(db, mine, reason="r", now=now)
-        seen["given_up"] = unwind.give_up_reversal_claim(db, mine, now=now)
+        seen["released"] = claims.release(db, mine, reason="r", now=now)
+        seen["given_up"] = claims.give_up(db, mine, now=now, why="its worker is shutting down")
         seen["record"] = queries.load_step(db, ctx.execution_id, "reserve")
 
     def refuse(ctx: SagaContext) -> None:
@@ -321,7 +321,7 @@ def test_a_holders_claim_ends_nothing_another_process_claimed_under_the_same_num
     assert run.get().step("reserve").compensation_status is None, "the other holder's"
     record = queries.load_step(eager.engine.db, run.id, "reserve")
     assert record is not None
-    step = StepAttempt(run.id, "reserve", 0, 0, record.attempts, None, "mine/1/x")
+    step = Attempt(run.id, "reserve", 0, 0, record.attempts, None, "mine/1/x")
     with eager.engine.db.transaction() as connection:
         connection.execute(
             update(step_records)
@@ -329,7 +329,7 @@ def test_a_holders_claim_ends_nothing_another_process_claimed_under_the_same_num
             .values(status="running", holder=OTHER)
         )
     now = datetime.now(timezone.utc)
-    assert forward.give_up_step_claim(eager.engine.db, step, now=now, why="w") is False
+    assert claims.give_up(eager.engine.db, step, now=now, why="w") is False
 
 
 def test_a_worker_main_process_asked_about_a_lost_claim_keeps_it_for_its_body(
@@ -342,7 +342,7 @@ def test_a_worker_main_process_asked_about_a_lost_claim_keeps_it_for_its_body(
 
     def ship(ctx: SagaContext) -> str:
         _lose_first_claim(eager, ctx.execution_id, "ship")
-        attempt = StepAttempt(ctx.execution_id, "ship", 0, 0, 1, None, "w@h/1/t")
+        attempt = Attempt(ctx.execution_id, "ship", 0, 0, 1, None, "w@h/1/t")
         states.append(eager.engine.executor.lost_claims.step(attempt, None))
         return "sent"
 

@@ -35,7 +35,7 @@ from celery_saga import (
 )
 from celery_saga.decisions.admission import NodeMessage
 from celery_saga.decisions.cursor import advance
-from celery_saga.records import Attempt, StepAttempt
+from celery_saga.records import Attempt
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.keys import idempotency_key
 from celery_saga.runtime.ports import Settings
@@ -406,7 +406,7 @@ def test_a_worker_whose_claim_was_taken_over_cannot_record_an_outcome(
     engine, now = sqlite_harness.engine, get_clock().now()
     before = engine.get(run_id)
     nodes = engine.definition("five").nodes
-    late = StepAttempt(run_id, "s3", 2, 0, 1)
+    late = Attempt(run_id, "s3", 2, 0, 1)
     assert not forward.record_step_completed(
         engine.db,
         late,

@@ -22,7 +22,6 @@ from celery_saga.records import (
     Attempt,
     CompensationOutcome,
     ExecutionState,
-    ReversalAttempt,
     StepRecord,
 )
 from celery_saga.store import queries, reversal
@@ -243,7 +242,7 @@ def _cut_at_claim(cuttable: CuttableProxy, name: str, seconds: float, reply_lost
     ``reply_lost``, right after it committed (its reply then counts as lost)."""
     real, done = reversal.claim_next_reversal, []
 
-    def claim(db: Database, held: ReversalAttempt, **fields: Any) -> reversal.Unwinding | None:
+    def claim(db: Database, held: Attempt, **fields: Any) -> reversal.Unwinding | None:
         if held.name != name or done:
             return real(db, held, **fields)
         done.append(True)

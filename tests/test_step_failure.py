@@ -13,7 +13,7 @@ import pytest
 
 from celery_saga import Saga, SagaContext, SagaEngine
 from celery_saga.decisions.unwind import UnwindKind
-from celery_saga.records import ExecutionState, RollbackStatus, StepAttempt, StepStatus
+from celery_saga.records import Attempt, ExecutionState, RollbackStatus, StepStatus
 from celery_saga.store import forward, queries, step_failure
 from celery_saga.store.database import Database
 from tests.conftest import in_process_pg_engine
@@ -58,7 +58,7 @@ def _claim_b(
 def _fail_b(db: Database, run: str, attempt: int = 1) -> forward.GroupResult | None:
     return step_failure.fail_held_step(
         db,
-        StepAttempt(run, "b", 1, 0, attempt),
+        Attempt(run, "b", 1, 0, attempt),
         compensations={"a", "b"},
         now=NOW,
         error="ValueError: no stock",

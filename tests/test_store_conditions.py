@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from celery_saga.decisions.cursor import Advance
-from celery_saga.records import ExecutionState, RollbackStatus, StepAttempt, StepStatus
+from celery_saga.records import Attempt, ExecutionState, RollbackStatus, StepStatus
 from celery_saga.store import forward, queries
 from celery_saga.store.database import Database
 from tests.conftest import PORTS, _test_database_url, mariadb_url, require_services
@@ -73,7 +73,7 @@ def _complete_a(
     ``advance`` says otherwise."""
     return forward.record_step_completed(
         db,
-        StepAttempt(execution_id, "a", 0, 0, 1),
+        Attempt(execution_id, "a", 0, 0, 1),
         result_blob=b"\xc0",
         advance=advance or Advance(1, 0, False, False),
         now=now,

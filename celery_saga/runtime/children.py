@@ -19,8 +19,8 @@ from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import SubSagaNode
 from celery_saga.errors import PayloadError, SubSagaError, UnknownSagaError
 from celery_saga.records import (
+    Attempt,
     ExecutionRecord,
-    StepAttempt,
     StepRecord,
     StepStatus,
     completed_results,
@@ -193,9 +193,9 @@ class Children:
         return CompleteStep(definition, _held(message, record), blob, onward, fields)
 
 
-def _held(message: NodeMessage, record: StepRecord) -> StepAttempt:
+def _held(message: NodeMessage, record: StepRecord) -> Attempt:
     """The parent's claim on its sub-saga node, as the node's message names it."""
-    return StepAttempt(
+    return Attempt(
         message.execution_id,
         record.name,
         message.node,

@@ -12,7 +12,7 @@ from celery_saga.decisions.takeover import Takeover
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import ParallelNode, StepNode, SubSagaNode, WaitNode
 from celery_saga.errors import BranchPathError, LoopError, PayloadError
-from celery_saga.records import ExecutionRecord, ExecutionState, StepAttempt, StepRecord, StepStatus
+from celery_saga.records import Attempt, ExecutionRecord, ExecutionState, StepRecord, StepStatus
 from celery_saga.runtime import forward_moves
 from celery_saga.runtime.attempt import carried_out, run_attempt
 from celery_saga.runtime.catalog import Catalog
@@ -243,7 +243,7 @@ class Executor:
         snapshot: Snapshot | None,
     ) -> Outcome:
         now, holder = get_clock().now(), self.parts.holders.me()
-        held = StepAttempt(
+        held = Attempt(
             message.execution_id,
             position.record_name,
             message.node,

@@ -16,10 +16,9 @@ from datetime import timedelta
 
 from celery_saga.decisions.lost_claims import ClaimFound, ClaimState, claim_state
 from celery_saga.records import (
+    Attempt,
     ExecutionRecord,
     ExecutionState,
-    ReversalAttempt,
-    StepAttempt,
     StepRecord,
     StepStatus,
 )
@@ -38,7 +37,7 @@ class LostClaims:
         self.db = db
         self.lease = timedelta(seconds=lease_seconds)
 
-    def step(self, step: StepAttempt, compensatable: bool | None) -> ClaimState:
+    def step(self, step: Attempt, compensatable: bool | None) -> ClaimState:
         """The state of ``step``'s claim; a lost one is written back (``RESTORED``), unless
         what the claim stored (``compensatable``, its holder) is unknown here: ``LOST``."""
         execution, record = self._read(step.execution_id, step.name)
@@ -70,7 +69,7 @@ class LostClaims:
         _restored("step", step.execution_id, step.name, step.attempt, step.holder)
         return ClaimState.RESTORED
 
-    def reversal(self, reversal: ReversalAttempt) -> ClaimState:
+    def reversal(self, reversal: Attempt) -> ClaimState:
         """``step`` for a reversal's claim."""
         execution, record = self._read(reversal.execution_id, reversal.name)
         found = _reversal_found(execution, record)
@@ -105,7 +104,7 @@ class LostClaims:
 def _step_found(
     execution: ExecutionRecord | None,
     record: StepRecord | None,
-    step: StepAttempt,
+    step: Attempt,
     placed: bool = True,
 ) -> ClaimFound:
     """``placed``: the attempt knows its position (not so when a worker's main process asks

@@ -17,7 +17,7 @@ from celery_saga.decisions.unwind import UnwindStep
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import StepSpec
 from celery_saga.errors import VersionNotDeployedError
-from celery_saga.records import CompensationOutcome, StepAttempt, StepRecord
+from celery_saga.records import Attempt, CompensationOutcome, StepRecord
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ class FailStep:
     """Record ``step`` failed for good (a child that failed)."""
 
     definition: SagaDefinition
-    step: StepAttempt
+    step: Attempt
     reason: str
 
 
@@ -121,7 +121,7 @@ class CompleteStep:
     """Record ``step`` completed with ``result_blob`` and move the run on."""
 
     definition: SagaDefinition
-    step: StepAttempt
+    step: Attempt
     result_blob: bytes
     onward: Advance
     fields: dict[str, Any] = field(hash=False, compare=False)

@@ -11,7 +11,7 @@ from datetime import datetime
 
 from celery_saga.decisions.lost_claims import MINE
 from celery_saga.definition.builder import SagaDefinition
-from celery_saga.records import ExecutionRecord, StepAttempt
+from celery_saga.records import Attempt, ExecutionRecord
 from celery_saga.runtime.catalog import Catalog
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.heartbeat import Renewal, keep_lease
@@ -59,7 +59,7 @@ class Parts:
             return max(1.0, (lease_expires_at - get_clock().now()).total_seconds() + 1)
         return self.lease + 1
 
-    def restore_step(self, definition: SagaDefinition, step: StepAttempt) -> bool:
+    def restore_step(self, definition: SagaDefinition, step: Attempt) -> bool:
         """An outcome of ``step`` matched nothing: whether its claim is its own again, as
         the store had lost it and it was written back (here, or a moment ago by the lease's
         heartbeat): then the outcome is written again."""

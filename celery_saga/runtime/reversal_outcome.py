@@ -17,7 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from celery_saga.decisions.lost_claims import MINE
 from celery_saga.decisions.unwind import UnwindStep
 from celery_saga.definition.builder import SagaDefinition
-from celery_saga.records import Attempt, CompensationOutcome, ReversalAttempt, StepRecord
+from celery_saga.records import Attempt, CompensationOutcome, StepRecord
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.keys import record_key
 from celery_saga.runtime.moves import RecordReversal
@@ -40,7 +40,7 @@ class ReversalOutcomes:
     def record_outcome(
         self,
         definition: SagaDefinition,
-        held: ReversalAttempt,
+        held: Attempt,
         outcome: CompensationOutcome,
         reason: str | None,
         unwinding: Unwinding | None = None,
@@ -66,7 +66,7 @@ class ReversalOutcomes:
     def _write_outcome(
         self,
         definition: SagaDefinition,
-        held: ReversalAttempt,
+        held: Attempt,
         outcome: CompensationOutcome,
         reason: str | None,
         unwinding: Unwinding | None,
@@ -126,7 +126,7 @@ class ReversalOutcomes:
             self.parts.emit("saga-compensation-failed", {**fields, "error": move.reason})
         return plan
 
-    def _landed(self, held: ReversalAttempt, outcome: CompensationOutcome) -> bool:
+    def _landed(self, held: Attempt, outcome: CompensationOutcome) -> bool:
         record = queries.load_step(self.parts.db, held.execution_id, held.name)
         if record is None or record.compensation_status is not outcome:
             return False

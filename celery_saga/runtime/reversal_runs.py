@@ -12,7 +12,7 @@ from celery_saga.decisions.lost_claims import MINE
 from celery_saga.decisions.retry import backoff_delay
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import StepSpec
-from celery_saga.records import Attempt, CompensationOutcome, ReversalAttempt, StepRecord
+from celery_saga.records import Attempt, CompensationOutcome, StepRecord
 from celery_saga.redaction import scrub
 from celery_saga.runtime.async_bodies import run_body
 from celery_saga.runtime.attempt import attempt_fields
@@ -34,15 +34,13 @@ from celery_saga.runtime.parts import Parts
 from celery_saga.runtime.reversal_outcome import ReversalOutcomes
 from celery_saga.runtime.scrubbing import failure_secrets, log_failure, scrub_exception
 from celery_saga.runtime.stopping import RESEND_AFTER
-from celery_saga.store import reversal, unwind
+from celery_saga.store import claims, reversal, unwind
 from celery_saga.store.reversal import Unwinding
 
 logger = logging.getLogger("celery_saga")
 
 
-def claim_next(
-    parts: Parts, asked: ReversalAttempt, with_run: bool
-) -> tuple[ReversalAttempt, Unwinding] | None:
+def claim_next(parts: Parts, asked: Attempt, with_run: bool) -> tuple[Attempt, Unwinding] | None:
     """Claim the reversal ``asked`` names if it is the unwind's next, on a first delivery
     (the claim's WHERE clause is the admission rule); the attempt as held and the run as
     the claim read it (its row too, ``with_run``), or None."""
@@ -57,7 +55,7 @@ def claim_next(
 
 def claim_after(
     parts: Parts, unwinding: Unwinding, record: StepRecord, seen_lease: datetime | None
-) -> tuple[ReversalAttempt, Unwinding, StepRecord] | None:
+) -> tuple[Attempt, Unwinding, StepRecord] | None:
     """Claim the next attempt of ``record``'s reversal, admitted on the run as read
     (``seen_lease``: the live lease it takes over); the attempt, the run and the record as
     claimed, or None if another claimed it first."""
@@ -93,7 +91,7 @@ class ReversalRun:
     parts: Parts
     outcomes: ReversalOutcomes
     definition: SagaDefinition
-    held: ReversalAttempt
+    held: Attempt
     unwinding: Unwinding
     spec: StepSpec
     record: StepRecord
@@ -178,7 +176,7 @@ class ReversalRun:
 
         def release() -> bool:
             now = get_clock().now()
-            return unwind.release_compensation(parts.db, held, reason=reason, now=now)
+            return claims.release(parts.db, held, reason=reason, now=now)
 
         if not (release() or (parts.lost_claims.reversal(held) in MINE and release())):
             return None
@@ -191,7 +189,8 @@ class ReversalRun:
         )
 
     def give_up_claim(self) -> bool:
-        return unwind.give_up_reversal_claim(self.parts.db, self.held, now=get_clock().now())
+        now, why = get_clock().now(), "its worker is shutting down"
+        return claims.give_up(self.parts.db, self.held, now=now, why=why)
 
     def send_again(self) -> None:
         held, definition = self.held, self.definition

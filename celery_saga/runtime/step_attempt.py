@@ -23,7 +23,7 @@ from celery_saga.errors import (
     StepRetryRequested,
     StepTimeoutError,
 )
-from celery_saga.records import StepAttempt, StepRecord
+from celery_saga.records import Attempt, StepRecord
 from celery_saga.redaction import scrub
 from celery_saga.runtime.attempt import attempt_fields
 from celery_saga.runtime.clock import get_clock
@@ -53,7 +53,7 @@ from celery_saga.runtime.scrubbing import (
 from celery_saga.runtime.step_outcomes import StepOutcomes
 from celery_saga.runtime.stopping import RESEND_AFTER
 from celery_saga.runtime.takeovers import keep_late_outcome
-from celery_saga.store import forward
+from celery_saga.store import claims, forward
 from celery_saga.store.codec import pack
 
 logger = logging.getLogger("celery_saga")
@@ -97,7 +97,7 @@ class StepRun:
     definition: SagaDefinition
     position: Position
     message: NodeMessage
-    held: StepAttempt
+    held: Attempt
     snapshot: Snapshot | None
 
     @property
@@ -227,7 +227,7 @@ class StepRun:
         db, step = self.parts.db, self.held
 
         def record() -> bool:
-            return forward.record_step_retry(db, step, error=reason, now=get_clock().now())
+            return claims.release(db, step, reason=reason, now=get_clock().now())
 
         if not (record() or (self.parts.restore_step(self.definition, step) and record())):
             return None
@@ -237,7 +237,7 @@ class StepRun:
 
     def give_up_claim(self) -> bool:
         now, why = get_clock().now(), "its worker is shutting down"
-        return forward.give_up_step_claim(self.parts.db, self.held, now=now, why=why)
+        return claims.give_up(self.parts.db, self.held, now=now, why=why)
 
     def send_again(self) -> None:
         definition = self.definition

@@ -15,7 +15,7 @@ from celery_saga.decisions.cursor import Advance, advance
 from celery_saga.decisions.unwind import UnwindKind, UnwindStep
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import ParallelNode
-from celery_saga.records import ExecutionState, StepAttempt, StepRecord, StepStatus
+from celery_saga.records import Attempt, ExecutionState, StepRecord, StepStatus
 from celery_saga.redaction import scrub
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.moves import (
@@ -32,7 +32,7 @@ from celery_saga.runtime.navigation import Position
 from celery_saga.runtime.parts import Parts
 from celery_saga.runtime.scrubbing import failure_secrets
 from celery_saga.runtime.store_retry import write_outcome
-from celery_saga.store import forward, joins, queries, recovery, step_failure
+from celery_saga.store import claims, forward, joins, queries, recovery, step_failure
 from celery_saga.store.forward import GroupResult
 
 logger = logging.getLogger("celery_saga")
@@ -44,7 +44,7 @@ class StepOutcomes:
 
     parts: Parts
 
-    def landed(self, step: StepAttempt, status: StepStatus) -> bool:
+    def landed(self, step: Attempt, status: StepStatus) -> bool:
         """Whether an earlier try of this attempt's outcome write committed: asked before
         retrying a write whose reply was lost with its connection."""
         record = queries.load_step(self.parts.db, step.execution_id, step.name)
@@ -55,7 +55,7 @@ class StepOutcomes:
     def completed(
         self,
         definition: SagaDefinition,
-        step: StepAttempt,
+        step: Attempt,
         blob: bytes,
         onward: Advance,
         fields: dict[str, Any],
@@ -94,7 +94,7 @@ class StepOutcomes:
         target = definition.nodes[message.node]
         assert isinstance(target, ParallelNode)
         name = target.steps[message.member].name
-        step = StepAttempt(message.execution_id, name, message.node, message.sub, 0)
+        step = Attempt(message.execution_id, name, message.node, message.sub, 0)
         onward = advance(definition.nodes, message.node, message.sub, 1)
         group = joins.join_if_settled(
             self.parts.db,
@@ -113,7 +113,7 @@ class StepOutcomes:
     def settle(
         self,
         definition: SagaDefinition,
-        step: StepAttempt,
+        step: Attempt,
         members: list[str],
         onward: Advance,
         *,
@@ -175,7 +175,7 @@ class StepOutcomes:
     def failed(
         self,
         definition: SagaDefinition,
-        step: StepAttempt,
+        step: Attempt,
         reason: str,
         error: BaseException | None,
     ) -> Move:
@@ -236,21 +236,19 @@ class StepOutcomes:
             return Stay()
         logger.warning("saga %r execution %s: %s", definition.name, message.execution_id, reason)
         now, me = get_clock().now(), self.parts.holders.me()
-        step = StepAttempt(
+        step = Attempt(
             message.execution_id, position.record_name, message.node, message.sub, taken, now, me
         )
         return self.failed(definition, step, reason, None)
 
-    def ended_while_cancelling(self, step: StepAttempt) -> Move | None:
+    def ended_while_cancelling(self, step: Attempt) -> Move | None:
         """An attempt's outcome met a run being cancelled (or, for a stopped body, will):
         give its claim up and let the cancel go on; None if the run is not cancelling."""
         db = self.parts.db
         execution = queries.load_execution(db, step.execution_id)
         if execution is None or execution.state is not ExecutionState.CANCELLING:
             return None
-        forward.give_up_step_claim(
-            db, step, now=get_clock().now(), why="it ended after the run's cancel"
-        )
+        claims.give_up(db, step, now=get_clock().now(), why="it ended after the run's cancel")
         logger.info(
             "execution %s: step %r attempt %d ended after the run's cancel; not recorded",
             step.execution_id,
@@ -300,7 +298,7 @@ def _group_move(
     return MoveOn(definition, execution_id, onward)
 
 
-def members_of(definition: SagaDefinition, step: StepAttempt) -> list[str]:
+def members_of(definition: SagaDefinition, step: Attempt) -> list[str]:
     """The records that settle the node together: a parallel group's, or just this one."""
     target = definition.nodes[step.node]
     return [s.name for s in target.steps] if isinstance(target, ParallelNode) else [step.name]

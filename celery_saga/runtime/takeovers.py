@@ -21,7 +21,7 @@ from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.heartbeat import LeaseState
 from celery_saga.runtime.holders import HeldClaim, Holders
 from celery_saga.runtime.lost_claims import LostClaims
-from celery_saga.store import forward, history, unwind
+from celery_saga.store import claims, history
 from celery_saga.store.database import Database
 
 logger = logging.getLogger("celery_saga")
@@ -77,16 +77,13 @@ class Renewals:
         body's own heartbeat to write back)."""
 
         def renew(expiry: datetime) -> LeaseState:
+            if claims.renew(self.db, held, lease_expires_at=expiry):
+                return LeaseState.HELD
             match held.direction:
                 case Direction.FORWARD:
-                    renewed = forward.renew_step_lease(self.db, held, lease_expires_at=expiry)
-                    state = None if renewed else self.lost.step(held, compensatable)
+                    return _lease_state(self.lost.step(held, compensatable))
                 case Direction.REVERSE:
-                    renewed = unwind.renew_compensation_lease(
-                        self.db, held, lease_expires_at=expiry
-                    )
-                    state = None if renewed else self.lost.reversal(held)
-            return LeaseState.HELD if state is None else _lease_state(state)
+                    return _lease_state(self.lost.reversal(held))
 
         return renew
 

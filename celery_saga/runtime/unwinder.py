@@ -22,7 +22,6 @@ from celery_saga.records import (
     CompensationOutcome,
     ExecutionRecord,
     ExecutionState,
-    ReversalAttempt,
     StepRecord,
 )
 from celery_saga.runtime import unwind_exits
@@ -108,7 +107,7 @@ class Unwinder:
         unwinding: Unwinding,
         planned: UnwindStep,
         record: StepRecord | None,
-        message: ReversalAttempt,
+        message: Attempt,
         redelivered: bool,
     ) -> Outcome:
         """Admit the reversal ``message`` names by the run as read (``planned``: the
@@ -151,7 +150,7 @@ class Unwinder:
     def _left_to_holder(
         self,
         definition: SagaDefinition,
-        again: ReversalAttempt,
+        again: Attempt,
         redelivered: bool,
         lease: datetime,
         live: bool,
@@ -218,7 +217,7 @@ class Unwinder:
     def _run(
         self,
         definition: SagaDefinition,
-        held: ReversalAttempt,
+        held: Attempt,
         unwinding: Unwinding,
         spec: StepSpec,
         record: StepRecord,

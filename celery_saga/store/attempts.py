@@ -8,7 +8,7 @@ from datetime import datetime
 
 from sqlalchemy import Connection
 
-from celery_saga.records import ReversalAttempt, StepAttempt
+from celery_saga.records import Attempt
 from celery_saga.store import drivers, prepared
 from celery_saga.store.database import to_db_time
 from celery_saga.store.history import Kind
@@ -16,7 +16,7 @@ from celery_saga.store.history import Kind
 
 def write_row(
     connection: Connection,
-    attempt: StepAttempt | ReversalAttempt,
+    attempt: Attempt | Attempt,
     ended: Kind,
     now: datetime,
     detail: str | None = None,

@@ -1,8 +1,8 @@
 """A claimed attempt's lease in either direction: renewed, given up, released, taken over.
 
 Each function is written once over a direction's columns (``directions``): the forward
-step's claim and its reversal's differ in columns and history kinds only. ``forward`` and
-``unwind`` keep their names for these writes as one-line wrappers.
+step's claim and its reversal's differ in columns and history kinds only. The direction is
+the attempt's own (``Attempt.direction``).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, update
 
-from celery_saga.records import StepRecord
+from celery_saga.records import Attempt, StepRecord
 from celery_saga.store import attempts, drivers, history
 from celery_saga.store.database import Database, to_db_time
-from celery_saga.store.directions import Attempt, Columns, held, held_params, held_values
+from celery_saga.store.directions import Columns, columns, held, held_params, held_values
 from celery_saga.store.tables import step_records
 
 
@@ -25,10 +25,9 @@ class Conflict(Exception):
     """A conditional write matched nothing: another worker got there first. Rolls back."""
 
 
-def renew(
-    direction: Columns, db: Database, attempt: Attempt, *, lease_expires_at: datetime
-) -> bool:
+def renew(db: Database, attempt: Attempt, *, lease_expires_at: datetime) -> bool:
     """Extend the lease of a record ``attempt`` still holds (the heartbeat's write)."""
+    direction = columns(attempt.direction)
     with db.single_statement() as connection:
         result = connection.execute(
             update(step_records)
@@ -38,10 +37,11 @@ def renew(
         return bool(result.rowcount == 1)
 
 
-def give_up(direction: Columns, db: Database, attempt: Attempt, *, now: datetime, why: str) -> bool:
+def give_up(db: Database, attempt: Attempt, *, now: datetime, why: str) -> bool:
     """End the lease of a record ``attempt`` still holds, keeping the attempt counted: its
     worker is shutting down (or its run is being cancelled), so the next message may claim
     it at once (guarantee 27). ``why`` goes to the attempt's history row."""
+    direction = columns(attempt.direction)
     with db.transaction() as connection:
         result = connection.execute(
             update(step_records)
@@ -68,25 +68,25 @@ def settle_held(direction: Columns, changes: tuple[str, ...]) -> Any:
     )
 
 
-def settle(direction: Columns, connection: Connection, attempt: Attempt, **changes: Any) -> None:
+def settle(connection: Connection, attempt: Attempt, **changes: Any) -> None:
     """Settle the record ``attempt`` holds (its lease cleared) or conflict."""
+    direction = columns(attempt.direction)
     params = {**held_values(direction, attempt), **{f"set_{k}": v for k, v in changes.items()}}
     statement = settle_held(direction, tuple(sorted(changes)))
     if drivers.rowcount(connection, statement, params) != 1:
         raise Conflict(attempt.execution_id)
 
 
-def release(
-    direction: Columns, db: Database, attempt: Attempt, *, reason: str, now: datetime
-) -> bool:
+def release(db: Database, attempt: Attempt, *, reason: str, now: datetime) -> bool:
     """An attempt failed but more are allowed: free the claim for the next one, its reason
     kept, with the attempt's history row."""
+    direction = columns(attempt.direction)
     changes: dict[str, Any] = {direction.reason.key: reason}
     if direction.pending is not None:
         changes[direction.status.key] = direction.pending
     try:
         with db.transaction() as connection:
-            settle(direction, connection, attempt, **changes)
+            settle(connection, attempt, **changes)
             attempts.write_row(
                 connection, attempt, direction.retrying, now, reason, reversal=direction.reversal
             )

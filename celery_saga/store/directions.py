@@ -17,12 +17,9 @@ from typing import Any
 
 from sqlalchemy import Column, ColumnElement, bindparam
 
-from celery_saga.records import ReversalAttempt, StepAttempt, StepRecord, StepStatus
+from celery_saga.records import Attempt, Direction, StepRecord, StepStatus
 from celery_saga.store.history import Kind
 from celery_saga.store.tables import step_records
-
-#: A claimed attempt in either direction: its run, record name, number and holder.
-Attempt = StepAttempt | ReversalAttempt
 
 
 @dataclass(frozen=True, eq=False)  # by identity: two values, keys of statement caches
@@ -142,3 +139,8 @@ def held_values(direction: Columns, attempt: Attempt) -> dict[str, Any]:
         number: attempt.attempt,
         holder: attempt.holder,
     }
+
+
+def columns(direction: Direction) -> Columns:
+    """The column map of an attempt's ``direction``."""
+    return FORWARD if direction is Direction.FORWARD else REVERSE

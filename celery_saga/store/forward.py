@@ -12,7 +12,7 @@ from sqlalchemy.exc import IntegrityError
 
 from celery_saga.decisions.cursor import Advance
 from celery_saga.decisions.unwind import UnwindKind, UnwindStep, next_unwind_step
-from celery_saga.records import ExecutionState, StepAttempt, StepRecord, StepStatus
+from celery_saga.records import Attempt, ExecutionState, StepRecord, StepStatus
 from celery_saga.store import attempts, claims, drivers, history, prepared
 from celery_saga.store.claims import Conflict
 from celery_saga.store.database import Database, to_db_time
@@ -157,16 +157,6 @@ def lock_execution(
         raise Conflict(execution_id)
 
 
-def renew_step_lease(db: Database, step: StepAttempt, *, lease_expires_at: datetime) -> bool:
-    """``claims.renew`` of a step (the heartbeat's write)."""
-    return claims.renew(FORWARD, db, step, lease_expires_at=lease_expires_at)
-
-
-def give_up_step_claim(db: Database, step: StepAttempt, *, now: datetime, why: str) -> bool:
-    """``claims.give_up`` of a step: its worker is shutting down or its run is cancelled."""
-    return claims.give_up(FORWARD, db, step, now=now, why=why)
-
-
 def advance_values(advance: Advance, now: datetime) -> dict[str, Any]:
     """The execution columns that move a run to ``advance``."""
     if advance.finished:
@@ -180,7 +170,7 @@ def advance_values(advance: Advance, now: datetime) -> dict[str, Any]:
 
 def record_step_completed(
     db: Database,
-    step: StepAttempt,
+    step: Attempt,
     *,
     result_blob: bytes,
     advance: Advance,
@@ -201,7 +191,6 @@ def record_step_completed(
                 run = advance_values(advance, now)
                 lock_execution(connection, step.execution_id, step.node, step.sub, now, **run)
                 claims.settle(
-                    FORWARD,
                     connection,
                     step,
                     status=StepStatus.COMPLETED.value,
@@ -228,11 +217,6 @@ def record_step_completed(
             return True
     except Conflict:
         return False
-
-
-def record_step_retry(db: Database, step: StepAttempt, *, error: str, now: datetime) -> bool:
-    """Release the claim (``claims.release``); the next attempt's message claims it again."""
-    return claims.release(FORWARD, db, step, reason=error, now=now)
 
 
 @dataclass(frozen=True)
@@ -294,7 +278,7 @@ def failed_run_values(plan: UnwindStep, reason: str) -> dict[str, Any]:
     return values
 
 
-def held_step_params(step: StepAttempt, stamp: datetime) -> dict[str, Any]:
+def held_step_params(step: Attempt, stamp: datetime) -> dict[str, Any]:
     """The parameters of a one-statement outcome (``prepared.run_and_step_in_one``): the
     run at the step's position (``run_at_cursor``), the step this attempt holds
     (``step_held``), both stamped ``stamp`` (a store time)."""

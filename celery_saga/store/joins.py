@@ -22,11 +22,10 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, select, update
 
 from celery_saga.decisions.cursor import Advance, group_outcome
-from celery_saga.records import StepAttempt, StepStatus
+from celery_saga.records import Attempt, StepStatus
 from celery_saga.store import attempts, claims, drivers, forward, history, prepared
 from celery_saga.store.claims import Conflict
 from celery_saga.store.database import Database, to_db_time
-from celery_saga.store.directions import FORWARD
 from celery_saga.store.forward import GroupResult
 from celery_saga.store.history import Kind
 from celery_saga.store.queries import load_execution_row, load_steps
@@ -35,7 +34,7 @@ from celery_saga.store.tables import executions
 
 def record_step_settled(
     db: Database,
-    step: StepAttempt,
+    step: Attempt,
     *,
     members: Sequence[str],
     compensations: Collection[str],
@@ -63,7 +62,7 @@ def record_step_settled(
                 counts: tuple[int, int] | None = (1, int(error is not None))
             else:
                 counts = _count_member(connection, step, now, failed=error is not None)
-            claims.settle(FORWARD, connection, step, **changes)
+            claims.settle(connection, step, **changes)
             ended = Kind.STEP_COMPLETED if error is None else Kind.STEP_FAILED
             attempts.write_row(connection, step, ended, now, error)
             if counts is None or (not alone and counts[0] >= len(members)):
@@ -78,7 +77,7 @@ def record_step_settled(
 
 def join_if_settled(
     db: Database,
-    step: StepAttempt,
+    step: Attempt,
     *,
     group: str,
     members: Sequence[str],
@@ -122,7 +121,7 @@ def _joined_late(member: str, members: Sequence[str], advance: Advance, failure:
 
 def _join(
     connection: Connection,
-    step: StepAttempt,
+    step: Attempt,
     members: Sequence[str],
     counts: tuple[int, int],
     compensations: Collection[str],
@@ -141,7 +140,7 @@ def _join(
     return _fail_group(connection, step, members, compensations, now, error)
 
 
-def _move_on(connection: Connection, step: StepAttempt, advance: Advance, now: datetime) -> None:
+def _move_on(connection: Connection, step: Attempt, advance: Advance, now: datetime) -> None:
     values = {**forward.advance_values(advance, now), **_RESET}
     statement = prepared.update_run(tuple(sorted(values)))
     connection.execute(statement, {"run_id": step.execution_id, **forward.prefixed("set_", values)})
@@ -151,7 +150,7 @@ _RESET = {"members_settled": 0, "members_failed": 0}
 
 
 def _counted_in_one(
-    db: Database, step: StepAttempt, size: int, now: datetime, result_blob: bytes | None
+    db: Database, step: Attempt, size: int, now: datetime, result_blob: bytes | None
 ) -> bool:
     """PostgreSQL: a member's success settled and counted in one statement
     (``prepared.member_in_one``). False: nothing changed (the run is not counted yet, or
@@ -166,7 +165,7 @@ def _counted_in_one(
 
 
 def _count_member(
-    connection: Connection, step: StepAttempt, now: datetime, *, failed: bool
+    connection: Connection, step: Attempt, now: datetime, *, failed: bool
 ) -> tuple[int, int] | None:
     """Count this member on the run row while the run is live at its position (taking the
     row's lock) or conflict; the counts after it, None for a run not counted yet."""
@@ -218,7 +217,7 @@ def _counts_of_run() -> Any:
 
 
 def _count_records(
-    connection: Connection, step: StepAttempt, members: Sequence[str]
+    connection: Connection, step: Attempt, members: Sequence[str]
 ) -> tuple[int, int]:
     """The counts of a run stored before they were kept: read from the group's records
     (this member's included), and stored for the members that settle after it."""
@@ -235,7 +234,7 @@ def _count_records(
 
 def _fail_group(
     connection: Connection,
-    step: StepAttempt,
+    step: Attempt,
     members: Sequence[str],
     compensations: Collection[str],
     now: datetime,

@@ -25,10 +25,10 @@ from sqlalchemy.orm import aliased
 
 from celery_saga.decisions.unwind import UnwindKind, UnwindStep, next_after_outcome
 from celery_saga.records import (
+    Attempt,
     CompensationOutcome,
     ExecutionRecord,
     ExecutionState,
-    ReversalAttempt,
     RollbackStatus,
     StepRecord,
 )
@@ -178,7 +178,7 @@ def _claimed_rows(
 
 def claim_next_reversal(
     db: Database,
-    reversal: ReversalAttempt,
+    reversal: Attempt,
     *,
     lease_expires_at: datetime,
     with_run: bool,
@@ -288,7 +288,7 @@ ENDED = {
 
 def record_compensation(
     db: Database,
-    reversal: ReversalAttempt,
+    reversal: Attempt,
     *,
     outcome: CompensationOutcome,
     reason: str | None,

@@ -22,7 +22,7 @@ from datetime import datetime
 
 from celery_saga.decisions.cursor import Advance
 from celery_saga.decisions.unwind import next_unwind_step
-from celery_saga.records import ExecutionState, StepAttempt, StepStatus
+from celery_saga.records import Attempt, ExecutionState, StepStatus
 from celery_saga.store import drivers, forward, joins, prepared, queries
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.forward import GroupResult
@@ -30,7 +30,7 @@ from celery_saga.store.forward import GroupResult
 
 def record_step_failed(
     db: Database,
-    step: StepAttempt,
+    step: Attempt,
     *,
     members: Sequence[str],
     advance: Advance,
@@ -56,7 +56,7 @@ def record_step_failed(
 
 def fail_held_step(
     db: Database,
-    step: StepAttempt,
+    step: Attempt,
     *,
     compensations: Collection[str],
     now: datetime,

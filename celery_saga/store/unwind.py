@@ -15,10 +15,10 @@ from celery_saga.decisions.unwind import (
     next_unwind_step,
 )
 from celery_saga.records import (
+    Attempt,
     CompensationOutcome,
     ExecutionRecord,
     ExecutionState,
-    ReversalAttempt,
     RollbackStatus,
     StepRecord,
 )
@@ -75,7 +75,7 @@ def claimed_params() -> dict[str, Any]:
 
 def claim_compensation(
     db: Database,
-    reversal: ReversalAttempt,
+    reversal: Attempt,
     *,
     lease_expires_at: datetime,
     now: datetime,
@@ -119,18 +119,6 @@ def claim_compensation(
             now=now,
         )
         return True
-
-
-def renew_compensation_lease(
-    db: Database, reversal: ReversalAttempt, *, lease_expires_at: datetime
-) -> bool:
-    """``claims.renew`` of a reversal (the heartbeat's write)."""
-    return claims.renew(REVERSE, db, reversal, lease_expires_at=lease_expires_at)
-
-
-def give_up_reversal_claim(db: Database, reversal: ReversalAttempt, *, now: datetime) -> bool:
-    """``claims.give_up`` of a reversal: its worker is shutting down."""
-    return claims.give_up(REVERSE, db, reversal, now=now, why="its worker is shutting down")
 
 
 def _lock_compensating(
@@ -207,13 +195,6 @@ def _park(connection: Connection, execution_id: str, plan: UnwindStep, now: date
         rollback_reason,
         now,
     )
-
-
-def release_compensation(
-    db: Database, reversal: ReversalAttempt, *, reason: str, now: datetime
-) -> bool:
-    """A reversal attempt failed but more are allowed: ``claims.release`` frees its claim."""
-    return claims.release(REVERSE, db, reversal, reason=reason, now=now)
 
 
 def plan_unwind(

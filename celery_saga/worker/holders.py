@@ -35,7 +35,7 @@ from celery import Celery, current_task
 from kombu.exceptions import ChannelError
 
 from celery_saga.decisions.takeover import Answer
-from celery_saga.records import Attempt, StepAttempt
+from celery_saga.records import Attempt
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.heartbeat import LeaseState
 from celery_saga.runtime.holders import HeldClaim, Holders, holder_name, parse_holder
@@ -262,7 +262,7 @@ def _renew_within(
     else:
         # Its position and what its claim stored are not known here: a claim the store
         # lost is written back by the body's own heartbeat, not from this process.
-        step = StepAttempt(execution_id, name, 0, 0, attempt, None, holder)
+        step = Attempt(execution_id, name, 0, 0, attempt, None, holder)
         renew = renewals.of(step, None)
     lease = timedelta(seconds=parts.settings.lease_seconds)
     result: Future[LeaseState | None] = Future()
