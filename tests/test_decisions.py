@@ -41,7 +41,7 @@ from celery_saga.decisions.unwind import (
 from celery_saga.definition.nodes import Node, PivotNode, StepNode, StepSpec
 from celery_saga.runtime.invoke import apply_schema, call_arguments
 from celery_saga.runtime.keys import idempotency_key
-from celery_saga.runtime.limits import run_with_timeout
+from celery_saga.runtime.timeouts import run_with_timeout
 
 NOW = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)
 HASH = "abc123"

@@ -26,8 +26,8 @@ from typing import Any
 
 from celery_saga.definition.validation import is_async_callable
 from celery_saga.errors import SagaError, StepTimeoutError
-from celery_saga.runtime.limits import run_with_timeout, shield_from_soft_limit
 from celery_saga.runtime.task_body import timed_out
+from celery_saga.runtime.timeouts import run_with_timeout, shield_from_soft_limit
 
 
 class _ThreadLoop(threading.local):

@@ -22,7 +22,6 @@ from celery_saga.records import ExecutionRecord, StepRecord
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.executor import Executor
-from celery_saga.runtime.identity import process_name
 from celery_saga.runtime.moves import (
     ContinueCancel,
     FollowUnwind,
@@ -32,6 +31,7 @@ from celery_saga.runtime.moves import (
     next_reversal,
     then,
 )
+from celery_saga.runtime.process_name import process_name
 from celery_saga.store import queries, recovery, unwind, versions
 from celery_saga.store.transient import retry_transient
 

@@ -18,8 +18,8 @@ from celery_saga.decisions.hand_back import (
     names_another_store,
 )
 from celery_saga.errors import PayloadKeyError, VersionNotDeployedError
-from celery_saga.runtime.limits import restore_soft_limit
 from celery_saga.runtime.outcomes import Outcome
+from celery_saga.runtime.timeouts import restore_soft_limit
 from celery_saga.store.identity import holds_run
 from celery_saga.store.transient import describe_store_error, is_transient
 from celery_saga.worker.hand_back_pool import drop_absent_run, hand_back_running

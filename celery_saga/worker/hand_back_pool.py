@@ -26,8 +26,8 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from celery_saga.decisions.hand_back import HandBackReason, hold_seconds
 from celery_saga.runtime.clock import get_clock
-from celery_saga.runtime.identity import process_name
 from celery_saga.runtime.outcomes import NoBody
+from celery_saga.runtime.process_name import process_name
 from celery_saga.store import versions
 from celery_saga.store.database import Database
 from celery_saga.worker.hand_back_notes import Handed, log_hand_back

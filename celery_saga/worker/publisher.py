@@ -73,7 +73,7 @@ class CeleryPublisher:
 
     def _limits(self, options: dict[str, Any], timeout: float | None) -> dict[str, Any]:
         """A step's ``timeout`` becomes the message's soft time limit, with a hard limit
-        ``hard_limit_grace`` later, so the pool stops the body (see runtime/limits.py)."""
+        ``hard_limit_grace`` later, so the pool stops the body (see runtime/timeouts.py)."""
         if timeout:
             options["soft_time_limit"] = timeout
             options["time_limit"] = timeout + self.hard_limit_grace

@@ -33,8 +33,8 @@ from celery_saga.errors import (
 )
 from celery_saga.limits import check_lookup_id
 from celery_saga.runtime.clock import get_clock
-from celery_saga.runtime.identity import process_name, set_process_name
 from celery_saga.runtime.moves import unreachable
+from celery_saga.runtime.process_name import process_name, set_process_name
 from celery_saga.store import queries, versions
 from celery_saga.worker.celery_hooks import CeleryHooks
 from celery_saga.worker.parts import WorkerParts
