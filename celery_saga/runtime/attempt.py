@@ -84,7 +84,9 @@ def run_attempt(parts: Parts, body: AttemptBody) -> tuple[Outcome, Move]:
     renew = parts.renewals.of(held, body.compensatable)
     with (
         parts.holding(renew, f"{body.label} of execution {held.execution_id}"),
-        attempt_running(kind, held.execution_id, held.name, held.attempt, db, held.holder),
+        attempt_running(
+            kind, held.execution_id, held.name, held.attempt, db=db, holder=held.holder
+        ),
     ):
         try:
             ctx = body.context()

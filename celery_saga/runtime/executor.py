@@ -28,7 +28,7 @@ from celery_saga.runtime.navigation import Position, node_at, record_at, resolve
 from celery_saga.runtime.outcomes import Failed, NoBody, Outcome, attempt_failed
 from celery_saga.runtime.parts import Parts
 from celery_saga.runtime.ports import EventSink, Publisher, Settings
-from celery_saga.runtime.step_attempt import StepRun, claim_step
+from celery_saga.runtime.step_attempt import StepSide, claim_step
 from celery_saga.runtime.takeovers import judge, taken_over
 from celery_saga.runtime.unwinder import Unwinder
 from celery_saga.runtime.waits import Waits
@@ -253,6 +253,6 @@ class Executor:
             holder,
         )
         steps = self.interpreter.steps
-        run = StepRun(self.parts, steps, definition, position, message, held, snapshot)
+        run = StepSide(self.parts, steps, definition, position, message, held, snapshot)
         self.parts.emit("saga-step-started", {**run.fields, "version": definition.hash})
         return carried_out(self.carry_out, run_attempt(self.parts, run))

@@ -49,6 +49,7 @@ def create(
     definition: SagaDefinition,
     saga_input: Any,
     execution_id: str,
+    *,
     parent_execution_id: str | None = None,
     timeout: float | None = None,
 ) -> None:

@@ -112,8 +112,9 @@ def attempt_running(
     execution_id: str,
     name: str,
     attempt: int,
-    db: Database | None = None,
-    holder: str | None = None,
+    *,
+    db: Database | None,
+    holder: str | None,
 ) -> Iterator[None]:
     """Mark an attempt (held by ``holder``) as running in this process while the block
     runs, make its attempt number the fencing token its body reads, and let it ask whether

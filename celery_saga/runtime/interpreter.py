@@ -138,7 +138,11 @@ class Interpreter:
         parts = self.parts
         try:
             forward_moves.create(
-                parts, move.definition, move.child_input, move.child_id, move.parent_id
+                parts,
+                move.definition,
+                move.child_input,
+                move.child_id,
+                parent_execution_id=move.parent_id,
             )
         except IntegrityError:
             logger.info("execution %s adopts its existing child %s", move.parent_id, move.child_id)

@@ -84,8 +84,8 @@ def claim_after(
 
 
 @dataclass
-class ReversalRun:
-    """The reversal this worker claimed (``held``; ``record`` as claimed) of a run as its
+class ReversalSide:
+    """The reverse side of ``run_attempt``: the reversal this worker claimed (``held``; ``record`` as claimed) of a run as its
     claim found it (``unwinding``)."""
 
     parts: Parts

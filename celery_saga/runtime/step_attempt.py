@@ -88,9 +88,10 @@ def claim_step(
 
 
 @dataclass
-class StepRun:
-    """One claimed attempt (``held``) of the step at ``position``, as ``message`` named it;
-    ``snapshot``: the run with all its steps, if read (its context is read from it)."""
+class StepSide:
+    """The forward side of ``run_attempt``: one claimed attempt (``held``) of the step at
+    ``position``, as ``message`` named it; ``snapshot``: the run with all its steps, if
+    read (its context is read from it)."""
 
     parts: Parts
     outcomes: StepOutcomes

@@ -37,7 +37,9 @@ def close(
     """Close a parked unwind for good; returns how many steps were marked skipped, and
     the run's settling (its parent is told)."""
     now = get_clock().now()
-    skipped = operator_exits.abandon_compensation(parts.db, execution_id, now, actor, reason)
+    skipped = operator_exits.abandon_compensation(
+        parts.db, execution_id, now=now, actor=actor, reason=reason
+    )
     parts.emit(
         "saga-failed",
         {

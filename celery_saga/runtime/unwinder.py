@@ -38,7 +38,7 @@ from celery_saga.runtime.outcomes import (
     attempt_failed,
 )
 from celery_saga.runtime.parts import Parts
-from celery_saga.runtime.reversal_runs import ReversalRun, claim_after, claim_next
+from celery_saga.runtime.reversal_runs import ReversalSide, claim_after, claim_next
 from celery_saga.runtime.takeovers import judge, taken_over
 from celery_saga.store import operator_exits, queries, unwind
 from celery_saga.store.reversal import Unwinding
@@ -223,7 +223,7 @@ class Unwinder:
         record: StepRecord,
     ) -> Outcome:
         """Run the reversal this worker claimed (``held``; ``record`` as claimed)."""
-        run = ReversalRun(self.parts, self.outcomes, definition, held, unwinding, spec, record)
+        run = ReversalSide(self.parts, self.outcomes, definition, held, unwinding, spec, record)
         self.parts.emit("saga-compensation-started", run.fields)
         return carried_out(self.carry_out, run_attempt(self.parts, run))
 

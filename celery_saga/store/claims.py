@@ -27,14 +27,8 @@ class Conflict(Exception):
 
 def renew(db: Database, attempt: Attempt, *, lease_expires_at: datetime) -> bool:
     """Extend the lease of a record ``attempt`` still holds (the heartbeat's write)."""
-    direction = columns(attempt.direction)
     with db.single_statement() as connection:
-        result = connection.execute(
-            update(step_records)
-            .where(held(direction, attempt))
-            .values({direction.lease: to_db_time(lease_expires_at)})
-        )
-        return bool(result.rowcount == 1)
+        return _lease_until(connection, attempt, lease_expires_at)
 
 
 def give_up(db: Database, attempt: Attempt, *, now: datetime, why: str) -> bool:
@@ -43,17 +37,23 @@ def give_up(db: Database, attempt: Attempt, *, now: datetime, why: str) -> bool:
     it at once (guarantee 27). ``why`` goes to the attempt's history row."""
     direction = columns(attempt.direction)
     with db.transaction() as connection:
-        result = connection.execute(
-            update(step_records)
-            .where(held(direction, attempt))
-            .values({direction.lease: to_db_time(now)})
-        )
-        if result.rowcount != 1:
+        if not _lease_until(connection, attempt, now):
             return False
         attempts.write_row(
             connection, attempt, direction.released, now, why, reversal=direction.reversal
         )
         return True
+
+
+def _lease_until(connection: Connection, attempt: Attempt, until: datetime) -> bool:
+    """Set the lease of the record ``attempt`` still holds; False: it holds it no more."""
+    direction = columns(attempt.direction)
+    result = connection.execute(
+        update(step_records)
+        .where(held(direction, attempt))
+        .values({direction.lease: to_db_time(until)})
+    )
+    return bool(result.rowcount == 1)
 
 
 @functools.cache

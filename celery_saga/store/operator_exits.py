@@ -112,9 +112,10 @@ def resume_compensation(
 def abandon_compensation(
     db: Database,
     execution_id: str,
+    *,
     now: datetime,
-    actor: str | None = None,
-    reason: str | None = None,
+    actor: str | None,
+    reason: str | None,
 ) -> int:
     """Close a parked unwind for good: outstanding steps become compensation_skipped;
     the ``abandoned`` row says who did it, why, and which steps stay unreversed."""
