@@ -1,6 +1,10 @@
-"""The package's layering, checked on its source: no import circle inside ``runtime/``,
-the SQL dialect read only inside ``store/``, Celery changed only in ``worker/celery_hooks``;
-and every kind of outcome mapped to a Celery ending in one place."""
+"""The package's layering, checked on its source: no import circle inside ``runtime/`` or
+``worker/``, the SQL dialect read only inside ``store/`` and a database driver imported only
+by ``store/drivers``, no private name of SQLAlchemy, Celery changed only in
+``worker/celery_hooks``, no module but the engine's reading its private attributes; in
+``runtime/``, parts passed and never inherited, one interpreter of moves and no stubs;
+node kinds told apart by ``match``; and every kind of outcome mapped to a Celery ending in
+one place."""
 
 from __future__ import annotations
 
