@@ -125,7 +125,7 @@ class Attempt:
 
     def __post_init__(self) -> None:
         # A reversal's coordinates given in a step's order would shift every field.
-        if not all(isinstance(n, int) for n in (self.node, self.sub, self.attempt)):
+        if type(self.attempt) is not int or type(self.node) is not int:
             raise TypeError(f"{self!r}: a reversal's attempt is built by Attempt.reversal")
 
     @classmethod

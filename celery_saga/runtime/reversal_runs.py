@@ -3,6 +3,7 @@ its outcome records (guarantees 1-7, 20, 27, 30)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -85,8 +86,8 @@ def claim_after(
 
 @dataclass
 class ReversalSide:
-    """The reverse side of ``run_attempt``: the reversal this worker claimed (``held``; ``record`` as claimed) of a run as its
-    claim found it (``unwinding``)."""
+    """The reverse side of ``run_attempt``: the reversal this worker claimed (``held``;
+    ``record`` as claimed) of a run as its claim found it (``unwinding``)."""
 
     parts: Parts
     outcomes: ReversalOutcomes
@@ -101,18 +102,20 @@ class ReversalSide:
     def label(self) -> str:
         return f"the reversal of step {self.held.name!r}"
 
-    @property
+    @functools.cached_property
+    def key(self) -> str:
+        return record_key(self.held.execution_id, self.record.name, "compensate")
+
+    @functools.cached_property
     def fields(self) -> dict[str, Any]:
-        key = record_key(self.held.execution_id, self.record.name, "compensate")
         return {
-            **attempt_fields(self.definition, self.held, key),
+            **attempt_fields(self.definition, self.held, self.key),
             "forward_key": self.record.idempotency_key,
         }
 
     def context(self) -> Any:
-        key = record_key(self.held.execution_id, self.record.name, "compensate")
         return reversal_context(
-            self.parts.db, self.definition, self.unwinding, self.record, key, self.held.attempt
+            self.parts.db, self.definition, self.unwinding, self.record, self.key, self.held.attempt
         )
 
     def call(self, ctx: Any) -> Any:

@@ -3,6 +3,7 @@ result or its failure records (retry with a countdown, or fail for good and unwi
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -114,11 +115,11 @@ class StepSide:
     def label(self) -> str:
         return f"step {self.held.name!r}"
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
         return record_key(self.held.execution_id, self.held.name, "forward")
 
-    @property
+    @functools.cached_property
     def fields(self) -> dict[str, Any]:
         return attempt_fields(self.definition, self.held, self.key)
 
