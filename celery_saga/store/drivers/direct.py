@@ -10,6 +10,7 @@ SQLAlchemy's.
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Protocol
 
 from sqlalchemy import Connection, Engine
@@ -40,6 +41,10 @@ class Sender(Protocol):
         ...
 
 
+#: What a write returns: the rows it changed.
+_ROWCOUNT = operator.attrgetter("rowcount")
+
+
 class Direct:
     """A ``Driver`` sending the store's statements through ``sender``."""
 
@@ -53,15 +58,17 @@ class Direct:
         return not observed(connection.engine, self.own)
 
     def _prepared(self, connection: Connection, statement: Any) -> Any:
-        if not self.direct(connection):
+        # One level for what every statement of every step asks (the hot path).
+        sender, engine = self.sender, connection.engine
+        if sender.steps_aside(connection) or observed(engine, self.own):
             return None
-        return self.sender.prepare(statement, connection.engine)
+        return sender.prepare(statement, engine)
 
     def rowcount(self, connection: Connection, statement: Any, params: dict[str, Any]) -> int:
         prepared = self._prepared(connection, statement)
         if prepared is None:
             return ALCHEMY.rowcount(connection, statement, params)
-        return int(self.sender.send(connection, prepared, params, lambda cursor: cursor.rowcount))
+        return int(self.sender.send(connection, prepared, params, _ROWCOUNT))
 
     def rows(self, connection: Connection, statement: Any, params: dict[str, Any]) -> Rows:
         prepared = self._prepared(connection, statement)
