@@ -3,9 +3,8 @@ its outcome records (guarantees 1-7, 20, 27, 30)."""
 
 from __future__ import annotations
 
-import functools
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -97,18 +96,17 @@ class ReversalSide:
     spec: StepSpec
     record: StepRecord
     compensatable: bool | None = None
+    #: Its idempotency key and the fields of its events, made once.
+    key: str = field(init=False)
+    fields: dict[str, Any] = field(init=False)
 
     @property
     def label(self) -> str:
         return f"the reversal of step {self.held.name!r}"
 
-    @functools.cached_property
-    def key(self) -> str:
-        return record_key(self.held.execution_id, self.record.name, "compensate")
-
-    @functools.cached_property
-    def fields(self) -> dict[str, Any]:
-        return {
+    def __post_init__(self) -> None:
+        self.key = record_key(self.held.execution_id, self.record.name, "compensate")
+        self.fields = {
             **attempt_fields(self.definition, self.held, self.key),
             "forward_key": self.record.idempotency_key,
         }

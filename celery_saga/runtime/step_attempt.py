@@ -3,9 +3,8 @@ result or its failure records (retry with a countdown, or fail for good and unwi
 
 from __future__ import annotations
 
-import functools
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
@@ -101,11 +100,17 @@ class StepSide:
     message: NodeMessage
     held: Attempt
     snapshot: Snapshot | None
+    #: Its idempotency key and the fields of its events, made once (cached_property
+    #: takes a lock at each read on Python 3.11).
+    key: str = field(init=False)
+    fields: dict[str, Any] = field(init=False)
+    spec: StepSpec = field(init=False)
 
-    @property
-    def spec(self) -> StepSpec:
+    def __post_init__(self) -> None:
         assert self.position.spec is not None
-        return self.position.spec
+        self.spec = self.position.spec
+        self.key = record_key(self.held.execution_id, self.held.name, "forward")
+        self.fields = attempt_fields(self.definition, self.held, self.key)
 
     @property
     def compensatable(self) -> bool | None:
@@ -114,14 +119,6 @@ class StepSide:
     @property
     def label(self) -> str:
         return f"step {self.held.name!r}"
-
-    @functools.cached_property
-    def key(self) -> str:
-        return record_key(self.held.execution_id, self.held.name, "forward")
-
-    @functools.cached_property
-    def fields(self) -> dict[str, Any]:
-        return attempt_fields(self.definition, self.held, self.key)
 
     def context(self) -> Any:
         held, position = self.held, self.position
