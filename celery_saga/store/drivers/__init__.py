@@ -76,9 +76,9 @@ def of(engine: Engine) -> Driver:
 
 def rowcount(connection: Connection, statement: Any, params: dict[str, Any]) -> int:
     """Run one write built once; the rows it changed."""
-    return _CHOSEN.get(connection.engine, ALCHEMY).rowcount(connection, statement, params)
+    return of(connection.engine).rowcount(connection, statement, params)
 
 
 def rows(connection: Connection, statement: Any, params: dict[str, Any]) -> Rows:
     """Run one statement built once that returns rows; each row maps column key to value."""
-    return _CHOSEN.get(connection.engine, ALCHEMY).rows(connection, statement, params)
+    return of(connection.engine).rows(connection, statement, params)

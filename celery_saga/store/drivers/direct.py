@@ -58,11 +58,9 @@ class Direct:
         return not observed(connection.engine, self.own)
 
     def _prepared(self, connection: Connection, statement: Any) -> Any:
-        # One level for what every statement of every step asks (the hot path).
-        sender, engine = self.sender, connection.engine
-        if sender.steps_aside(connection) or observed(engine, self.own):
+        if not self.direct(connection):
             return None
-        return sender.prepare(statement, engine)
+        return self.sender.prepare(statement, connection.engine)
 
     def rowcount(self, connection: Connection, statement: Any, params: dict[str, Any]) -> int:
         prepared = self._prepared(connection, statement)
