@@ -104,7 +104,10 @@ def position_messages(
     """The message(s) of position (``node``, ``sub``): one per member of a parallel group;
     a branch whose path cannot be chosen fails its run instead."""
     message = NodeMessage(execution_id, node, sub, 0, 1)
+    # Cases are tried in turn: a plain step's, the most frequent, first.
     match definition.nodes[node]:
+        case StepNode() | LoopNode() | ForEachNode() | PivotNode() as target:
+            return PublishNode(definition, message, spec=route(target, sub, 0))
         case ParallelNode() as group:
             return then(
                 *(
@@ -124,8 +127,6 @@ def position_messages(
             except BranchPathError as error:
                 return FailRun(definition, execution_id, describe_error(error))
             return PublishNode(definition, message, spec=path[sub])
-        case StepNode() | LoopNode() | ForEachNode() | PivotNode() as target:
-            return PublishNode(definition, message, spec=route(target, sub, 0))
         case other:
             unreachable(other)
 

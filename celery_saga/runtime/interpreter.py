@@ -59,14 +59,11 @@ class Interpreter:
     def carry_out(self, move: Move) -> None:
         """Do what a helper decided, and what that leads to."""
         parts, publisher = self.parts, self.parts.publisher
+        # A match tries its cases in turn: the ones every step's message passes come first
+        # (publish, move on, announce), the rare ones (failures, cancels) last.
         match move:
-            case Stay():
-                pass
-            case Moves(moves):
-                for each in moves:
-                    self.carry_out(each)
-            case Announce(event, fields):
-                parts.emit(event, fields)
+            case PublishNode():
+                self._publish_node(move)
             case MoveOn(definition, execution_id, onward):
                 self.carry_out(forward_moves.advanced(parts, definition, execution_id, onward))
             case PublishPosition(definition, execution_id, node, sub):
@@ -74,34 +71,39 @@ class Interpreter:
                     parts, definition, execution_id, node, sub
                 )
                 self.carry_out(messages)
+            case Announce(event, fields):
+                parts.emit(event, fields)
+            case Moves(moves):
+                for each in moves:
+                    self.carry_out(each)
             case Settled(definition, execution_id):
                 if parts.registry.may_be_child(definition.name):
                     self.carry_out(self.children.notify_parent(execution_id))
-            case BeginUnwind(definition, execution_id, plan, reason, at):
-                self.carry_out(
-                    unwind_moves.begin(parts, definition, execution_id, plan, reason, at)
-                )
-            case FollowUnwind(definition, execution_id, plan):
-                self.carry_out(unwind_moves.follow(parts, definition, execution_id, plan))
-            case FailRun(definition, execution_id, reason, at):
-                self.carry_out(self.steps.fail_run(definition, execution_id, reason, at))
-            case Refuse(message, verdict):
-                forward_moves.refused(parts, message, verdict.value)
-            case FailStep():
-                self.carry_out(self.steps.child_failed(move))
+            case Stay():
+                pass
             case CompleteStep(definition, step, blob, onward, fields):
                 self.carry_out(
                     self.steps.completed(definition, step, blob, onward, fields) or Stay()
                 )
-            case StartChild():
-                self._start_child(move)
-            case PublishNode():
-                self._publish_node(move)
             case PublishReversal():
                 self._publish_reversal(move)
+            case FollowUnwind(definition, execution_id, plan):
+                self.carry_out(unwind_moves.follow(parts, definition, execution_id, plan))
             case RecordReversal(definition, execution_id):
                 plan = self.reversals.record_child_reversal(move)
                 self.carry_out(FollowUnwind(definition, execution_id, plan))
+            case BeginUnwind(definition, execution_id, plan, reason, at):
+                self.carry_out(
+                    unwind_moves.begin(parts, definition, execution_id, plan, reason, at)
+                )
+            case FailStep():
+                self.carry_out(self.steps.child_failed(move))
+            case FailRun(definition, execution_id, reason, at):
+                self.carry_out(self.steps.fail_run(definition, execution_id, reason, at))
+            case StartChild():
+                self._start_child(move)
+            case Refuse(message, verdict):
+                forward_moves.refused(parts, message, verdict.value)
             case ContinueCancel(definition, execution_id):
                 self.carry_out(self.cancellation.resume_cancel(definition, execution_id))
             case CancelChild(execution_id, reason, actor):

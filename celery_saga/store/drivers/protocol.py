@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -45,12 +44,21 @@ class Driver(Protocol):
 
 
 def observed(engine: Engine, own: Counter) -> bool:
-    """Whether anyone but ``own`` (the store's statement counter) listens to statements."""
-    listeners = itertools.chain(
-        *(getattr(engine.dispatch, name) for name in _ENGINE_EVENTS),
-        *(getattr(engine.dialect.dispatch, name, ()) for name in _DIALECT_EVENTS),
-    )
-    return any(listener != own for listener in listeners)
+    """Whether anyone but ``own`` (the store's statement counter) listens to statements.
+
+    Asked before every statement, so written as plain loops: no generator to resume per
+    listener (usually one, the counter)."""
+    dispatch = engine.dispatch
+    for name in _ENGINE_EVENTS:
+        for listener in getattr(dispatch, name):
+            if listener != own:
+                return True
+    dialect = engine.dialect.dispatch
+    for name in _DIALECT_EVENTS:
+        for listener in getattr(dialect, name, ()):
+            if listener != own:
+                return True
+    return False
 
 
 def on_cursor(
