@@ -100,10 +100,11 @@ class Executor:
             if isinstance(target, (StepNode, ParallelNode)):
                 spec = route(target, 0, message.member)
                 assert spec is not None
-                position = Position(spec, spec.name)
-                attempt = claim_step(self.parts, definition, position, message, None)
+                position, holder = Position(spec, spec.name), self.parts.holders.me()
+                attempt = claim_step(self.parts, definition, position, message, None, holder)
                 if attempt is not None:
-                    return self._run_claimed(definition, position, message, attempt, None)
+                    held = (attempt, holder)
+                    return self._run_claimed(definition, position, message, held, None)
         scope = record_at(definition, message) if definition is not None else None
         return self._run_checked(message, redelivered, scope)
 
@@ -220,29 +221,31 @@ class Executor:
                 # a join its counts missed is owed
                 self.carry_out(self.interpreter.steps.rejoin(definition, message))
             return self._refused(message, verdict)
+        holder = self.parts.holders.me()
         if not fenced:
-            take = lambda: claim_step(self.parts, definition, position, message, record)  # noqa: E731
+            take = lambda: claim_step(self.parts, definition, position, message, record, holder)  # noqa: E731
             steps_ = self.interpreter.steps
             lost = steps_.exhausted(definition, position, message, record, take)
             if lost is not None:
                 self.carry_out(lost)
                 return NoBody("no attempt left after lost ones")
-        attempt = claim_step(self.parts, definition, position, message, record)
+        attempt = claim_step(self.parts, definition, position, message, record, holder)
         if attempt is None:
             return self._refused(message, Admission.REJECT_IN_FLIGHT)
         if asked is not None:
             taken_over(*asked)
-        return self._run_claimed(definition, position, message, attempt, snapshot)
+        return self._run_claimed(definition, position, message, (attempt, holder), snapshot)
 
     def _run_claimed(
         self,
         definition: SagaDefinition,
         position: Position,
         message: NodeMessage,
-        attempt: int,
+        claimed: tuple[int, str],
         snapshot: Snapshot | None,
     ) -> Outcome:
-        now, holder = get_clock().now(), self.parts.holders.me()
+        """Run the attempt ``claimed`` (its number, and the holder name it was claimed by)."""
+        (attempt, holder), now = claimed, get_clock().now()
         held = Attempt(
             message.execution_id,
             position.record_name,

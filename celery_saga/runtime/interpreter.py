@@ -58,44 +58,44 @@ class Interpreter:
 
     def carry_out(self, move: Move) -> None:
         """Do what a helper decided, and what that leads to."""
-        parts, publisher = self.parts, self.parts.publisher
-        # A match tries its cases in turn: the ones every step's message passes come first
-        # (publish, move on, announce), the rare ones (failures, cancels) last.
+        parts = self.parts
+        # A match tries its cases in turn: the ones a step's or a reversal's message meets
+        # come first (publish the next, announce, follow the unwind), the rare ones last.
         match move:
-            case PublishNode():
-                self._publish_node(move)
-            case MoveOn(definition, execution_id, onward):
-                self.carry_out(forward_moves.advanced(parts, definition, execution_id, onward))
             case PublishPosition(definition, execution_id, node, sub):
                 messages = forward_moves.position_messages(
                     parts, definition, execution_id, node, sub
                 )
                 self.carry_out(messages)
+            case PublishNode():
+                self._publish_node(move)
             case Announce(event, fields):
                 parts.emit(event, fields)
-            case Moves(moves):
-                for each in moves:
-                    self.carry_out(each)
+            case PublishReversal():
+                self._publish_reversal(move)
+            case FollowUnwind(definition, execution_id, plan):
+                self.carry_out(unwind_moves.follow(parts, definition, execution_id, plan))
             case Settled(definition, execution_id):
                 if parts.registry.may_be_child(definition.name):
                     self.carry_out(self.children.notify_parent(execution_id))
+            case MoveOn(definition, execution_id, onward):
+                self.carry_out(forward_moves.advanced(parts, definition, execution_id, onward))
+            case Moves(moves):
+                for each in moves:
+                    self.carry_out(each)
+            case BeginUnwind(definition, execution_id, plan, reason, at):
+                self.carry_out(
+                    unwind_moves.begin(parts, definition, execution_id, plan, reason, at)
+                )
             case Stay():
                 pass
             case CompleteStep(definition, step, blob, onward, fields):
                 self.carry_out(
                     self.steps.completed(definition, step, blob, onward, fields) or Stay()
                 )
-            case PublishReversal():
-                self._publish_reversal(move)
-            case FollowUnwind(definition, execution_id, plan):
-                self.carry_out(unwind_moves.follow(parts, definition, execution_id, plan))
             case RecordReversal(definition, execution_id):
                 plan = self.reversals.record_child_reversal(move)
                 self.carry_out(FollowUnwind(definition, execution_id, plan))
-            case BeginUnwind(definition, execution_id, plan, reason, at):
-                self.carry_out(
-                    unwind_moves.begin(parts, definition, execution_id, plan, reason, at)
-                )
             case FailStep():
                 self.carry_out(self.steps.child_failed(move))
             case FailRun(definition, execution_id, reason, at):
@@ -109,7 +109,7 @@ class Interpreter:
             case CancelChild(execution_id, reason, actor):
                 self.carry_out(self.cancellation.cancel_child(execution_id, reason, actor))
             case HandOn(missing, execution_id, command):
-                publisher.hand_on(missing, execution_id, command)
+                parts.publisher.hand_on(missing, execution_id, command)
             case _:
                 unreachable(move)
 

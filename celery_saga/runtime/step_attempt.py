@@ -65,9 +65,10 @@ def claim_step(
     position: Position,
     message: NodeMessage,
     record: StepRecord | None,
+    holder: str,
 ) -> int | None:
-    """Claim the step at ``position`` for this process (``record``: as read, None when
-    it has none yet); its attempt number, or None if the claim was refused."""
+    """Claim the step at ``position`` for ``holder`` (this process; ``record``: as read,
+    None when it has none yet); its attempt number, or None if the claim was refused."""
     spec = position.spec
     assert spec is not None
     now = get_clock().now()
@@ -83,7 +84,7 @@ def claim_step(
         lease_expires_at=now + timedelta(seconds=parts.lease),
         now=now,
         existing=record,
-        holder=parts.holders.me(),
+        holder=holder,
     )
 
 
