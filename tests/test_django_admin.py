@@ -77,6 +77,15 @@ def test_a_run_page_shows_what_its_saga_marks_sensitive_as_redacted(seen: dict[s
     assert seen["detail_redacted"] == [200, True, True, True]
 
 
+def test_no_lookup_in_the_url_reads_a_payload_column_for_any_user(seen: dict[str, Any]) -> None:
+    """The hex (PostgreSQL) or regex (SQLite) guesses that read a redacted card back one
+    character at a time find nothing: the lists take their filters' parameters only."""
+    assert seen["extracted"] == ["", ""]
+    refused = {url: statuses for url, statuses in seen["crafted"].items() if statuses != [400, 400]}
+    assert refused == {}
+    assert set(seen["filters"].values()) == {200}
+
+
 def test_a_payload_that_cannot_be_decoded_is_said_so_on_a_page_that_still_shows(
     seen: dict[str, Any],
 ) -> None:

@@ -15,6 +15,7 @@ from django.utils.html import format_html
 
 from celery_saga.contrib.django import actions as run_actions
 from celery_saga.contrib.django.app import project_engine
+from celery_saga.contrib.django.lookups import only_filter_lookups
 from celery_saga.contrib.django.models import HistoryRow, Run, Step
 from celery_saga.contrib.django.payloads import shown
 from celery_saga.definition.sensitivity import Sensitivity
@@ -153,6 +154,7 @@ class HistoryInline(ReadOnly, admin.TabularInline):  # type: ignore[misc]
 class RunAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
     list_display = ("id", "saga_name", "state", "rollback_status", "created_at", "updated_at")
     list_filter = (SagaFilter, StateFilter, RollbackFilter)
+    lookup_allowed = only_filter_lookups
     search_fields = ("id",)
     search_help_text = "A run's id, or its parent's: the whole id."
     # Counting every run on each page is a scan of the table: show the filtered count only.
@@ -272,6 +274,7 @@ class RunAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
 class StepAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
     list_display = ("name", "run_link", "status", "attempts", "compensation_status", "started_at")
     list_filter = ("status", "compensation_status")
+    lookup_allowed = only_filter_lookups
     search_fields = ("run__id",)
     search_help_text = "The run's whole id."
     show_full_result_count = False
@@ -303,6 +306,7 @@ class StepAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
 class HistoryAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
     list_display = ("at", "run_link", "kind", "step", "attempt", "actor", "detail")
     list_filter = ("kind",)
+    lookup_allowed = only_filter_lookups
     search_fields = ("run__id",)
     search_help_text = "The run's whole id."
     show_full_result_count = False
