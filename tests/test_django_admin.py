@@ -125,6 +125,21 @@ def test_signal_takes_an_event_and_a_json_payload_and_records_the_user(
     assert [row[:2] for row in rows] == [["signalled", "root"]]
 
 
+def test_cancel_needs_its_own_permission_asks_first_and_records_the_user_and_reason(
+    seen: dict[str, Any],
+) -> None:
+    """A staff user with the view permissions, or with resume, abandon and signal, is not
+    offered the cancel and a post of it changes nothing; one with ``cancel_run`` is."""
+    assert seen["cancel_offered"] == [False, False, True]
+    assert seen["cancel_refused"] == [[200, 200], "waiting", []]
+    assert seen["cancel_asks"] == [200, True, "waiting"]
+    status, state, rows = seen["cancel"]
+    assert (status, state) == (200, "cancelled")
+    assert [row[:2] for row in rows] == [["cancelled", "canceller"]]
+    assert "customer withdrew" in str(rows[0][2])
+    assert seen["cancel_again"] == [200, True, 1]
+
+
 def test_an_action_the_engine_refuses_shows_why_and_records_nothing(seen: dict[str, Any]) -> None:
     assert seen["resume_refused"] == [200, True, True, []]
 

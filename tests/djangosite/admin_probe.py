@@ -17,6 +17,7 @@ from django.contrib.auth.models import Permission, User  # noqa: E402
 from django.core.checks import run_checks  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connections  # noqa: E402
+from django.db.models import Q  # noqa: E402
 from django.test import Client, override_settings  # noqa: E402
 from orders import sagas  # noqa: E402
 from shopsite.celery import engine  # noqa: E402
@@ -58,7 +59,7 @@ def act(client: Client, action: str, run_id: str, **form: str) -> tuple[int, str
     return reply.status_code, reply.content.decode()
 
 
-OPERATOR_KINDS = ("resumed", "abandoned", "signalled")
+OPERATOR_KINDS = ("resumed", "abandoned", "signalled", "cancelled")
 
 
 def kinds(run_id: str) -> list[list[str | None]]:
@@ -175,6 +176,31 @@ status, body = act(root, "signal", waiting.id, apply="yes", event="approved", pa
 seen["signal_bad_json"] = [status, "not JSON" in body, engine.get(waiting.id).state.value]
 status, body = act(root, "signal", waiting.id, apply="yes", event="approved", payload='{"by": "x"}')
 seen["signal"] = [status, engine.get(waiting.id).state.value, kinds(waiting.id)]
+
+# Cancel: behind a permission of its own (a viewer, and a user who may resume, abandon and
+# signal, are not offered it), asked first, with an optional reason.
+canceller, operator = (
+    User.objects.create_user(name, password="pw", is_staff=True) for name in ("canceller", "ops")
+)
+viewing = Q(codename__startswith="view_")
+canceller.user_permissions.set(Permission.objects.filter(viewing | Q(codename="cancel_run")))
+others = Q(codename__in=["resume_run", "abandon_run", "signal_run"])
+operator.user_permissions.set(Permission.objects.filter(viewing | others))
+cancels, operates = Client(), Client()
+cancels.login(username="canceller", password="pw")
+operates.login(username="ops", password="pw")
+target = engine.start("shop-approval", {"order_id": "C1", "card": CARD}).id
+seen["cancel_offered"] = [
+    'value="cancel"' in page(client, RUNS)[1] for client in (watcher, operates, cancels)
+]
+refusals = [act(client, "cancel", target, apply="yes")[0] for client in (watcher, operates)]
+seen["cancel_refused"] = [refusals, engine.get(target).state.value, kinds(target)]
+status, body = act(cancels, "cancel", target, index="0")
+seen["cancel_asks"] = [status, "Cancel these runs?" in body, engine.get(target).state.value]
+status, body = act(cancels, "cancel", target, apply="yes", reason="customer withdrew")
+seen["cancel"] = [status, engine.get(target).state.value, kinds(target)]
+status, body = act(cancels, "cancel", target, apply="yes")
+seen["cancel_again"] = [status, "Refused: " in body, len(kinds(target))]
 
 with connections[saga_database()].cursor() as cursor:
     cursor.execute("UPDATE saga_executions SET input = %s WHERE id = %s", [b"\xc1", broken.id])

@@ -179,7 +179,7 @@ class RunAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
     )
     fields = readonly_fields
     inlines = (StepInline, HistoryInline)
-    actions = ("resume", "abandon", "signal")
+    actions = ("resume", "abandon", "signal", "cancel")
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
@@ -212,6 +212,9 @@ class RunAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
     def has_signal_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm("celery_saga.signal_run"))
 
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm("celery_saga.cancel_run"))
+
     @action(description="Resume the parked unwind", permissions=["resume"])
     def resume(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
         self._act(request, queryset, run_actions.resume, "resumed")
@@ -236,6 +239,18 @@ class RunAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
         self._act(request, queryset, act, "signalled")
         return None
 
+    @action(description="Cancel the run (asks first)", permissions=["cancel"])
+    def cancel(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        form = run_actions.CancelForm(request.POST if "apply" in request.POST else None)
+        if not form.is_valid():
+            question = (
+                "Cancel these runs? No step starts any more, the bodies in flight are stopped "
+                "and what each run did is unwound; it ends cancelled."
+            )
+            return self._confirm(request, queryset, "cancel", question, form)
+        self._act(request, queryset, run_actions.cancel(form.cleaned_data["reason"]), "cancelled")
+        return None
+
     def _act(
         self,
         request: HttpRequest,
@@ -256,7 +271,7 @@ class RunAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
         queryset: QuerySet[Any],
         action: str,
         question: str,
-        form: run_actions.SignalForm | None,
+        form: run_actions.SignalForm | run_actions.CancelForm | None,
     ) -> TemplateResponse:
         context = {
             **self.admin_site.each_context(request),
