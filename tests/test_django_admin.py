@@ -77,6 +77,15 @@ def test_a_run_page_shows_what_its_saga_marks_sensitive_as_redacted(seen: dict[s
     assert seen["detail_redacted"] == [200, True, True, True]
 
 
+def test_no_lookup_in_the_url_reads_a_payload_column_for_any_user(seen: dict[str, Any]) -> None:
+    """The hex (PostgreSQL) or regex (SQLite) guesses that read a redacted card back one
+    character at a time find nothing: the lists take their filters' parameters only."""
+    assert seen["extracted"] == ["", ""]
+    refused = {url: statuses for url, statuses in seen["crafted"].items() if statuses != [400, 400]}
+    assert refused == {}
+    assert set(seen["filters"].values()) == {200}
+
+
 def test_a_payload_that_cannot_be_decoded_is_said_so_on_a_page_that_still_shows(
     seen: dict[str, Any],
 ) -> None:
@@ -114,6 +123,21 @@ def test_signal_takes_an_event_and_a_json_payload_and_records_the_user(
     status, state, rows = seen["signal"]
     assert (status, state) == (200, "completed")
     assert [row[:2] for row in rows] == [["signalled", "root"]]
+
+
+def test_cancel_needs_its_own_permission_asks_first_and_records_the_user_and_reason(
+    seen: dict[str, Any],
+) -> None:
+    """A staff user with the view permissions, or with resume, abandon and signal, is not
+    offered the cancel and a post of it changes nothing; one with ``cancel_run`` is."""
+    assert seen["cancel_offered"] == [False, False, True]
+    assert seen["cancel_refused"] == [[200, 200], "waiting", []]
+    assert seen["cancel_asks"] == [200, True, "waiting"]
+    status, state, rows = seen["cancel"]
+    assert (status, state) == (200, "cancelled")
+    assert [row[:2] for row in rows] == [["cancelled", "canceller"]]
+    assert "customer withdrew" in str(rows[0][2])
+    assert seen["cancel_again"] == [200, True, 1]
 
 
 def test_an_action_the_engine_refuses_shows_why_and_records_nothing(seen: dict[str, Any]) -> None:

@@ -12,9 +12,11 @@ from typing import Any
 
 import pytest
 
-from celery_saga import Saga, SagaEngine
+from celery_saga import Saga, SagaEngine, get_clock, set_clock
 from celery_saga.encryption import new_key
+from celery_saga.store import history
 from celery_saga.store.codec import use_codec
+from celery_saga.testing import ControlledClock
 from celery_saga.web import Credentials, WebSettings, create_app, csrf
 from tests.conftest import unconsumed_app
 
@@ -64,6 +66,60 @@ def test_a_read_only_view_shows_no_buttons_and_refuses_every_post(store: str) ->
     assert engine.get(run.id).state.value == "running"
 
 
+def _form_token(page: str, action: str) -> str:
+    """The CSRF token that the page's form for ``action`` carries."""
+    form = rf'action="[^"]*/{action}">\s*<input type="hidden" name="csrf_token" value="([^"]+)"'
+    found = re.search(form, page)
+    assert found is not None, f"no {action} form on the page"
+    return found.group(1)
+
+
+def test_a_form_token_is_good_for_its_own_action_on_its_own_run_only(store: str) -> None:
+    """A token read from the page of one run's cancel (a proxy's log, a shared screenshot)
+    neither cancels another run nor signals this one."""
+    engine = _engine(store)
+    first, second = (engine.start("vaulted", {"card": "x"}) for _ in range(2))
+    settings = WebSettings(Credentials(*AUTH), actions=True, secret="s")
+    client = create_app(engine, settings).test_client()
+    token = _form_token(client.get(f"/runs/{first.id}", auth=AUTH).get_data(as_text=True), "cancel")
+    for url in (f"/runs/{second.id}/cancel", f"/runs/{first.id}/signal"):
+        refused = client.post(url, auth=AUTH, data={"csrf_token": token, "event": "go"})
+        assert refused.status_code == 403, url
+        assert "for another form" in refused.get_data(as_text=True)
+    assert [engine.get(r.id).state.value for r in (first, second)] == ["running", "running"]
+    assert "signalled" not in [row.kind for row in history.load(engine.db, first.id)]
+    done = client.post(f"/runs/{first.id}/cancel", auth=AUTH, data={"csrf_token": token})
+    assert done.status_code == 303
+    assert engine.get(first.id).state.value in ("cancelling", "cancelled")
+
+
+def test_a_form_token_expires_after_minutes_not_hours(store: str) -> None:
+    clock = ControlledClock()
+    previous = set_clock(clock)
+    try:
+        engine = _engine(store)
+        run = engine.start("vaulted", {"card": "x"})
+        settings = WebSettings(Credentials(*AUTH), actions=True, secret="s")
+        client = create_app(engine, settings).test_client()
+
+        def cancel_token() -> str:
+            return _form_token(
+                client.get(f"/runs/{run.id}", auth=AUTH).get_data(as_text=True), "cancel"
+            )
+
+        stale = cancel_token()
+        clock.advance(csrf.MAX_AGE + 1)
+        refused = client.post(f"/runs/{run.id}/cancel", auth=AUTH, data={"csrf_token": stale})
+        assert refused.status_code == 403 and "expired" in refused.get_data(as_text=True)
+        assert csrf.MAX_AGE <= 15 * 60
+        assert engine.get(run.id).state.value == "running"
+        fresh = cancel_token()
+        done = client.post(f"/runs/{run.id}/cancel", auth=AUTH, data={"csrf_token": fresh})
+        assert done.status_code == 303
+    finally:
+        set_clock(previous)
+
+
 def test_actions_without_credentials_are_refused_before_serving(store: str) -> None:
     with pytest.raises(ValueError, match="needs authentication"):
         create_app(_engine(store), WebSettings(actions=True))
@@ -88,7 +144,7 @@ def test_archived_runs_are_listed_on_request_and_read_only(store: str) -> None:
     assert run.id in client.get("/?archived=1", auth=AUTH).get_data(as_text=True)
     page = client.get(f"/runs/{run.id}", auth=AUTH).get_data(as_text=True)
     assert "(read-only)" in page and 'id="cancel"' not in page
-    token = csrf.token_for(AUTH[0], "s")
+    token = csrf.Forms("s", AUTH[0]).token("cancel", run.id, get_clock().now())
     refused = client.post(f"/runs/{run.id}/cancel", auth=AUTH, data={"csrf_token": token})
     assert refused.status_code == 409
     assert "archived runs are read-only" in refused.get_data(as_text=True)

@@ -8,6 +8,7 @@ from typing import Any
 
 from flask import Flask, Response, g, request
 
+from celery_saga.runtime.clock import get_clock
 from celery_saga.web import auth, csrf
 from celery_saga.web.pages import pages
 from celery_saga.web.settings import WebSettings, refusal
@@ -49,12 +50,20 @@ def create_app(engine: SagaEngine, settings: WebSettings) -> Flask:
         if user is None:
             return _challenge(settings)
         g.user = user
-        g.csrf_token = csrf.token_for(user, secret)
+        g.forms = csrf.Forms(secret, user)
         if request.method == "POST":
             if not settings.actions:
                 return Response("actions are off in this view\n", 403, mimetype="text/plain")
-            if not csrf.valid(request.form.get("csrf_token"), user, secret):
-                return Response("missing or invalid CSRF token\n", 403, mimetype="text/plain")
+            # The form's action and run are the URL's: a token is good for that form only.
+            target = request.view_args or {}
+            refused = g.forms.refusal(
+                request.form.get("csrf_token"),
+                str(target.get("action", "")),
+                str(target.get("execution_id", "")),
+                get_clock().now(),
+            )
+            if refused is not None:
+                return Response(refused, 403, mimetype="text/plain")
         return None
 
     @app.after_request

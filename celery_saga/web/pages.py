@@ -145,8 +145,14 @@ def _run_page(execution_id: str, done: str, refused: str | None) -> ResponseRetu
         live=stored.archived_at is None,
         done=DONE.get(done),
         refused=refused,
-        csrf_token=g.csrf_token,
+        tokens=_form_tokens(execution_id),
     ), (409 if refused else 200)
+
+
+def _form_tokens(execution_id: str) -> dict[str, str]:
+    """Each action form's CSRF token, good for that action on this run only."""
+    now = get_clock().now()
+    return {action: g.forms.token(action, execution_id, now) for action in actions.ACTIONS}
 
 
 @pages.route("/runs/<execution_id>/<action>", methods=["POST"])

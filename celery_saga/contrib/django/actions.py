@@ -1,5 +1,6 @@
-"""The admin's operator actions: resume, abandon and signal, through the engine's public
-API, each recorded in the run's history (by the engine) with the Django user who took it."""
+"""The admin's operator actions: resume, abandon, signal and cancel, through the engine's
+public API, each recorded in the run's history (by the engine) with the Django user who took
+it."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from django import forms
 from django.http import HttpRequest
 
 from celery_saga.contrib.django.app import project_engine
+from celery_saga.decisions.cancel import CancelVerdict
 from celery_saga.errors import SagaError
 from celery_saga.worker.engine import SagaEngine
+from celery_saga.worker.run_commands import NO_OP
 
 #: What the history's ``detail`` says of where an action came from.
 FROM_ADMIN = "from the Django admin"
@@ -34,6 +37,14 @@ class SignalForm(forms.Form):  # type: ignore[misc]
             return json.loads(text)
         except ValueError as error:
             raise forms.ValidationError(f"not JSON: {error}") from None
+
+
+class CancelForm(forms.Form):  # type: ignore[misc]
+    reason = forms.CharField(
+        required=False,
+        max_length=500,
+        help_text="Why (optional): the runs' failure reason and history record it.",
+    )
 
 
 def actor_of(request: HttpRequest) -> str:
@@ -74,3 +85,15 @@ def signal(event: str, payload: Any) -> Act:
         engine.signal(execution_id, event, payload, actor=actor)
 
     return send
+
+
+def cancel(reason: str) -> Act:
+    """Cancel with ``reason`` (none when blank); a run already cancelled or unwinding is
+    left as it is and shown as refused, as the web view and the CLI say."""
+
+    def stop(engine: SagaEngine, execution_id: str, actor: str) -> None:
+        verdict = engine.cancel(execution_id, reason.strip() or None, actor=actor)
+        if verdict is not CancelVerdict.CANCEL:
+            raise SagaError(f"execution {execution_id} {NO_OP[verdict]}")
+
+    return stop

@@ -15,6 +15,7 @@ from django.utils.html import format_html
 
 from celery_saga.contrib.django import actions as run_actions
 from celery_saga.contrib.django.app import project_engine
+from celery_saga.contrib.django.lookups import only_filter_lookups
 from celery_saga.contrib.django.models import HistoryRow, Run, Step
 from celery_saga.contrib.django.payloads import shown
 from celery_saga.definition.sensitivity import Sensitivity
@@ -153,6 +154,7 @@ class HistoryInline(ReadOnly, admin.TabularInline):  # type: ignore[misc]
 class RunAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
     list_display = ("id", "saga_name", "state", "rollback_status", "created_at", "updated_at")
     list_filter = (SagaFilter, StateFilter, RollbackFilter)
+    lookup_allowed = only_filter_lookups
     search_fields = ("id",)
     search_help_text = "A run's id, or its parent's: the whole id."
     # Counting every run on each page is a scan of the table: show the filtered count only.
@@ -177,7 +179,7 @@ class RunAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
     )
     fields = readonly_fields
     inlines = (StepInline, HistoryInline)
-    actions = ("resume", "abandon", "signal")
+    actions = ("resume", "abandon", "signal", "cancel")
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
@@ -210,6 +212,9 @@ class RunAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
     def has_signal_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm("celery_saga.signal_run"))
 
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm("celery_saga.cancel_run"))
+
     @action(description="Resume the parked unwind", permissions=["resume"])
     def resume(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
         self._act(request, queryset, run_actions.resume, "resumed")
@@ -234,6 +239,18 @@ class RunAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
         self._act(request, queryset, act, "signalled")
         return None
 
+    @action(description="Cancel the run (asks first)", permissions=["cancel"])
+    def cancel(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        form = run_actions.CancelForm(request.POST if "apply" in request.POST else None)
+        if not form.is_valid():
+            question = (
+                "Cancel these runs? No step starts any more, the bodies in flight are stopped "
+                "and what each run did is unwound; it ends cancelled."
+            )
+            return self._confirm(request, queryset, "cancel", question, form)
+        self._act(request, queryset, run_actions.cancel(form.cleaned_data["reason"]), "cancelled")
+        return None
+
     def _act(
         self,
         request: HttpRequest,
@@ -254,7 +271,7 @@ class RunAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
         queryset: QuerySet[Any],
         action: str,
         question: str,
-        form: run_actions.SignalForm | None,
+        form: run_actions.SignalForm | run_actions.CancelForm | None,
     ) -> TemplateResponse:
         context = {
             **self.admin_site.each_context(request),
@@ -272,6 +289,7 @@ class RunAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
 class StepAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
     list_display = ("name", "run_link", "status", "attempts", "compensation_status", "started_at")
     list_filter = ("status", "compensation_status")
+    lookup_allowed = only_filter_lookups
     search_fields = ("run__id",)
     search_help_text = "The run's whole id."
     show_full_result_count = False
@@ -303,6 +321,7 @@ class StepAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
 class HistoryAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
     list_display = ("at", "run_link", "kind", "step", "attempt", "actor", "detail")
     list_filter = ("kind",)
+    lookup_allowed = only_filter_lookups
     search_fields = ("run__id",)
     search_help_text = "The run's whole id."
     show_full_result_count = False

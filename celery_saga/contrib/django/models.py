@@ -68,6 +68,7 @@ class Run(models.Model):  # type: ignore[misc]
             ("resume_run", "Can resume a parked unwind"),
             ("abandon_run", "Can abandon a parked unwind"),
             ("signal_run", "Can signal a run"),
+            ("cancel_run", "Can cancel a run"),
         )
 
     def __str__(self) -> str:
