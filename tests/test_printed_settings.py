@@ -20,7 +20,7 @@ from celery_saga.store import codec as codec_module
 from celery_saga.store.codec import use_codec
 from celery_saga.worker.shown_settings import printable
 from tests.conftest import PORTS, require_services
-from tests.vault_worker import PASSWORD, VaultWorker, vault_worker
+from tests.vault_worker import ENDED, PASSWORD, VaultWorker, vault_worker
 
 SECRET_URL = f"postgresql+psycopg://saga:{PASSWORD}@db.internal:5432/saga"
 
@@ -72,7 +72,7 @@ def test_the_worker_still_runs_sagas_and_opens_sealed_payloads(worker: VaultWork
         assert time.monotonic() < deadline, engine.get(handle.id).state
         time.sleep(0.2)
     engine.signal(handle.id, "confirmed", {"by": "test"})
-    run = handle.wait(timeout=30)
+    run = handle.wait(timeout=30, states=ENDED)
     assert run.state is ExecutionState.COMPLETED
     assert run.results["charge"] == "charged 4111111111111111"
     with create_engine(worker.store).connect() as raw:

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from celery_saga import SagaEngine
+from celery_saga import ExecutionState, SagaEngine
 from celery_saga.encryption import new_key
 from tests.conftest import BROKERS, ROOT, fresh_pg_database, stop_workers
 from tests.vault_app import make_app
@@ -23,6 +23,8 @@ BROKER = BROKERS["postgres-rabbitmq"]
 #: The store's password: PostgreSQL's trust authentication accepts any, so it only has to
 #: stay out of what is printed.
 PASSWORD = "Pw-" + uuid.uuid4().hex
+#: What ``wait`` waits for once a run has been signalled (waiting is "settled" by default).
+ENDED = (ExecutionState.COMPLETED, ExecutionState.FAILED, ExecutionState.COMPENSATION_STUCK)
 
 
 @dataclass
