@@ -1,7 +1,7 @@
 """Payloads encrypted at rest: an AES-GCM payload codec with key ids, and the settings that
 choose a codec (the ``encryption`` extra).
 
-    app.conf.saga_payload_keys = {"2026-12": os.environ["SAGA_KEY_2026_12"]}
+    app.conf.saga_payload_keys = PayloadKeys.from_environment({"2026-12": "SAGA_KEY_2026_12"})
 
 Every payload the engine stores (a run's input, step results, signal payloads, decisions,
 history data) is then sealed with the newest key (the last one listed, or
@@ -23,6 +23,52 @@ from celery_saga.store.codec import PayloadCodec
 
 _NONCE_BYTES = 12
 _KEY_BYTES = (16, 24, 32)
+
+
+class PayloadKeys:
+    """The value of ``saga_payload_keys``: key id -> key (16, 24 or 32 bytes, or their
+    URL-safe base64), held so that nothing that prints it shows a key. Its ``repr`` names
+    the ids only, and it is not a mapping: Celery's censor, behind ``celery report`` and
+    ``celery inspect conf``, recurses into a mapping and masks by the inner names, so a
+    plain dict of keys would be printed whole by an app without an engine."""
+
+    __slots__ = ("_keys",)
+
+    def __init__(self, keys: Mapping[str, bytes | str]) -> None:
+        if not isinstance(keys, Mapping):
+            raise ValueError("PayloadKeys takes a mapping of key id to key")
+        self._keys = dict(keys)
+
+    @classmethod
+    def from_environment(cls, variables: Mapping[str, str]) -> PayloadKeys:
+        """Each key read from the environment variable named for its id:
+        ``PayloadKeys.from_environment({"2026-12": "SAGA_KEY_2026_12"})``."""
+        keys = {}
+        for key_id, name in variables.items():
+            value = os.environ.get(name)
+            if not value:
+                raise ValueError(
+                    f"the environment variable {name!r} holding payload key {key_id!r} "
+                    "is not set (make a key with `celery saga db new-key`)"
+                )
+            keys[key_id] = value
+        return cls(keys)
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return tuple(self._keys)
+
+    def material(self) -> Mapping[str, bytes | str]:
+        """The keys themselves, for the codec."""
+        return dict(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __repr__(self) -> str:
+        return f"PayloadKeys({', '.join(repr(key_id) for key_id in self._keys)})"
+
+    __str__ = __repr__
 
 
 def new_key() -> str:
@@ -88,9 +134,12 @@ class AESGCMCodec:
 def codec_from_conf(conf: Mapping[str, Any]) -> PayloadCodec | None:
     """The payload codec a Celery app's settings name: ``saga_payload_codec`` (a codec, or
     ``"module:attribute"`` naming one or a factory of one), else an ``AESGCMCodec`` over
-    ``saga_payload_keys`` and ``saga_payload_key``, else None (plain msgpack)."""
+    ``saga_payload_keys`` (``PayloadKeys``, or a plain mapping) and ``saga_payload_key``,
+    else None (plain msgpack)."""
     named = conf.get("saga_payload_codec")
     keys = conf.get("saga_payload_keys")
+    if isinstance(keys, PayloadKeys):
+        keys = keys.material()
     if named is not None and keys:
         raise ValueError("set saga_payload_codec or saga_payload_keys, not both")
     if isinstance(named, str):
@@ -103,7 +152,7 @@ def codec_from_conf(conf: Mapping[str, Any]) -> PayloadCodec | None:
     if not keys:
         return None
     if not isinstance(keys, Mapping):
-        raise ValueError("saga_payload_keys takes a mapping of key id to key")
+        raise ValueError("saga_payload_keys takes PayloadKeys (or a mapping) of key id to key")
     return AESGCMCodec(keys, conf.get("saga_payload_key"))
 
 

@@ -10,6 +10,8 @@ message of its own store (dropped). The name is a short hash of where the store 
 from __future__ import annotations
 
 import hashlib
+import re
+from urllib.parse import quote_plus
 
 from sqlalchemy import select
 from sqlalchemy.engine import make_url
@@ -28,9 +30,25 @@ def store_identity(url: str) -> str:
     return hashlib.sha256(where.encode()).hexdigest()[:8]
 
 
+#: Query parameters that hold a secret (libpq's ``password`` and ``sslpassword``, a token).
+_SECRET_PARAMETER = re.compile("pass|secret|token", re.IGNORECASE)
+
+
 def shown_store(url: str) -> str:
-    """The store's URL as logs and hints show it: without its password."""
-    return make_url(url).render_as_string(hide_password=True)
+    """The store's URL as logs, hints and printed settings show it: without its password,
+    whether in the URL's user part or in a query parameter (``?password=...``)."""
+    parsed = make_url(url)
+    shown = parsed.set(query={}).render_as_string(hide_password=True)
+    pairs = [
+        f"{quote_plus(name)}={'***' if _SECRET_PARAMETER.search(name) else quote_plus(value)}"
+        for name in sorted(parsed.query)
+        for value in _listed(parsed.query[name])
+    ]
+    return shown + ("?" + "&".join(pairs) if pairs else "")
+
+
+def _listed(value: str | tuple[str, ...]) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else value
 
 
 def holds_run(db: Database, execution_id: str) -> bool:

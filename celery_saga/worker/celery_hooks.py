@@ -31,7 +31,9 @@ it is given, ``CeleryHooks.install()``:
   exception: once Celery has logged, signalled and stored it, its traceback is let go
   (``endings.let_traceback_go``), so a failed attempt's frames are freed at once;
 - connects ``import_modules`` for this app once ``engine.autodiscover_sagas()`` asks: a
-  worker, beat or ``celery shell`` of the app imports the sagas modules with its tasks.
+  worker, beat or ``celery shell`` of the app imports the sagas modules with its tasks;
+- gives the app's settings a ``table`` of their own (``shown_settings``), so ``celery report``
+  and ``celery inspect conf`` print neither a payload key nor the store's password.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from celery_saga.worker.endings import as_raised_by_user_code, let_traceback_go
 from celery_saga.worker.event_hub import EventHub
 from celery_saga.worker.publisher import RECOVER_TASK
 from celery_saga.worker.saga_header import read_header
+from celery_saga.worker.shown_settings import hide_secrets
 
 if TYPE_CHECKING:
     from celery.app.task import Task
@@ -94,6 +97,7 @@ class CeleryHooks:
         self.app.steps["consumer"].add(_consumer_step(self))
         worker_ready.connect(self._request_sweep, weak=False)
         task_postrun.connect(self._task_ended, weak=False)
+        hide_secrets(self.app)
 
     def _task_ended(self, sender: Any = None, retval: Any = None, **_: Any) -> None:
         if (

@@ -32,6 +32,7 @@ from celery_saga.worker.saga_header import (
     node_header,
     reversal_header,
 )
+from celery_saga.worker.sealed_commands import seal_arguments
 from celery_saga.worker.step_tasks import StepTasks, is_celery_task
 
 NODE_TASK = "celery_saga.node"
@@ -186,7 +187,8 @@ class CeleryPublisher:
     ) -> None:
         """A call on a run (``signal``, ``resume``, ``cancel``) in a process without the
         run's version: send it as a ``celery_saga.command`` message for a worker that has
-        it (guarantee 22). Under ``task_always_eager`` there is no such worker: it raises."""
+        it (guarantee 22). Under ``task_always_eager`` there is no such worker: it raises.
+        With a payload codec the arguments (a payload, the actor) travel sealed."""
         if self.app.conf.task_always_eager:
             raise missing
         header = {"id": execution_id, "saga": missing.saga_name, VERSION: missing.definition_hash}
@@ -194,7 +196,7 @@ class CeleryPublisher:
         self._name_store(headers)
         self.app.send_task(  # a broker error reaches the caller, who stored nothing for it
             COMMAND_TASK,
-            args=[execution_id, command, arguments],
+            args=[execution_id, command, seal_arguments(execution_id, command, arguments)],
             headers=headers,
             argsrepr=repr([execution_id, command]),  # a signal's payload stays out of logs
             **self._options(None, f"{missing.saga_name}.{command}"),

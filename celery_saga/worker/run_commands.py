@@ -9,6 +9,10 @@ valid), then hands the call on as a ``celery_saga.command`` message that a worke
 the version carries out (``carry_out``, through ``HANDED_ON``); a worker without it hands
 the message back like any other message of the run. A new command is one function here,
 one entry in ``HANDED_ON`` if it may be handed on, and the engine's public method.
+
+With a payload codec configured, a handed-on command's arguments (its payload and its
+actor) travel sealed with the run and the command (``sealed_commands``): a worker refuses
+one that is not, with a WARNING line, and does nothing.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from celery_saga.store.codec import pack, unpack
 from celery_saga.store.operator_exits import require_stuck
 from celery_saga.worker.arguments import check_actor, check_reason
 from celery_saga.worker.parts import WorkerParts
+from celery_saga.worker.sealed_commands import UnsealedCommand, open_arguments
 from celery_saga.worker.start_checks import refuse_before_start
 from celery_saga.worker.versioning import node_name
 
@@ -278,6 +283,16 @@ def carry_out(
 ) -> NoBody:
     """A worker's side of a handed-on call (the message's version is registered here:
     ``COMMAND_TASK`` checked it). What the run refuses now is logged: its caller is gone."""
+    try:
+        arguments = open_arguments(execution_id, command, arguments)
+    except UnsealedCommand as untrusted:  # nothing read or stored for it
+        logger.warning(
+            "execution %s: a handed-on %s was refused and nothing done: %s",
+            execution_id,
+            command,
+            untrusted,
+        )
+        return NoBody(f"{command} refused: {untrusted}")
     try:
         handed_on = HANDED_ON.get(command)
         if handed_on is None:
