@@ -16,6 +16,9 @@ from celery_saga.definition.sensitivity import DataPath, Sensitivity
 
 #: What a marked value is shown as.
 REDACTED = "[redacted]"
+#: What every payload value of a run is shown as when this process lacks its saga: its
+#: markings are unknown here, so nothing of it may be taken for unmarked.
+NOT_REGISTERED = "[redacted: saga not registered here]"
 #: Shorter text forms are not scrubbed from free text: "1", "EUR" or "true" would turn
 #: every number and word of a message into ``[redacted]`` while hiding nothing.
 MIN_SECRET_LENGTH = 4
@@ -26,12 +29,13 @@ def _key(key: Any) -> str | int:
 
 
 def redact(value: Any, path: DataPath, marks: Sensitivity) -> Any:
-    """``value`` (found at ``path``) with every marked part replaced by ``REDACTED``; dicts,
-    lists and tuples are copied, anything unmarked is returned as it is."""
+    """``value`` (found at ``path``) with every marked part replaced by ``REDACTED`` (by
+    ``NOT_REGISTERED`` where its saga's markings are unknown); dicts, lists and tuples are
+    copied, anything unmarked is returned as it is."""
     if marks.empty:
         return value
     if marks.marked(path, value):
-        return REDACTED
+        return NOT_REGISTERED if marks.unknown(path) else REDACTED
     if isinstance(value, Mapping):
         return {key: redact(item, (*path, _key(key)), marks) for key, item in value.items()}
     if isinstance(value, (list, tuple)):

@@ -179,6 +179,25 @@ def test_refusal_names_what_was_being_stored() -> None:
     assert "'set'" in message
 
 
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        ({"card": {"numbers": [{"S3CR3T-4111"}]}}, "type 'set' at card.numbers[0];"),
+        ({"card": [1, 2**70 + 41]}, "the integer at card[1] is outside the 64-bit range"),
+        (2**70 + 41, "the integer at the top level is outside"),
+        ({"grid": {("S3CR3T", 2): "cell"}}, "a dictionary key of type 'tuple' in grid cannot"),
+        ({"k" * 50: {3: Fraction(41, 3)}}, f"type 'Fraction' at {'k' * 40}...[3];"),
+    ],
+)
+def test_a_refusal_names_the_type_and_the_path_never_the_value(value: Any, named: str) -> None:
+    with pytest.raises(PayloadError) as caught:
+        pack(value, what="result")
+    message = str(caught.value)
+    assert message.startswith("result: ") and named in message, message
+    assert "S3CR3T" not in message and str(2**70 + 41) not in message and "41/3" not in message
+    assert caught.value.__suppress_context__  # no chained error shows the value either
+
+
 def test_payload_error_is_a_saga_error() -> None:
     from celery_saga import SagaError
 

@@ -183,3 +183,43 @@ def test_a_choice_that_fails_on_a_marked_value_fails_the_run_with_it_scrubbed() 
     assert run.state is ExecutionState.FAILED
     assert texts and all(CARD not in t for t in texts), texts
     assert f"no route for card {REDACTED}" in (run.failure_reason or "")
+
+
+_UNSTORABLE = {
+    "set": ({"S3CR3T-SET-4111"}, "S3CR3T-SET-4111", "a value of type 'set' at {}; supported"),
+    "int": (98765432109876543210987654321, "98765432109876543210987654321", "integer at {} is"),
+}
+
+
+def _unstorable_result(ctx: Any) -> Any:
+    return {"card": {"numbers": [_UNSTORABLE[ctx.input["kind"]][0]]}}
+
+
+@pytest.mark.parametrize("kind", sorted(_UNSTORABLE))
+def test_a_marked_value_that_cannot_be_stored_is_named_by_type_and_path_never_shown(
+    kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from celery_saga.errors import PayloadError
+    from celery_saga.runtime.clock import get_clock
+    from celery_saga.store import retention
+    from tests.conftest import fresh_pg_database
+
+    _, secret, refusal = _UNSTORABLE[kind]
+    saga = Saga(f"unstorable_{kind}", sensitive=("card",)).step("lookup", _unstorable_result)
+    caplog.set_level(logging.INFO)
+    store = fresh_pg_database(f"unstorable_{kind}")
+    with in_process_pg_engine("unstorable", saga, store_url=store) as engine:
+        run = engine.start(saga.name, {"kind": kind}).wait(timeout=30)
+        assert run.state is ExecutionState.FAILED
+        with pytest.raises(PayloadError) as refused:  # an input is refused the same way
+            engine.start(saga.name, {"kind": kind, "card": _UNSTORABLE[kind][0]})
+        now = get_clock().now()
+        retention.retire(engine.db, cutoff=now, now=now, archive=True, rest=0)
+        texts = _stored_texts(SimpleNamespace(engine=engine))
+    reason = run.failure_reason or ""
+    assert refusal.format("card.numbers[0]") in reason, reason
+    assert refusal.format("card") in str(refused.value), refused.value
+    archived = [t for t in texts if "card.numbers[0]" in t]
+    assert len(archived) >= 3, texts  # failure_reason, the step's error, history (archived)
+    everything = "\n".join([*texts, reason, str(refused.value), caplog.text])
+    assert secret not in everything

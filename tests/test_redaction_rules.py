@@ -10,9 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from celery_saga import Saga, step
+from celery_saga.definition.run_markings import run_markings
 from celery_saga.definition.sensitivity import DataPath, Sensitivity
 from celery_saga.errors import DefinitionError
-from celery_saga.redaction import REDACTED, redact, run_secrets, scrub, secrets_in
+from celery_saga.redaction import NOT_REGISTERED, REDACTED, redact, run_secrets, scrub, secrets_in
 
 CARD = Sensitivity(keys=frozenset({"card"}))
 
@@ -153,3 +154,36 @@ def test_markings_do_not_change_the_version() -> None:
     assert marked.hash == plain.hash
     assert marked.sensitive == Sensitivity(keys=frozenset({"card"}), steps=frozenset({"charge"}))
     assert plain.sensitive.empty
+
+
+def _family() -> dict[str, Any]:
+    child = (
+        Saga("vault", sensitive=("pin",)).step("open", _noop).step("seal", _noop, sensitive=True)
+    )
+    parent = Saga("order", sensitive=("card",)).step("charge", _noop).sub_saga("vault", name="v")
+    return {d.name: d for d in (child.seal(), parent.seal())}
+
+
+def test_a_sub_sagas_record_is_marked_by_the_childs_markings_and_the_parents() -> None:
+    sagas = _family()
+    marks = run_markings(lambda name, _hash: sagas.get(name), "order", None)
+    record = {"open": {"pin": "7351", "note": "ok", "card": "4111"}, "seal": {"token": "t"}}
+    assert redact(record, ("results", "v"), marks) == {
+        "open": {"pin": REDACTED, "note": "ok", "card": REDACTED},
+        "seal": REDACTED,
+    }
+    assert redact({"pin": "7351"}, ("input",), marks) == {"pin": "7351"}  # the child's only
+    assert secrets_in(record, ("results", "v"), marks) == {"7351", "4111"}
+
+
+def test_a_saga_not_registered_marks_everything_as_such() -> None:
+    sagas = _family()
+    unknown = run_markings(lambda name, _hash: None, "order", "abc")
+    assert redact({"order": 1}, ("input",), unknown) == NOT_REGISTERED
+    assert secrets_in({"order": "A-1001"}, ("input",), unknown) == {"A-1001"}
+    without_child = run_markings(
+        lambda name, _hash: sagas.get(name, None) if name == "order" else None, "order", None
+    )
+    assert redact({"open": {}}, ("results", "v"), without_child) == NOT_REGISTERED
+    assert redact({"card": "4111"}, ("results", "charge"), without_child) == {"card": REDACTED}
+    assert run_markings(lambda name, _hash: Saga(name).step("s", _noop).seal(), "x", None).empty

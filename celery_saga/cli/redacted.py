@@ -1,32 +1,22 @@
 """What ``celery saga show`` prints of a run's data: the described run (``timeline.describe``)
 with every value its saga marks sensitive replaced by ``[redacted]``, in its input, step
-results, signal payloads and history data, and scrubbed from its failure texts; child runs
-by their own saga's markings. ``show --reveal`` skips this."""
+results, signal payloads and history data, and scrubbed from its failure texts; child runs,
+and the parent's record of each, by their own saga's markings; a run of a saga this process
+does not have shows none of its data (``run_markings``). ``show --reveal`` skips this."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from celery_saga.cli.chronology import events
-from celery_saga.definition.builder import SagaDefinition
+from celery_saga.definition.run_markings import FindDefinition, run_markings
 from celery_saga.definition.sensitivity import Sensitivity
 from celery_saga.redaction import redact, run_secrets, scrub
-
-#: The version (saga name, hash) of a saga, or its newest version when the hash is None.
-FindDefinition = Callable[[str, "str | None"], "SagaDefinition | None"]
-
-
-def _marks(run: dict[str, Any], find: FindDefinition) -> Sensitivity:
-    """The run's own version's markings; the newest registered version's when this process
-    lacks it (markings are not part of a version's identity)."""
-    definition = find(run["saga"], run["definition_hash"]) or find(run["saga"], None)
-    return definition.sensitive if definition is not None else Sensitivity()
 
 
 def redacted(run: dict[str, Any], find: FindDefinition) -> dict[str, Any]:
     """A copy of ``run`` as ``show`` may print it without ``--reveal``."""
-    marks = _marks(run, find)
+    marks = run_markings(find, run["saga"], run["definition_hash"])
     results = {s["name"]: s["result"] for s in run["steps"] if s["result"] is not None}
     signals = {s["event"]: s["payload"] for s in run["signals"]}
     secrets = run_secrets(marks, run["input"], results, signals)

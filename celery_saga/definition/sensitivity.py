@@ -23,19 +23,35 @@ Predicate = Callable[[DataPath, Any], bool]
 class Sensitivity:
     """The markings of one saga: dict ``keys`` marked at any depth, a ``predicate`` over
     (path, value), and ``steps`` whose whole result is marked (a loop body step's every
-    iteration with it)."""
+    iteration with it).
+
+    A run is shown by its saga's markings with two more (``run_markings.py``): ``children``,
+    the markings of each sub-saga by its record name here, apply to that record's result
+    (the child's ``{step: result}``) as they apply to the child's own run; ``unregistered``
+    marks everything, for a saga whose markings this process cannot know."""
 
     keys: frozenset[str] = frozenset()
     predicate: Predicate | None = None
     steps: frozenset[str] = frozenset()
+    children: tuple[tuple[str, Sensitivity], ...] = ()
+    unregistered: bool = False
 
     @property
     def empty(self) -> bool:
-        return not self.keys and self.predicate is None and not self.steps
+        return not (self.keys or self.predicate or self.steps or self.children) and (
+            not self.unregistered
+        )
 
     def marked(self, path: DataPath, value: Any) -> bool:
         """Whether the value at ``path`` is sensitive. A predicate that raises marks the
         value: a broken rule must not show what it was written to hide."""
+        if self.unregistered:
+            return True
+        child, within = self._child(path)
+        if child is not None and (
+            child.unregistered or (len(path) > 2 and child.marked(within, value))
+        ):
+            return True
         step = path[1] if len(path) == 2 and path[0] == "results" else None
         if isinstance(step, str) and split_iteration(step)[0] in self.steps:
             return True
@@ -50,6 +66,22 @@ class Sensitivity:
             return bool(self.predicate(path, value))
         except Exception:
             return True
+
+    def unknown(self, path: DataPath) -> bool:
+        """Whether ``path`` is marked for want of its saga's markings (``unregistered``)."""
+        if self.unregistered:
+            return True
+        child, within = self._child(path)
+        return child is not None and child.unknown(within)
+
+    def _child(self, path: DataPath) -> tuple[Sensitivity | None, DataPath]:
+        """The markings of the sub-saga whose record ``path`` is in, and the path in the
+        child's own run that ``path`` names: ``("results", record, step, ...)`` is the
+        child's ``("results", step, ...)``."""
+        if not self.children or len(path) < 2 or path[0] != "results":
+            return None, path
+        found = next((marks for record, marks in self.children if record == path[1]), None)
+        return found, ("results", *path[2:])
 
 
 def saga_sensitivity(saga: str, sensitive: Any) -> Sensitivity:

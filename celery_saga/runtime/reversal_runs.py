@@ -140,7 +140,7 @@ class ReversalSide:
     def failed(self, error: BaseException) -> tuple[Outcome, Move]:
         definition, held, spec = self.definition, self.held, self.spec
         execution_id, attempt = held.execution_id, held.attempt
-        secrets = failure_secrets(self.parts.db, definition, execution_id)
+        secrets = failure_secrets(self.parts.db, definition, execution_id, self.parts.registry)
         scrub_exception(error, secrets)
         reason = scrub(describe_error(error), secrets)
         log_failure(

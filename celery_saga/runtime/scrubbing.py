@@ -10,23 +10,28 @@ import traceback
 from typing import Any
 
 from celery_saga.definition.builder import SagaDefinition
+from celery_saga.definition.run_markings import FindDefinition, markings_of
 from celery_saga.redaction import redact, run_secrets, scrub
 from celery_saga.store import queries
 from celery_saga.store.database import Database
 from celery_saga.store.waits import load_signals
 
 
-def failure_secrets(db: Database, definition: SagaDefinition, execution_id: str) -> frozenset[str]:
+def failure_secrets(
+    db: Database, definition: SagaDefinition, execution_id: str, find: FindDefinition
+) -> frozenset[str]:
     """The text forms of the run's marked values: its input, every stored step result
-    (a failed or reversed step's too) and its signals' payloads."""
-    if definition.sensitive.empty:
+    (a failed or reversed step's too, a sub-saga's by the child's markings, found with
+    ``find``) and its signals' payloads."""
+    marks = markings_of(find, definition)
+    if marks.empty:
         return frozenset()
     execution, steps = queries.load_snapshot(db, execution_id)
     if execution is None:
         return frozenset()
     results = {s.name: s.result for s in steps if s.result is not None}
     signals = load_signals(db, execution_id) if definition.events else {}
-    return run_secrets(definition.sensitive, execution.input, results, signals)
+    return run_secrets(marks, execution.input, results, signals)
 
 
 def scrub_exception(error: BaseException, secrets: frozenset[str]) -> None:

@@ -180,7 +180,7 @@ class StepSide:
     def failed(self, error: BaseException) -> tuple[Outcome, Move]:
         definition, step = self.definition, self.held
         cause = error.cause if isinstance(error, StepRetryRequested) else None
-        secrets = failure_secrets(self.parts.db, definition, step.execution_id)
+        secrets = failure_secrets(self.parts.db, definition, step.execution_id, self.parts.registry)
         for raised in (error, cause):
             if raised is not None:
                 scrub_exception(raised, secrets)

@@ -194,7 +194,8 @@ class StepOutcomes:
         """A child failed: its parent's record of it fails for good (the child's failure
         text, scrubbed by the child's markings, and by the parent's here)."""
         definition, step = move.definition, move.step
-        reason = scrub(move.reason, failure_secrets(self.parts.db, definition, step.execution_id))
+        secrets = failure_secrets(self.parts.db, definition, step.execution_id, self.parts.registry)
+        reason = scrub(move.reason, secrets)
         fields = {
             "execution_id": step.execution_id,
             "saga": definition.name,
@@ -268,7 +269,7 @@ class StepOutcomes:
         changed definition) and begin its unwind; ``at``: the (node, sub) it was found at,
         which the ``saga-forward-failed`` event carries."""
         db = self.parts.db
-        reason = scrub(reason, failure_secrets(db, definition, execution_id))
+        reason = scrub(reason, failure_secrets(db, definition, execution_id, self.parts.registry))
         plan = forward.fail_execution(
             db,
             execution_id=execution_id,

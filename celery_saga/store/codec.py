@@ -2,7 +2,8 @@
 
 Round-trips exactly: None, bool, int, float, str, bytes, list, dict (str or int keys), and via
 extension types datetime, date, time, timedelta, Decimal and UUID. Tuples are stored as lists.
-Anything else is refused with a ``PayloadError`` before anything is written.
+Anything else is refused with a ``PayloadError`` before anything is written, naming the type
+and the path of what was refused, never its value (which may be what a saga marks sensitive).
 
 With a payload codec in use (``use_codec``), every packed value leaves as a sealed envelope:
 ``0xC1`` (a byte msgpack never starts with), a format byte, the key id's length and the key id,
@@ -95,6 +96,10 @@ def _envelope(data: bytes) -> tuple[str, bytes]:
     return data[3:end].decode(errors="replace"), data[end:]
 
 
+class _Unstorable(PayloadError):
+    """Something in a value cannot be stored; ``pack`` finds what and where (``_refused``)."""
+
+
 _DATETIME, _DATE, _TIME, _TIMEDELTA, _DECIMAL, _UUID = range(1, 7)
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 
@@ -114,13 +119,63 @@ def _encode_ext(value: Any) -> msgpack.ExtType:
         return msgpack.ExtType(_DECIMAL, str(value).encode())
     if isinstance(value, uuid.UUID):
         return msgpack.ExtType(_UUID, value.bytes)
-    if isinstance(value, int):
-        raise PayloadError(f"integer {value} is outside the 64-bit range that can be stored")
-    raise PayloadError(
-        f"cannot store a value of type {type(value).__name__!r} ({value!r:.80}); supported: "
-        "None, bool, int, float, str, bytes, list, tuple, dict, datetime, date, time, "
-        "timedelta, Decimal, UUID"
-    )
+    raise _Unstorable
+
+
+#: The longest dict key a path shows whole.
+_KEY_SHOWN = 40
+
+
+def _where(path: tuple[Any, ...]) -> str:
+    """A path in a value as a reader writes it: ``card.numbers[0]`` (``the top level``)."""
+    text = ""
+    for key in path:
+        if isinstance(key, str):
+            shown = key if len(key) <= _KEY_SHOWN else key[:_KEY_SHOWN] + "..."
+            text += f".{shown}" if text else shown
+        elif isinstance(key, int):
+            text += f"[{key}]"
+        else:
+            text += f"[<{type(key).__name__}>]"
+    return text or "the top level"
+
+
+def _packs(item: Any) -> bool:
+    try:
+        msgpack.packb(item, default=_encode_ext, use_bin_type=True, strict_types=False)
+    except (PayloadError, TypeError, ValueError, OverflowError):
+        return False
+    return True
+
+
+def _refused(value: Any) -> str:
+    """What in ``value`` cannot be stored, by its type and path, never by its value: the
+    refusal goes into failure texts and logs, where no scrubbing knows a value never stored
+    (tests/test_redaction.py). Walked only once packing has failed."""
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(value, ())]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, dict):
+            for key, member in item.items():
+                if isinstance(key, tuple) or not _packs(key):
+                    return (
+                        f"a dictionary key of type {type(key).__name__!r} in {_where(path)} "
+                        "cannot be stored and read back as a key; use a str or int key"
+                    )
+                stack.append((member, (*path, key)))
+        elif isinstance(item, (list, tuple)):
+            stack.extend((member, (*path, index)) for index, member in enumerate(item))
+        elif not _packs(item):
+            if isinstance(item, int):
+                return (
+                    f"the integer at {_where(path)} is outside the 64-bit range that can be stored"
+                )
+            return (
+                f"cannot store a value of type {type(item).__name__!r} at {_where(path)}; "
+                "supported: None, bool, int, float, str, bytes, list, tuple, dict, datetime, "
+                "date, time, timedelta, Decimal, UUID"
+            )
+    return "a value in it cannot be stored"
 
 
 def _decode_ext(code: int, data: bytes) -> Any:
@@ -175,10 +230,7 @@ def _check_shape(value: Any, limit: int) -> None:
         if isinstance(item, dict):
             for key, member in item.items():
                 if isinstance(key, tuple):
-                    raise PayloadError(
-                        f"dictionary key {key!r} is a tuple, which cannot be "
-                        "read back as a key; use a str or int key"
-                    )
+                    raise _Unstorable
                 stack.extend(((key, depth + 1), (member, depth + 1)))
         else:
             stack.extend((member, depth + 1) for member in item)
@@ -191,6 +243,8 @@ def pack(value: Any, *, what: str = "value", limit: int = DEFAULT_MAX_PAYLOAD_BY
         packed: bytes = msgpack.packb(
             value, default=_encode_ext, use_bin_type=True, strict_types=False
         )
+    except _Unstorable:
+        raise PayloadError(f"{what}: {_refused(value)}") from None
     except PayloadError as error:
         raise PayloadError(f"{what}: {error}") from None
     except (TypeError, ValueError, OverflowError) as error:

@@ -11,8 +11,7 @@ from typing import Any
 from celery_saga.cli import timeline, waiting
 from celery_saga.cli.durations import parse_duration
 from celery_saga.cli.output import as_json
-from celery_saga.cli.redacted import FindDefinition
-from celery_saga.definition.sensitivity import Sensitivity
+from celery_saga.definition.run_markings import FindDefinition, run_markings
 from celery_saga.errors import SagaError
 from celery_saga.records import ExecutionRecord, ExecutionState
 from celery_saga.redaction import redact
@@ -93,14 +92,11 @@ def reasons(
     }
 
 
-def _marks(record: ExecutionRecord, find: FindDefinition) -> Sensitivity:
-    definition = find(record.saga_name, record.definition_hash) or find(record.saga_name, None)
-    return definition.sensitive if definition is not None else Sensitivity()
-
-
 def shown_input(record: ExecutionRecord, find: FindDefinition) -> Any:
-    """The run's input as an operator may see it: what its saga marks sensitive redacted."""
-    return redact(record.input, ("input",), _marks(record, find))
+    """The run's input as an operator may see it: what its saga marks sensitive redacted
+    (all of it when this process does not have its saga)."""
+    marks = run_markings(find, record.saga_name, record.definition_hash)
+    return redact(record.input, ("input",), marks)
 
 
 def matches_text(record: ExecutionRecord, text: str, find: FindDefinition) -> bool:

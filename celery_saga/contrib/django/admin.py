@@ -18,6 +18,7 @@ from celery_saga.contrib.django.app import project_engine
 from celery_saga.contrib.django.lookups import only_filter_lookups
 from celery_saga.contrib.django.models import HistoryRow, Run, Step
 from celery_saga.contrib.django.payloads import shown
+from celery_saga.definition.run_markings import UNREGISTERED, run_markings
 from celery_saga.definition.sensitivity import Sensitivity
 from celery_saga.records import ExecutionState, RollbackStatus
 
@@ -43,13 +44,12 @@ def _pre(blob: bytes | memoryview | None, run: Run, *path: str) -> str:
 
 
 def _marks(run: Run) -> Sensitivity:
-    """The run's version's ``sensitive=`` markings (its saga's newest when this process
-    lacks that version; a saga it does not know: none)."""
+    """The run's markings (``run_markings``): a sub-saga's record by the child's own, and
+    all of it when this process has no engine or does not have the saga."""
     engine = project_engine()
     if engine is None:
-        return Sensitivity()
-    found = engine.catalog(run.saga_name, run.definition_hash) or engine.catalog(run.saga_name)
-    return found.sensitive if found is not None else Sensitivity()
+        return UNREGISTERED
+    return run_markings(engine.catalog, run.saga_name, run.definition_hash)
 
 
 def _run_link(execution_id: str | None) -> str:
