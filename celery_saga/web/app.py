@@ -1,5 +1,6 @@
-"""The web view's Flask application: who may ask (``auth``), which forms are genuine
-(``csrf``), and the headers that keep the pages to themselves; the pages are in ``pages``."""
+"""The web view's Flask application: which names it answers (``hosts``), who may ask
+(``auth``), which forms are genuine (``csrf``), and the headers that keep the pages to
+themselves; the pages are in ``pages``."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from flask import Flask, Response, g, request
 
-from celery_saga.web import auth, csrf
+from celery_saga.web import auth, csrf, hosts
 from celery_saga.web.pages import pages
 from celery_saga.web.settings import WebSettings, refusal
 from celery_saga.worker.engine import SagaEngine
@@ -17,6 +18,10 @@ from celery_saga.worker.engine import SagaEngine
 _POLICY = (
     "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+_UNTRUSTED_HOST = (
+    "the Host header names a host this view does not serve"
+    " (a proxy's name is added with --trusted-host)\n"
 )
 
 
@@ -42,6 +47,14 @@ def create_app(engine: SagaEngine, settings: WebSettings) -> Flask:
     app.config["SAGA_ENGINE"] = engine
     app.config["SAGA_WEB"] = settings
     secret = settings.secret or secrets.token_urlsafe(32)
+    trusted = hosts.trusted_names(settings.trusted_hosts)
+
+    @app.before_request
+    def check_host() -> Response | None:
+        """Before credentials: a page that rebound its name to this view gets nothing."""
+        if hosts.is_trusted(request.headers.get("Host"), trusted):
+            return None
+        return Response(_UNTRUSTED_HOST, 400, mimetype="text/plain")
 
     @app.before_request
     def authenticate() -> Response | None:
@@ -60,6 +73,7 @@ def create_app(engine: SagaEngine, settings: WebSettings) -> Flask:
     @app.after_request
     def harden(response: Response) -> Response:
         response.headers["Content-Security-Policy"] = _POLICY
+        response.headers["X-Frame-Options"] = "DENY"  # frame-ancestors, for older browsers
         response.headers["X-Content-Type-Options"] = "nosniff"
         response.headers["Referrer-Policy"] = "no-referrer"
         response.headers["Cache-Control"] = "no-store"
