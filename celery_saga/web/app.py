@@ -48,6 +48,8 @@ def create_app(engine: SagaEngine, settings: WebSettings) -> Flask:
     app.config["SAGA_WEB"] = settings
     secret = settings.secret or secrets.token_urlsafe(32)
     trusted = hosts.trusted_names(settings.trusted_hosts)
+    # Routing would redirect ``/runs/a//b`` to ``/runs/a/b``: to another run (a POST too).
+    app.url_map.merge_slashes = False
 
     @app.before_request
     def check_host() -> Response | None:

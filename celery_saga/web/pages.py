@@ -123,7 +123,8 @@ def _described(engine: SagaEngine, execution_id: str) -> tuple[dict[str, Any], A
     return shown, stored
 
 
-@pages.route("/runs/<execution_id>")
+# ``path``: a run id may hold ``/`` (``start`` allows it); an action is the last segment.
+@pages.route("/runs/<path:execution_id>")
 def run(execution_id: str) -> ResponseReturnValue:
     return _run_page(execution_id, request.args.get("done", ""), None)
 
@@ -149,7 +150,7 @@ def _run_page(execution_id: str, done: str, refused: str | None) -> ResponseRetu
     ), (409 if refused else 200)
 
 
-@pages.route("/runs/<execution_id>/<action>", methods=["POST"])
+@pages.route("/runs/<path:execution_id>/<action>", methods=["POST"])
 def act(execution_id: str, action: str) -> ResponseReturnValue:
     if action not in actions.ACTIONS:
         abort(404)
