@@ -1,9 +1,13 @@
 """No input gives the web view or the CLI a 500 or a traceback: ages past any date, NUL
 characters PostgreSQL refuses, a payload nested 50,000 deep, and a run id holding ``/``
-(which opens and is acted on like any other)."""
+(which opens and is acted on like any other); then every query parameter and form field
+fuzzed on a real store."""
 
 from __future__ import annotations
 
+import base64
+import json
+import urllib.parse
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -11,11 +15,14 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from flask.testing import FlaskClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from celery_saga import Saga, SagaEngine, SagaError
 from celery_saga.cli import saga
 from celery_saga.store import inspection
 from celery_saga.web import Credentials, WebSettings, create_app, csrf
+from celery_saga.web.listing import ListQuery
 from tests.conftest import fresh_pg_database, require_services, unconsumed_app
 
 AUTH = ("ops", "pw")
@@ -111,8 +118,6 @@ def test_a_nul_in_a_filter_is_a_400_without_driver_detail(client: FlaskClient, f
 
 
 def test_a_cursor_naming_a_run_id_with_a_nul_is_not_a_cursor(client: FlaskClient) -> None:
-    import base64
-
     forged = base64.urlsafe_b64encode(b"2026-01-01T00:00:00+00:00|a\x00b").decode()
     response = client.get("/", query_string={"cursor": forged}, auth=AUTH)
     assert response.status_code == 400 and "is not a cursor" in _said(response)
@@ -166,3 +171,75 @@ def test_a_path_with_a_doubled_slash_is_never_redirected_to_another_run(
     assert posted.status_code == 404, posted.headers.get("Location")
     assert client.get("/runs//lead", auth=AUTH).status_code == 404
     assert _stored(engine, other.id).record.cancelled_at is None
+
+
+# -- fuzzed: every query parameter and form field ----------------------------------------
+
+#: Values a person or a script might send: any text (NUL included), ages and numbers of
+#: every size, states and sorts, JSON of every shape, cursors of any bytes, deep nesting.
+_ANY_TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=80)
+_VALUES = st.one_of(
+    _ANY_TEXT,
+    st.from_regex(r"\A-?\d{1,30}(\.\d{1,6})?\s?[smhdwSMHDWx]?\Z"),
+    st.sampled_from(["running", "waiting", "newest", "oldest", "1", "0", "\x00", "%00", "/"]),
+    st.binary(max_size=60).map(lambda raw: base64.urlsafe_b64encode(raw).decode()),
+    st.integers().map(str),
+    st.integers(1, 60_000).map(lambda depth: "[" * depth + "]" * depth),
+    st.recursive(
+        st.none() | st.booleans() | st.floats() | st.integers() | _ANY_TEXT,
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_ANY_TEXT, inner, max_size=4),
+        max_leaves=12,
+    ).map(json.dumps),
+)
+_RAW = st.binary(max_size=40).map(lambda raw: urllib.parse.quote_from_bytes(raw, safe=""))
+_FUZZ = settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+QUERY_PARAMETERS = [*ListQuery.__dataclass_fields__]
+FORM_FIELDS = {"signal": ["event", "payload"], "cancel": ["reason"], "resume": [], "abandon": []}
+
+
+@pytest.fixture(scope="module")
+def runs(engine: SagaEngine) -> list[str]:
+    """A few runs for the fuzzed requests to name: waiting, with a slash in the id, done."""
+    started = [engine.start("held", {"n": n}).id for n in range(3)]
+    started.append(engine.start("held", {}, execution_id="fuzz/one").id)
+    return started
+
+
+#: A value as it travels in a URL: any text percent-encoded as UTF-8, or any bytes.
+_IN_URL = st.one_of(_VALUES.map(lambda value: urllib.parse.quote(value.encode(), safe="")), _RAW)
+
+
+@pytest.mark.parametrize("name", [*QUERY_PARAMETERS, "done"])
+@settings(_FUZZ, max_examples=150)  # each reads the runs page: about 10 ms on PostgreSQL
+@given(value=_IN_URL)
+def test_no_query_parameter_gives_a_500(
+    client: FlaskClient, runs: list[str], name: str, value: str
+) -> None:
+    page = "/" if name != "done" else f"/runs/{runs[0]}"
+    _said(client.get(page, query_string=f"{name}={value}", auth=AUTH))
+
+
+@_FUZZ
+@given(value=_VALUES, raw=_RAW)
+def test_no_run_id_gives_a_500(client: FlaskClient, runs: list[str], value: str, raw: str) -> None:
+    _said(client.get("/runs/" + urllib.parse.quote(value.encode(), safe="/"), auth=AUTH))
+    _said(client.get("/runs/" + raw, auth=AUTH))
+    _said(client.post(f"/runs/{raw}/cancel", data=_form(), auth=AUTH))
+
+
+@pytest.mark.parametrize(
+    ("action", "field"),
+    [(action, field) for action, fields in FORM_FIELDS.items() for field in [*fields, "csrf"]],
+)
+@_FUZZ
+@given(value=_VALUES, which=st.integers(0, 3))
+def test_no_form_field_gives_a_500(
+    client: FlaskClient, runs: list[str], action: str, field: str, value: str, which: int
+) -> None:
+    form = _form(event="go") if action == "signal" else _form()
+    form["csrf_token" if field == "csrf" else field] = value
+    _said(client.post(f"/runs/{runs[which]}/{action}", data=form, auth=AUTH))
