@@ -183,11 +183,6 @@ def test_no_marked_value_on_any_page_of_the_django_admin(swept: SimpleNamespace)
     assert any("[redacted]" in body for body in pages.values())
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="the admin admits lookups on payload columns until its lookup_allowed admits only "
-    "its list filters' own parameters (issue 44, point 1, fixed on its own branch)",
-)
 def test_no_lookup_crafted_on_a_payload_column_tells_a_guess_from_a_miss(
     swept: SimpleNamespace,
 ) -> None:

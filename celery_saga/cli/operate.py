@@ -6,7 +6,6 @@ leaves the verdict to the engine's public API, which the web view and Flower use
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import click
 
 from celery_saga.cli.commands import engine_of, operator_command, saga, stored_run
 from celery_saga.cli.follow import shell_operator
+from celery_saga.cli.typed_payload import parse_payload
 from celery_saga.decisions.cancel import CancelVerdict
 from celery_saga.errors import InvalidStateError, SagaError
 from celery_saga.records import ExecutionRecord, ExecutionState
@@ -41,12 +41,7 @@ def _payload(payload: str | None, payload_file: str | None) -> Any:
             raise SagaError(
                 f"cannot read --payload-file {payload_file!r}: {error.strerror}"
             ) from None
-    if payload is None:
-        return None
-    try:
-        return json.loads(payload)
-    except json.JSONDecodeError as error:
-        raise SagaError(f"the payload is not valid JSON: {error}") from None
+    return None if payload is None else parse_payload(payload)
 
 
 @saga.command()

@@ -29,6 +29,14 @@ _EXTRA = "the web view needs the package's web extra (celery-saga-engine[web])"
     envvar="SAGA_WEB_SECRET",
     help="Signs CSRF tokens (or SAGA_WEB_SECRET; default: random per start).",
 )
+@click.option(
+    "--trusted-host",
+    "trusted_hosts",
+    multiple=True,
+    envvar="SAGA_WEB_TRUSTED_HOSTS",
+    help="A name requests may give in their Host header besides the address listened on and"
+    " loopback's (a proxy's host name); repeatable (or SAGA_WEB_TRUSTED_HOSTS, space-separated).",
+)
 @click.option("--threads", default=4, show_default=True, type=click.IntRange(1, 64))
 @click.pass_context
 @operator_command
@@ -40,6 +48,7 @@ def web(
     token: str | None,
     enable_actions: bool,
     secret: str | None,
+    trusted_hosts: tuple[str, ...],
     threads: int,
 ) -> None:
     """Serve the web view: runs, each run's graph and timeline, and (--enable-actions)
@@ -48,6 +57,7 @@ def web(
         import waitress
 
         from celery_saga.web import Credentials, WebSettings, create_app
+        from celery_saga.web.hosts import exposure_warning
         from celery_saga.web.settings import parse_basic_auth
     except ImportError as error:
         raise click.ClickException(f"{_EXTRA} ({error})") from None
@@ -57,11 +67,16 @@ def web(
             user, password = parse_basic_auth(basic_auth)
         except ValueError as error:
             raise click.UsageError(str(error)) from None
-    settings = WebSettings(Credentials(user, password, token or None), enable_actions, secret)
+    credentials = Credentials(user, password, token or None)
+    trusted = (host, *trusted_hosts)  # the address listened on is the name a browser gives
+    settings = WebSettings(credentials, enable_actions, secret, trusted_hosts=trusted)
     try:
         app = create_app(engine_of(ctx), settings)
     except ValueError as error:
         raise click.ClickException(str(error)) from None
+    warning = exposure_warning(host, credentials.required)
+    if warning is not None:
+        click.echo(f"WARNING: {warning}", err=True)
     server = waitress.create_server(app, host=host, port=port, threads=threads)
     where = f"http://{host}:{server.effective_port}/"
     mode = "actions on" if enable_actions else "read-only"

@@ -11,6 +11,8 @@ from typing import Any
 
 from sqlalchemy import Table, and_, func, or_, select
 
+from celery_saga.errors import SagaError
+from celery_saga.limits import EXECUTION_ID_LENGTH, NAME_LENGTH, storable_cursor_id, text_problem
 from celery_saga.records import ExecutionRecord, ExecutionState, RollbackStatus, StepRecord
 from celery_saga.store import history
 from celery_saga.store.codec import unpack_or_sealed
@@ -80,7 +82,12 @@ def list_runs(
     newest_first: bool = False,
 ) -> Page:
     """One page of runs, oldest first (``newest_first``: the other way; a cursor continues
-    in the order that handed it out). Raises ``ValueError`` for a foreign cursor."""
+    in the order that handed it out). Raises ``ValueError`` for a foreign cursor and
+    ``SagaError`` for a saga name no run can have (a driver would refuse it: a NUL)."""
+    for name in filters.saga_names:
+        problem = text_problem(name, NAME_LENGTH, "saga_executions.saga_name")
+        if problem is not None:
+            raise SagaError(f"the saga name {name!r:.100} {problem}")
     table = _tables(archived)[0]
     # Either way an index on (..., created_at, id) is read in its order, forwards or
     # backwards, and stops after the page (tests/test_history_sweeps.py checks the plans).
@@ -101,7 +108,8 @@ def list_runs(
     if filters.created_after is not None:
         query = query.where(table.c.created_at >= to_db_time(filters.created_after))
     if cursor is not None:
-        query = query.where(_after(table, decode_cursor(cursor), newest_first))
+        stamp, last_id = decode_cursor(cursor)
+        query = query.where(_after(table, (stamp, storable_cursor_id(last_id)), newest_first))
     rows = db.read(query)
     items = tuple(execution_from_row(r, unpack_or_sealed) for r in rows[:limit])
     more = len(rows) > limit
@@ -119,7 +127,10 @@ def _after(table: Table, last: tuple[datetime, str], newest_first: bool) -> Any:
 
 
 def load_run(db: Database, execution_id: str) -> StoredRun | None:
-    """The run from the live tables, else from the archive, else None."""
+    """The run from the live tables, else from the archive, else None (at once for an id
+    no run can have: PostgreSQL refuses a NUL with a driver error)."""
+    if text_problem(execution_id, EXECUTION_ID_LENGTH) is not None:
+        return None
     for archived in (False, True):
         run_table, step_table, signal_table = _tables(archived)
         rows = db.read(select(run_table).where(run_table.c.id == execution_id))

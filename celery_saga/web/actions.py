@@ -3,10 +3,10 @@ public API, each recorded by the engine in the run's history as taken by ``web:<
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from celery_saga.cli.typed_payload import parse_payload
 from celery_saga.decisions.cancel import CancelVerdict
 from celery_saga.errors import SagaError
 from celery_saga.worker.engine import SagaEngine
@@ -43,12 +43,7 @@ def _cancel(engine: SagaEngine, execution_id: str, form: Mapping[str, str], by: 
 
 def payload_of(text: str) -> Any:
     """The signal's payload from the form: JSON, or None when left empty."""
-    if not text.strip():
-        return None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        raise SagaError(f"the payload is not valid JSON: {error}") from None
+    return parse_payload(text) if text.strip() else None
 
 
 def _signal(engine: SagaEngine, execution_id: str, form: Mapping[str, str], by: str) -> str:

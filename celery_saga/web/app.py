@@ -1,5 +1,6 @@
-"""The web view's Flask application: who may ask (``auth``), which forms are genuine
-(``csrf``), and the headers that keep the pages to themselves; the pages are in ``pages``."""
+"""The web view's Flask application: which names it answers (``hosts``), who may ask
+(``auth``), which forms are genuine (``csrf``), and the headers that keep the pages to
+themselves; the pages are in ``pages``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 from flask import Flask, Response, g, request
 
 from celery_saga.runtime.clock import get_clock
-from celery_saga.web import auth, csrf
+from celery_saga.web import auth, csrf, hosts
 from celery_saga.web.pages import pages
 from celery_saga.web.settings import WebSettings, refusal
 from celery_saga.worker.engine import SagaEngine
@@ -18,6 +19,10 @@ from celery_saga.worker.engine import SagaEngine
 _POLICY = (
     "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+_UNTRUSTED_HOST = (
+    "the Host header names a host this view does not serve"
+    " (a proxy's name is added with --trusted-host)\n"
 )
 
 
@@ -43,6 +48,16 @@ def create_app(engine: SagaEngine, settings: WebSettings) -> Flask:
     app.config["SAGA_ENGINE"] = engine
     app.config["SAGA_WEB"] = settings
     secret = settings.secret or secrets.token_urlsafe(32)
+    trusted = hosts.trusted_names(settings.trusted_hosts)
+    # Routing would redirect ``/runs/a//b`` to ``/runs/a/b``: to another run (a POST too).
+    app.url_map.merge_slashes = False
+
+    @app.before_request
+    def check_host() -> Response | None:
+        """Before credentials: a page that rebound its name to this view gets nothing."""
+        if hosts.is_trusted(request.headers.get("Host"), trusted):
+            return None
+        return Response(_UNTRUSTED_HOST, 400, mimetype="text/plain")
 
     @app.before_request
     def authenticate() -> Response | None:
@@ -51,7 +66,8 @@ def create_app(engine: SagaEngine, settings: WebSettings) -> Flask:
             return _challenge(settings)
         g.user = user
         g.forms = csrf.Forms(secret, user)
-        if request.method == "POST":
+        # A post no route takes does nothing: it gets its 404 (or 405), not a token check.
+        if request.method == "POST" and request.routing_exception is None:
             if not settings.actions:
                 return Response("actions are off in this view\n", 403, mimetype="text/plain")
             # The form's action and run are the URL's: a token is good for that form only.
@@ -69,6 +85,7 @@ def create_app(engine: SagaEngine, settings: WebSettings) -> Flask:
     @app.after_request
     def harden(response: Response) -> Response:
         response.headers["Content-Security-Policy"] = _POLICY
+        response.headers["X-Frame-Options"] = "DENY"  # frame-ancestors, for older browsers
         response.headers["X-Content-Type-Options"] = "nosniff"
         response.headers["Referrer-Policy"] = "no-referrer"
         response.headers["Cache-Control"] = "no-store"

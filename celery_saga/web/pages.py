@@ -123,7 +123,8 @@ def _described(engine: SagaEngine, execution_id: str) -> tuple[dict[str, Any], A
     return shown, stored
 
 
-@pages.route("/runs/<execution_id>")
+# ``path``: a run id may hold ``/`` (``start`` allows it); an action is the last segment.
+@pages.route("/runs/<path:execution_id>")
 def run(execution_id: str) -> ResponseReturnValue:
     return _run_page(execution_id, request.args.get("done", ""), None)
 
@@ -155,7 +156,7 @@ def _form_tokens(execution_id: str) -> dict[str, str]:
     return {action: g.forms.token(action, execution_id, now) for action in actions.ACTIONS}
 
 
-@pages.route("/runs/<execution_id>/<action>", methods=["POST"])
+@pages.route("/runs/<path:execution_id>/<action>", methods=["POST"])
 def act(execution_id: str, action: str) -> ResponseReturnValue:
     if action not in actions.ACTIONS:
         abort(404)
