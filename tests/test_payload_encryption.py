@@ -95,6 +95,17 @@ def test_a_key_id_given_other_key_material_is_refused_not_read_as_garbage() -> N
         unpack(stored)
 
 
+def test_a_sealed_payload_changed_in_the_store_does_not_open() -> None:
+    """Someone who can write the store but holds no key cannot alter a payload unseen."""
+    use_codec(AESGCMCodec({"k1": KEY_1}))
+    stored = pack({"amount": 100})
+    for at in (len(stored) // 2, len(stored) - 1):
+        altered = stored[:at] + bytes([stored[at] ^ 1]) + stored[at + 1 :]
+        with pytest.raises(PayloadKeyError, match="does not open with the key configured"):
+            unpack(altered)
+    assert unpack(stored) == {"amount": 100}
+
+
 def test_the_newest_key_seals_and_every_listed_key_opens() -> None:
     use_codec(AESGCMCodec({"k1": KEY_1}))
     old = pack("a")
