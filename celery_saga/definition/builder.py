@@ -141,15 +141,24 @@ class SagaDefinition:
     timeout: float | None = None
     #: What humans must not be shown (``sensitive=``); not part of ``hash``.
     sensitive: Sensitivity = field(default_factory=Sensitivity)
+    #: Each step by name, the first in node order where names repeat (a branch's paths):
+    #: every reversal and retry looks its step up, so it is made once.
+    _steps: dict[str, StepSpec] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        steps: dict[str, StepSpec] = {}
+        for node in self.nodes:
+            for spec in node_steps(node):
+                steps.setdefault(spec.name, spec)
+        object.__setattr__(self, "_steps", steps)
 
     def find_step(self, name: str) -> StepSpec | None:
         """The spec of a step record: exact names first, then ``<loop body step>:<index>``
         (only a numeric suffix marks an iteration, so ``charge:extra`` never resolves to a
         loop body ``charge``)."""
-        for node in self.nodes:
-            for spec in node_steps(node):
-                if spec.name == name:
-                    return spec
+        spec = self._steps.get(name)
+        if spec is not None:
+            return spec
         base, index = split_iteration(name)
         if index is None:
             return None
