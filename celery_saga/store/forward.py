@@ -54,22 +54,23 @@ def claim_step(
     restored = None if restored_at is None else history.claim_restored(name, holder, restored_at)
     if existing is not None:
         return _claim_again(db, existing, lease, holder, at, now, restored)
-    new = {
-        "execution_id": execution_id,
-        "name": name,
-        "node": node,
-        "sub": sub,
-        "status": StepStatus.RUNNING.value,
-        "attempts": 1,
-        "idempotency_key": idempotency_key,
-        "compensatable": compensatable,
-        "lease_expires_at": lease,
-        "started_at": to_db_time(now),
-        "compensation_attempts": 0,
-        "child_execution_id": child_execution_id,
-        "holder": holder,
+    # The START record's columns, as the insert's bind parameters (``new_<column>``).
+    params = {
+        **at,
+        "new_execution_id": execution_id,
+        "new_name": name,
+        "new_node": node,
+        "new_sub": sub,
+        "new_status": StepStatus.RUNNING.value,
+        "new_attempts": 1,
+        "new_idempotency_key": idempotency_key,
+        "new_compensatable": compensatable,
+        "new_lease_expires_at": lease,
+        "new_started_at": to_db_time(now),
+        "new_compensation_attempts": 0,
+        "new_child_execution_id": child_execution_id,
+        "new_holder": holder,
     }
-    params = {**at, **{f"new_{k}": v for k, v in new.items()}}
     durable = db.durable_claims or restored is not None
     with db.single_statement() if restored is None else db.transaction() as connection:
         try:

@@ -148,7 +148,7 @@ class Sqlite3:
         for name, process in prepared.binds.items():
             if name in values:
                 values[name] = process(values[name])
-        ordered = tuple(values[name] for name in prepared.names)
+        ordered = tuple(map(values.__getitem__, prepared.names))  # no generator to resume
         try:
             return on_cursor(connection, self.own, prepared.sql, ordered, read)
         except sqlite3.Error as error:  # as SQLAlchemy's: IntegrityError, a busy OperationalError
