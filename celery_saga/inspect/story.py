@@ -17,6 +17,7 @@ from celery_saga.definition.nodes import (
     WaitNode,
     split_iteration,
 )
+from celery_saga.definition.run_markings import FindDefinition
 from celery_saga.inspect import bars, chronology, graph, waiting
 from celery_saga.inspect.values import (
     MissingChild,
@@ -33,8 +34,6 @@ from celery_saga.store.inspection import StoredRun
 #: How deep a run's child runs are followed; sub-sagas may nest, a cycle cannot be registered.
 MAX_DEPTH = 8
 LoadRun = Callable[[str], "StoredRun | None"]
-#: Finds the definition of (saga name, version hash) deployed in this process.
-FindDefinition = Callable[[str, str], "SagaDefinition | None"]
 
 _GROUPS: tuple[tuple[type[Any], str], ...] = (
     (ParallelNode, "parallel"),

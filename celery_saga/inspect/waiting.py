@@ -5,16 +5,13 @@ it alike."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import SubSagaNode
+from celery_saga.definition.run_markings import FindDefinition
 from celery_saga.inspect.values import StepView
 from celery_saga.records import ExecutionRecord, ExecutionState
 from celery_saga.runtime.children import child_execution_id
-
-#: Finds the definition of (saga name, version hash) deployed in this process.
-FindDefinition = Callable[[str, str], "SagaDefinition | None"]
 
 
 def reason(
