@@ -68,6 +68,12 @@ def test_a_run_page_shows_its_decoded_input_its_steps_in_order_and_its_history(
     assert seen["detail"] == [200, True, True]
     reserve, charge = seen["detail_steps"]
     assert 0 < reserve < charge
+
+
+def test_a_run_page_draws_the_read_apis_graph_in_its_words(seen: dict[str, Any]) -> None:
+    """The graph on the run's page is the one ``saga show`` and the web view draw."""
+    assert seen["detail_graph"] == seen["read_graph"]
+    assert ["reserve", "completed -> compensation_failed"] in seen["detail_graph"]
     assert seen["detail_history"] == [200, True, True]
     assert seen["step_list"] == [200, True, False]
     assert seen["history_list"] == [200, True]

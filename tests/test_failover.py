@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from celery_saga import ExecutionState
-from celery_saga.cli import timeline
 from celery_saga.decisions.takeover import Answer, Takeover, decide_takeover
-from celery_saga.store import history, inspection
+from celery_saga.inspect.text import run_lines
+from celery_saga.store import history
 from tests.conftest import (
     BROKERS,
     PORTS,
@@ -264,9 +264,7 @@ def test_history_keeps_the_outcome_of_a_body_whose_claim_was_taken_over(
         ("late-outcome", "slow", 1, "first body's result"),
     ]
     assert run.get().step("slow").status.value == "running", "not failed, not completed"
-    stored = inspection.load_run(engine.db, run.id)
-    assert stored is not None
-    shown = timeline.render(timeline.describe(stored, lambda _: None, engine.catalog))
+    shown = run_lines(engine.inspect().run(run.id, reveal=True))
     assert any("late-outcome" in line and "taken over" in line for line in shown), shown
     assert any("held by elsewhere/1/x" in line for line in shown), shown
 

@@ -226,10 +226,12 @@ def test_show_follow_prints_what_happens_until_the_run_ends(harness: Harness) ->
 def test_ctrl_c_ends_show_follow_quietly() -> None:
     from celery_saga.cli.follow import follow_until_ended
 
-    def interrupted() -> dict[str, Any] | None:
+    def interrupted() -> Any:
         raise KeyboardInterrupt
 
     printed: list[str] = []
-    waiting = {"state": "waiting", "rollback_status": None, "timeline": []}
+    waiting: Any = SimpleNamespace(
+        state="waiting", rollback_status=None, timeline=SimpleNamespace(entries=())
+    )
     follow_until_ended(interrupted, waiting, printed.append, as_json=False, interval=0)
     assert printed == [""], "no traceback, no end line: the operator stopped watching"

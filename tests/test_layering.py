@@ -470,3 +470,93 @@ def test_node_kinds_are_dispatched_by_match_not_by_isinstance_ladders() -> None:
                 where = f"{path.relative_to(PACKAGE.parent)}:{function.lineno}"
                 ladders.append(f"{where} {function.name}: {tests}")
     assert not ladders, "isinstance ladders over node kinds:\n" + "\n".join(ladders)
+
+
+# -- the views: one read API under every one of them -------------------------------------
+#: The packages that show runs to people: ``celery saga ...``, the web view, the Django admin.
+_VIEWS = ("cli", "web", "contrib")
+#: Modules of those that administer the store rather than show runs: the schema commands,
+#: key rotation, and the decoding of the blobs the Django models read.
+_STORE_ADMINISTRATION = {
+    "cli/db.py",
+    "cli/payload_keys.py",
+    "contrib/django/payloads.py",
+}
+
+
+def _store_reads(source: str) -> list[str]:
+    """Where ``source`` imports the store (``celery_saga.store...``) or reads an engine's
+    database (``.db``): a view that queries the store past the read API."""
+    tree = ast.parse(source)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            names = []
+        if isinstance(node, ast.Attribute) and node.attr == "db":
+            found.append(f"{node.lineno}: .db")
+        store = [n for n in names if n == "celery_saga.store" or n.startswith("celery_saga.store.")]
+        if store:
+            found.append(f"{node.lineno}: import {store[0]}")
+    return found
+
+
+def test_the_store_read_finder_finds_each_form() -> None:
+    source = (
+        "from celery_saga.store import inspection\n"
+        "import celery_saga.store.history\n"
+        "rows = engine.db.read(query)\n"
+        "from celery_saga.inspect import Inspector\n"
+        "view = engine.inspect().run('x')\n"
+    )
+    assert [use.split(":")[0] for use in _store_reads(source)] == ["1", "2", "3"]
+
+
+def _view_modules() -> list[Path]:
+    return [
+        path
+        for package in _VIEWS
+        for path in sorted((PACKAGE / package).rglob("*.py"))
+        if str(path.relative_to(PACKAGE)) not in _STORE_ADMINISTRATION
+    ]
+
+
+def test_no_view_queries_the_store_directly() -> None:
+    """``celery saga list/show/stats``, the web view and the Django admin read runs through
+    the read API (``celery_saga.inspect``); none imports the store or reads ``engine.db``."""
+    readers = {
+        f"{path.relative_to(PACKAGE)}:{use}"
+        for path in _view_modules()
+        for use in _store_reads(path.read_text())
+    }
+    assert not readers, f"views reading the store past the read API: {sorted(readers)}"
+
+
+def test_the_web_view_never_imports_the_cli() -> None:
+    """The web view renders the read API; nothing of it runs back up through ``cli/``."""
+    importers = {
+        f"{path.relative_to(PACKAGE)}: {name}"
+        for path in (PACKAGE / "web").rglob("*.py")
+        for name in _imports(path)
+        if name == "celery_saga.cli" or name.startswith("celery_saga.cli.")
+    }
+    assert not importers, f"web/ imports cli/: {sorted(importers)}"
+
+
+def test_no_loose_dict_crosses_from_the_read_api() -> None:
+    """What ``celery_saga.inspect`` hands a view is typed: no public function or method of
+    it returns ``dict[str, Any]`` (or ``Any``); payloads stay ``Any`` inside frozen values."""
+    loose = []
+    for path in sorted((PACKAGE / "inspect").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if node.name.startswith("_") or node.returns is None:
+                continue
+            returned = ast.unparse(node.returns)
+            if re.search(r"\bAny\b", returned):
+                loose.append(f"inspect/{path.name}:{node.lineno} {node.name} -> {returned}")
+    assert not loose, f"the read API hands out untyped values: {loose}"

@@ -341,4 +341,4 @@ def test_a_failed_step_that_was_compensated_is_drawn_apart_from_a_completed_one(
     boxes = {node: classes for classes, node in found}
     assert "st-compensated" in boxes["hold"] and "st-compensated" in boxes["charge"]
     assert "fw-failed" in boxes["charge"] and "fw-failed" not in boxes["hold"]
-    assert "failed → compensated" in graph and "completed → compensated" in graph
+    assert "failed -> compensated" in graph and "completed -> compensated" in graph

@@ -124,11 +124,11 @@ def test_run_page_of_a_compensated_run_draws_its_graph_timeline_and_history(
     browser.get(f"{site}/runs/{run.id}")
     assert browser.find_element(By.ID, "state").text == "failed"
     assert _statuses(browser) == {
-        "s1": "compensated",
-        "s2": "compensated",
-        "s3": "compensated",
+        "s1": "completed -> compensated",
+        "s2": "completed -> compensated",
+        "s3": "completed -> compensated",
         "s4": "failed",
-        "s5": "not_reached",
+        "s5": "not run",
     }
     timeline = browser.find_element(By.ID, "timeline").text
     assert "ValueError: s4 refused order 5201" in timeline
@@ -147,7 +147,7 @@ def test_parked_run_resumed_through_its_button_finishes_its_unwind_and_names_the
     run, switch = _parked(harness, 5301)
     browser.get(f"{site}/runs/{run.id}")
     assert browser.find_element(By.ID, "state").text == "compensation_stuck"
-    assert _statuses(browser)["s2"] == "compensation_failed"
+    assert _statuses(browser)["s2"] == "completed -> compensation_failed"
     assert "cannot undo s2" in browser.find_element(By.ID, "steps").text
     harness.test_app.set_switch(switch, False)
     browser.find_element(By.ID, "resume").click()
@@ -292,7 +292,7 @@ def test_signal_cancel_and_abandon_buttons_act_and_record_the_user_and_a_refusal
     signalled = harness.start("gate_only", {"order": 5601})
     assert signalled.wait(30, states={ExecutionState.WAITING}).state is ExecutionState.WAITING
     browser.get(f"{site}/runs/{signalled.id}")
-    assert _statuses(browser)["wait for 'go'"] == "waiting"
+    assert _statuses(browser)["go"] == "waiting"
     browser.find_element(By.NAME, "event").send_keys("no-such-event")
     browser.find_element(By.ID, "signal").click()
     assert "no-such-event" in _shown(browser, "refused").text
@@ -333,7 +333,7 @@ def test_a_failed_step_that_was_compensated_looks_unlike_a_completed_one_that_wa
     execution = run.wait(30)
     assert execution.rollback_status is RollbackStatus.COMPLETED, harness.worker_logs()
     browser.get(f"{site}/runs/{run.id}")
-    assert _statuses(browser) == {"a": "compensated", "b": "compensated"}
+    assert _statuses(browser) == {"a": "completed -> compensated", "b": "failed -> compensated"}
     boxes = {
         b.get_attribute("data-node"): b
         for b in browser.find_elements(By.CSS_SELECTOR, "#graph .box")
@@ -346,5 +346,5 @@ def test_a_failed_step_that_was_compensated_looks_unlike_a_completed_one_that_wa
         for node, box in boxes.items()
     }
     assert drawn["a"] != drawn["b"], drawn
-    assert "failed → compensated" in boxes["b"].text
-    assert "completed → compensated" in boxes["a"].text
+    assert "failed -> compensated" in boxes["b"].text
+    assert "completed -> compensated" in boxes["a"].text

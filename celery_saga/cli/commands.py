@@ -18,18 +18,15 @@ import click
 from celery import Celery
 from sqlalchemy.exc import SQLAlchemyError
 
-from celery_saga.cli import timeline
-from celery_saga.cli import waiting as waiting_reason
-from celery_saga.cli.durations import parse_duration
 from celery_saga.cli.follow import follow_until_ended, shell_operator
-from celery_saga.cli.output import OneLineErrors, as_json, table
-from celery_saga.cli.redacted import redacted
-from celery_saga.cli.version_names import version_hashes
-from celery_saga.errors import ExecutionNotFoundError, SagaError
-from celery_saga.records import ExecutionRecord, ExecutionState, RollbackStatus
+from celery_saga.cli.output import OneLineErrors, table
+from celery_saga.durations import parse_duration
+from celery_saga.errors import SagaError
+from celery_saga.inspect import Filters, ListedRun, RunView
+from celery_saga.inspect.jsonable import list_json, run_json, stats_json
+from celery_saga.inspect.text import run_lines
+from celery_saga.records import ExecutionState, RollbackStatus
 from celery_saga.runtime.clock import get_clock
-from celery_saga.store import inspection
-from celery_saga.store.versions import waiting_for_version
 from celery_saga.worker.engine import SagaEngine
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -75,12 +72,8 @@ def _short(when: datetime | None) -> str:
     return "-" if when is None else when.strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _row(
-    record: ExecutionRecord,
-    waiting: str | None = None,
-    event: str | None = None,
-    child: str | None = None,
-) -> list[str]:
+def _row(listed: ListedRun) -> list[str]:
+    record = listed.record
     return [
         record.id,
         record.saga_name,
@@ -88,20 +81,8 @@ def _row(
         record.rollback_status.value if record.rollback_status else "-",
         _short(record.created_at),
         _short(record.updated_at),
-        waiting_reason.listed(record, event=event, version=waiting, child=child),
+        listed.reason,
     ]
-
-
-def _summary(
-    record: ExecutionRecord, waiting: str | None = None, event: str | None = None
-) -> dict[str, Any]:
-    return {
-        **timeline.summary(record),
-        "waiting_for_version": waiting,
-        "waiting_for_event": event,
-        "created_at": record.created_at,
-        "updated_at": record.updated_at,
-    }
 
 
 _STATES = click.Choice([s.value for s in ExecutionState])
@@ -138,56 +119,27 @@ def list_(
 ) -> None:
     """Runs, oldest first, one page at a time."""
     now = get_clock().now()
-    engine = engine_of(ctx)
-    filters = inspection.Filters(
+    reads = engine_of(ctx).inspect()
+    filters = Filters(
         saga_names=sagas,
         states=[ExecutionState(s) for s in states],
         rollback_statuses=[RollbackStatus(s) for s in rollbacks],
         created_before=now - parse_duration(older_than) if older_than else None,
         created_after=now - parse_duration(newer_than) if newer_than else None,
-        definition_hashes=version_hashes(engine, versions),
+        definition_hashes=reads.version_hashes(versions),
     )
-    engine.ensure_schema()
-    try:
-        page = inspection.list_runs(
-            engine.db, filters, archived=archived, limit=limit, cursor=cursor
-        )
-    except (ValueError, UnicodeDecodeError):
-        raise SagaError(f"{cursor!r} is not a cursor printed by `saga list`") from None
-    waits = {} if archived else waiting_for_version(engine.db, [r.id for r in page.items])
-    waiting = {run: wait.definition_hash for run, wait in waits.items()}
-    gates = {r.id: timeline.gate_event(engine.catalog, r) for r in page.items}
+    page = reads.runs(filters, archived=archived, limit=limit, cursor=cursor)
     if as_json_output:
-        items = [_summary(r, waiting.get(r.id), gates[r.id]) for r in page.items]
-        click.echo(as_json({"items": items, "next_cursor": page.next_cursor}))
+        click.echo(list_json(page))
         return
     if not page.items:
         click.echo("no runs match")
         return
     headers = ["ID", "SAGA", "STATE", "ROLLBACK", "CREATED", "UPDATED", "REASON"]
-    rows = [
-        _row(r, waiting.get(r.id), gates[r.id], waiting_reason.awaited_child(engine.catalog, r))
-        for r in page.items
-    ]
-    for line in table(headers, rows):
+    for line in table(headers, [_row(r) for r in page.items]):
         click.echo(line)
     if page.next_cursor:
         click.echo(f"more: --cursor {page.next_cursor}")
-
-
-def _loaders(engine: SagaEngine) -> tuple[timeline.LoadRun, timeline.FindDefinition]:
-    return (
-        lambda execution_id: inspection.load_run(engine.db, execution_id),
-        engine.catalog,
-    )
-
-
-def stored_run(engine: SagaEngine, execution_id: str) -> inspection.StoredRun:
-    engine.ensure_schema()
-    run = inspection.load_run(engine.db, execution_id)
-    if run is None:
-        raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
-    return run
 
 
 @saga.command()
@@ -210,31 +162,15 @@ def show(
 ) -> None:
     """One run's story: its graph with each node's status, then its timeline (steps,
     iterations, reversals, waits, signals, operator actions, child runs)."""
-    engine = engine_of(ctx)
-    load, find = _loaders(engine)
-    described = timeline.describe(stored_run(engine, execution_id), load, find)
-    if not reveal:
-        described = redacted(described, engine.catalog)
-    waits = waiting_for_version(engine.db, [execution_id])
-    described["waiting_for_version"] = (
-        waits[execution_id].definition_hash if execution_id in waits else None
-    )
+    reads = engine_of(ctx).inspect()
+    shown = reads.run(execution_id, reveal=reveal)
     if as_json_output:
-        click.echo(as_json(described))
+        click.echo(run_json(shown))
     else:
-        click.echo("\n".join(timeline.render(described)))
+        click.echo("\n".join(run_lines(shown)))
     if follow_run:
-        again = functools.partial(timeline.describe_again, load, find, execution_id)
-        if not reveal:
-            again = functools.partial(_redacted_again, again, engine)
-        follow_until_ended(again, described, click.echo, as_json_output, interval)
-
-
-def _redacted_again(
-    again: Callable[[], dict[str, Any] | None], engine: SagaEngine
-) -> dict[str, Any] | None:
-    described = again()
-    return None if described is None else redacted(described, engine.catalog)
+        again = functools.partial(reads.find_run, execution_id, reveal=reveal)
+        follow_until_ended(again, shown, click.echo, as_json_output, interval)
 
 
 @saga.command()
@@ -273,24 +209,18 @@ def cleanup(ctx: click.Context, older_than: str, archive: bool) -> None:
 @operator_command
 def stats(ctx: click.Context, as_json_output: bool, complete: bool) -> None:
     """Unfinished runs by saga and state, parked runs, and the oldest waiting one."""
-    engine = engine_of(ctx)
-    engine.ensure_schema()
-    found = inspection.stats(engine.db, complete=complete)
+    reads = engine_of(ctx).inspect()
+    found = reads.stats(complete=complete)
+    oldest = {
+        "waiting": reads.listed(found.oldest_waiting),
+        "parked": reads.listed(found.oldest_parked),
+    }
+    if as_json_output:
+        click.echo(stats_json(found, oldest["waiting"], oldest["parked"]))
+        return
     by_state: dict[str, int] = {}
     for (_, state), runs in found.counts.items():
         by_state[state] = by_state.get(state, 0) + runs
-    oldest = {
-        "waiting": _standing(engine, found.oldest_waiting),
-        "parked": _standing(engine, found.oldest_parked),
-    }
-    if as_json_output:
-        sagas: dict[str, dict[str, int]] = {}
-        for (name, state), runs in sorted(found.counts.items()):
-            sagas.setdefault(name, {})[state] = runs
-        parked = by_state.get(ExecutionState.COMPENSATION_STUCK.value, 0)
-        summary = {"by_state": by_state, "by_saga": sagas, "parked": parked}
-        click.echo(as_json({**summary, "archived": found.archived, "oldest": oldest}))
-        return
     rows = [[n, s, str(c)] for (n, s), c in sorted(found.counts.items())]
     for line in table(["SAGA", "STATE", "RUNS"], rows):
         click.echo(line)
@@ -299,29 +229,25 @@ def stats(ctx: click.Context, as_json_output: bool, complete: bool) -> None:
     archived = "" if found.archived is None else f"; archived: {found.archived}"
     click.echo(f"{counted} by state: {states}{archived}")
     click.echo(f"parked (compensation_stuck): {by_state.get('compensation_stuck', 0)}")
-    for label, record in (("waiting", found.oldest_waiting), ("parked", found.oldest_parked)):
-        if record is not None:
+    for label, listed in oldest.items():
+        if listed is not None:
+            record = listed.record
             since = get_clock().now() - record.updated_at
             click.echo(
                 f"oldest {label}: {record.id} ({record.saga_name}) "
                 f"since {_short(record.updated_at)} ({since.total_seconds():.0f} s)"
-                + _waits_for(oldest[label])
+                + _waits_for(listed)
             )
 
 
-def _standing(engine: SagaEngine, record: ExecutionRecord | None) -> dict[str, Any] | None:
-    """``record`` summed up as ``list`` does it, with what it waits for: its gate's event
-    (from its definition) and the version it was handed back for (read by its id)."""
-    if record is None:
-        return None
-    waits = waiting_for_version(engine.db, [record.id])
-    version = waits[record.id].definition_hash if record.id in waits else None
-    return _summary(record, version, timeline.gate_event(engine.catalog, record))
-
-
-def _waits_for(shown: dict[str, Any] | None) -> str:
-    if shown and shown["waiting_for_version"]:
-        return f", waiting for version {shown['waiting_for_version']}"
-    if shown and shown["waiting_for_event"]:
-        return f", waiting for signal {shown['waiting_for_event']!r}"
+def _waits_for(listed: ListedRun) -> str:
+    if listed.waiting_for_version:
+        return f", waiting for version {listed.waiting_for_version}"
+    if listed.waiting_for_event:
+        return f", waiting for signal {listed.waiting_for_event!r}"
     return ""
+
+
+def live_run(engine: SagaEngine, execution_id: str) -> RunView:
+    """The run as stored now (its data redacted); ``ExecutionNotFoundError`` if none."""
+    return engine.inspect().run(execution_id)

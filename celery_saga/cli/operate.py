@@ -12,18 +12,18 @@ from typing import Any
 
 import click
 
-from celery_saga.cli.commands import engine_of, operator_command, saga, stored_run
+from celery_saga.cli.commands import engine_of, live_run, operator_command, saga
 from celery_saga.cli.follow import shell_operator
-from celery_saga.cli.typed_payload import parse_payload
 from celery_saga.decisions.cancel import CancelVerdict
 from celery_saga.errors import InvalidStateError, SagaError
 from celery_saga.records import ExecutionRecord, ExecutionState
+from celery_saga.typed_payload import parse_payload
 from celery_saga.worker.engine import SagaEngine
 from celery_saga.worker.run_commands import NO_OP
 
 
 def _live(engine: SagaEngine, execution_id: str) -> ExecutionRecord:
-    run = stored_run(engine, execution_id)
+    run = live_run(engine, execution_id)
     if run.archived_at is not None:
         raise InvalidStateError(
             f"execution {execution_id!r} is archived; archived runs are read-only"

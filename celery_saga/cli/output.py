@@ -3,41 +3,18 @@ one ``Error: ...`` line for every mistake in a command line."""
 
 from __future__ import annotations
 
-import base64
-import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import date, datetime, timedelta
-from decimal import Decimal
-from enum import Enum
 from typing import Any
-from uuid import UUID
 
 import click
 
+from celery_saga.inspect.jsonable import as_json
+
+__all__ = ["OneLineErrors", "as_json", "table", "usage_line"]
+
 #: click 8.2+ raises this for a group given no command: its help, which stays as it is.
 _HELP_SHOWN: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, (datetime, date)):
-        return value.isoformat()
-    if isinstance(value, timedelta):
-        return value.total_seconds()
-    if isinstance(value, Enum):
-        return value.value
-    if isinstance(value, (Decimal, UUID)):
-        return str(value)
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode()
-    if isinstance(value, (set, frozenset, tuple)):
-        return list(value)
-    return repr(value)
-
-
-def as_json(value: Any) -> str:
-    """Stored payloads may hold datetimes, decimals, bytes: each gets a readable form."""
-    return json.dumps(value, default=_plain, indent=2, sort_keys=False)
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], widest: int = 60) -> list[str]:

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from celery_saga.cli.typed_payload import parse_payload
 from celery_saga.decisions.cancel import CancelVerdict
 from celery_saga.errors import SagaError
+from celery_saga.typed_payload import parse_payload
 from celery_saga.worker.engine import SagaEngine
 from celery_saga.worker.run_commands import NO_OP
 

@@ -5,10 +5,12 @@ themselves; the pages are in ``pages``."""
 from __future__ import annotations
 
 import secrets
+from datetime import datetime
 from typing import Any
 
 from flask import Flask, Response, g, request
 
+from celery_saga.inspect import vocabulary
 from celery_saga.runtime.clock import get_clock
 from celery_saga.web import auth, csrf, hosts
 from celery_saga.web.pages import pages
@@ -96,9 +98,11 @@ def create_app(engine: SagaEngine, settings: WebSettings) -> Flask:
         return {"actions_enabled": settings.actions, "user": g.get("user")}
 
     @app.template_filter("when")
-    def when(iso: str | None) -> str:
-        """An ISO time to the millisecond, as the timeline's offsets are."""
-        return "" if not iso else iso[:23].replace("T", " ")
+    def when(value: datetime | None) -> str:
+        """A time to the millisecond, as the timeline's offsets are."""
+        return "" if value is None else value.isoformat()[:23].replace("T", " ")
+
+    app.template_filter("status_class")(vocabulary.css_class)
 
     app.register_blueprint(pages)
     return app

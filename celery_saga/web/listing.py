@@ -1,5 +1,5 @@
 """The runs page's query: filters and order from the URL's arguments, the page read through
-``inspection.list_runs`` (as ``celery saga list``), and the text search over that page."""
+the read API (``Inspector.runs``, as ``celery saga list``), and the text search over it."""
 
 from __future__ import annotations
 
@@ -8,16 +8,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from celery_saga.cli import timeline, waiting
-from celery_saga.cli.durations import parse_duration
-from celery_saga.cli.output import as_json
 from celery_saga.definition.run_markings import FindDefinition, run_markings
+from celery_saga.durations import parse_duration
 from celery_saga.errors import SagaError
+from celery_saga.inspect import Filters
+from celery_saga.inspect.jsonable import as_json
 from celery_saga.records import ExecutionRecord, ExecutionState
 from celery_saga.redaction import redact
-from celery_saga.store import inspection
-from celery_saga.store.database import Database
-from celery_saga.store.versions import waiting_for_version
 
 #: The orders the run list offers -> newest first? Both read an index in its order (O(page)).
 SORTS = {"newest": True, "oldest": False}
@@ -57,7 +54,7 @@ class ListQuery:
         return {**kept, "cursor": cursor}
 
 
-def filters_of(query: ListQuery, now: datetime, hashes: Sequence[str]) -> inspection.Filters:
+def filters_of(query: ListQuery, now: datetime, hashes: Sequence[str]) -> Filters:
     """The store's filters for ``query`` (``hashes``: what its version named); raises
     ``SagaError`` for a state or an age it cannot read."""
     states: list[ExecutionState] = []
@@ -66,30 +63,13 @@ def filters_of(query: ListQuery, now: datetime, hashes: Sequence[str]) -> inspec
             states = [ExecutionState(query.state)]
         except ValueError:
             raise SagaError(f"{query.state!r} is not a state") from None
-    return inspection.Filters(
+    return Filters(
         saga_names=[query.saga] if query.saga else [],
         states=states,
         created_before=now - parse_duration(query.older_than) if query.older_than else None,
         created_after=now - parse_duration(query.newer_than) if query.newer_than else None,
         definition_hashes=hashes,
     )
-
-
-def reasons(
-    db: Database, find: waiting.FindDefinition, records: Sequence[ExecutionRecord], archived: bool
-) -> dict[str, str]:
-    """Each listed run's reason column, as ``celery saga list`` prints it (``waiting.listed``):
-    one read for the page's version waits, the rest from the definitions."""
-    waits = {} if archived else waiting_for_version(db, [r.id for r in records])
-    return {
-        r.id: waiting.listed(
-            r,
-            event=timeline.gate_event(find, r),
-            version=waits[r.id].definition_hash if r.id in waits else None,
-            child=waiting.awaited_child(find, r),
-        )
-        for r in records
-    }
 
 
 def shown_input(record: ExecutionRecord, find: FindDefinition) -> Any:

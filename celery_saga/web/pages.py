@@ -10,18 +10,14 @@ from flask import Blueprint, abort, current_app, g, redirect, render_template, r
 from flask.typing import ResponseReturnValue
 from sqlalchemy.exc import SQLAlchemyError
 
-from celery_saga.cli import timeline, waiting
-from celery_saga.cli.output import as_json
-from celery_saga.cli.redacted import redacted
-from celery_saga.cli.version_names import version_hashes
 from celery_saga.errors import SagaError
+from celery_saga.inspect import RunList, RunView
+from celery_saga.inspect.jsonable import as_json
+from celery_saga.inspect.text import run_lines
 from celery_saga.records import ExecutionState
 from celery_saga.runtime.clock import get_clock
-from celery_saga.store import inspection
-from celery_saga.store.queries import Page
-from celery_saga.store.versions import waiting_for_version
-from celery_saga.web import actions, graph
-from celery_saga.web.listing import SORTS, ListQuery, filters_of, matches_text, reasons
+from celery_saga.web import actions
+from celery_saga.web.listing import SORTS, ListQuery, filters_of, matches_text
 from celery_saga.web.settings import WebSettings
 from celery_saga.worker.engine import SagaEngine
 
@@ -55,38 +51,30 @@ def _store_failure(error: SQLAlchemyError) -> str:
 @pages.route("/")
 def runs() -> ResponseReturnValue:
     engine = _engine()
+    reads = engine.inspect()
     query = ListQuery.from_args(request.args)
     limit = _settings().page_size
     problem: str | None = None
-    page = parked = Page((), None)
+    page = parked = RunList((), None)
     counts: dict[str, int] = {}
-    why: dict[str, str] = {}
     known: list[Any] = []
     try:
-        engine.ensure_schema()
+        counts = reads.counts()
         known = engine.versions()
-        for (_, state), number in inspection.run_counts(engine.db).items():
-            counts[state] = counts.get(state, 0) + number
-        stuck = inspection.Filters(states=[ExecutionState.COMPENSATION_STUCK])
-        parked = inspection.list_runs(engine.db, stuck, archived=False, limit=limit, cursor=None)
-        hashes = version_hashes(engine, [query.version] if query.version else [])
-        filters = filters_of(query, get_clock().now(), hashes)
-        page = inspection.list_runs(
-            engine.db,
-            filters,
+        parked = reads.parked(limit)
+        hashes = reads.version_hashes([query.version] if query.version else [])
+        page = reads.runs(
+            filters_of(query, get_clock().now(), hashes),
             archived=query.archived == "1",
             limit=limit,
             cursor=query.cursor or None,
             newest_first=query.newest_first,
         )
-        why = reasons(engine.db, engine.catalog, page.items, query.archived == "1")
-    except (ValueError, UnicodeDecodeError):
-        problem = f"{query.cursor!r} is not a cursor of this page"
     except SagaError as error:
         problem = str(error)
     except SQLAlchemyError as error:
         problem = _store_failure(error)
-    listed = [r for r in page.items if matches_text(r, query.text, engine.catalog)]
+    listed = [r for r in page.items if matches_text(r.record, query.text, engine.catalog)]
     next_args = query.with_cursor(page.next_cursor) if page.next_cursor else None
     return render_template(
         "saga_web/runs.html",
@@ -95,9 +83,9 @@ def runs() -> ResponseReturnValue:
         sagas=sorted({v.saga for v in known}),
         versions=[(v.saga, v.hash, v.label) for v in known],
         counts=sorted(counts.items()),
-        parked=parked.items,
-        runs=listed,
-        reasons=why,
+        parked=[r.record for r in parked.items],
+        runs=[r.record for r in listed],
+        reasons={r.record.id: r.reason for r in listed},
         sorts=SORTS,
         scanned=len(page.items),
         next_args=next_args,
@@ -105,22 +93,12 @@ def runs() -> ResponseReturnValue:
     ), (400 if problem else 200)
 
 
-def _described(engine: SagaEngine, execution_id: str) -> tuple[dict[str, Any], Any]:
-    engine.ensure_schema()
-    stored = inspection.load_run(engine.db, execution_id)
-    if stored is None:
+def _shown(engine: SagaEngine, execution_id: str) -> RunView:
+    """The run through the read API, redacted as ``celery saga show`` redacts it."""
+    found = engine.inspect().find_run(execution_id)
+    if found is None:
         abort(404, f"no saga execution with id {execution_id!r}")
-    described = timeline.describe(
-        stored, lambda run_id: inspection.load_run(engine.db, run_id), engine.catalog
-    )
-    shown = redacted(described, engine.catalog)
-    waits = waiting_for_version(engine.db, [execution_id])
-    shown["waiting_for_version"] = (
-        waits[execution_id].definition_hash if execution_id in waits else None
-    )
-    shown["cursor"] = stored.record.cursor
-    shown["waiting"] = waiting.described(shown)
-    return shown, stored
+    return found
 
 
 # ``path``: a run id may hold ``/`` (``start`` allows it); an action is the last segment.
@@ -130,20 +108,18 @@ def run(execution_id: str) -> ResponseReturnValue:
 
 
 def _run_page(execution_id: str, done: str, refused: str | None) -> ResponseReturnValue:
-    engine = _engine()
-    shown, stored = _described(engine, execution_id)
-    definition = engine.catalog(stored.record.saga_name, stored.record.definition_hash)
-    boxes = graph.draw(definition, shown) if definition is not None else None
-    results = {s["name"]: s["result"] for s in shown["steps"] if s["result"] is not None}
+    shown = _shown(_engine(), execution_id)
+    results = {s.name: s.result for s in shown.steps if s.result is not None}
     return render_template(
         "saga_web/run.html",
         run=shown,
-        boxes=boxes,
-        timeline_lines=timeline.render(shown),
-        input_json=as_json(shown["input"]),
+        record=shown.record,
+        nodes=shown.graph if shown.definition_deployed else None,
+        timeline_lines=run_lines(shown),
+        input_json=as_json(shown.record.input),
         results_json=as_json(results),
         as_json=as_json,
-        live=stored.archived_at is None,
+        live=shown.archived_at is None,
         done=DONE.get(done),
         refused=refused,
         tokens=_form_tokens(execution_id),
@@ -161,9 +137,9 @@ def act(execution_id: str, action: str) -> ResponseReturnValue:
     if action not in actions.ACTIONS:
         abort(404)
     engine = _engine()
-    _, stored = _described(engine, execution_id)
+    shown = _shown(engine, execution_id)
     try:
-        if stored.archived_at is not None:
+        if shown.archived_at is not None:
             raise SagaError(f"execution {execution_id!r} is archived; archived runs are read-only")
         actions.carry_out(engine, execution_id, action, request.form, g.user)
     except SagaError as error:

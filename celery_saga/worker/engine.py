@@ -15,10 +15,12 @@ from typing import Any
 from celery import Celery
 
 from celery_saga.decisions.cancel import CancelVerdict
+from celery_saga.decisions.versions import VersionRef
 from celery_saga.definition.builder import Saga, SagaDefinition
 from celery_saga.definition.sub_sagas import check_no_cycle
 from celery_saga.encryption import codec_from_conf
 from celery_saga.errors import DefinitionError, ExecutionNotFoundError, SagaError, UnknownSagaError
+from celery_saga.inspect.reads import Inspector
 from celery_saga.limits import check_lookup_id, listed_saga_names, storable_cursor_id
 from celery_saga.records import Execution, ExecutionState, RollbackStatus
 from celery_saga.runtime import revocation, stopping
@@ -347,6 +349,16 @@ class SagaEngine:
         ``saga_*_archive`` tables, as ``cleanup`` would delete them, each with an
         ``archived`` history row naming ``actor`` (who archived it; None: beat)."""
         return self.sweeps.retire(older_than, archive=True, budget=budget, actor=actor)
+
+    def inspect(self) -> Inspector:
+        """The read API: runs as frozen values (graph, timeline, history, lists, counts),
+        what ``celery saga show``, the web view and the Django admin render."""
+        return Inspector(
+            self.db,
+            self.catalog,
+            lambda: [VersionRef(v.hash, v.label) for v in self.versions()],
+            self.ensure_schema,
+        )
 
     def versions(self) -> builtins.list[VersionInfo]:
         """Every version of every saga: registered here, seen on workers, or with live runs."""

@@ -2,10 +2,12 @@
 JSON (tests/test_django_admin.py judges it). Runs in its own process: Django's settings
 are per process. The runs run eagerly, in this process."""
 
+import html
 import json
 import os
 import re
 import sys
+from typing import Any
 from urllib.parse import quote
 
 import django
@@ -81,6 +83,17 @@ seen["detail"] = [
     "&quot;order_id&quot;: &quot;P1&quot;" in body,
 ]
 seen["detail_steps"] = [body.find(">reserve<"), body.find(">charge<")]
+drawn = re.findall(r'data-node="([^"]*)" data-status="([^"]*)"', body)
+
+
+def nodes(drawn_nodes: Any) -> list[list[str]]:
+    """(name, status) of every node, depth first, as the read API gives them."""
+    return [x for n in drawn_nodes for x in [[n.name, n.status], *nodes(n.children)]]
+
+
+read = nodes(engine.inspect().run(parked.id).graph)
+seen["detail_graph"] = [[html.unescape(n), html.unescape(s)] for n, s in drawn]
+seen["read_graph"] = read
 status, body = page(watcher, RUNS)
 seen["viewer_list"] = [status, parked.id in body, 'value="resume"' in body]
 seen["root_actions"] = ['value="resume"' in page(root, RUNS)[1]]

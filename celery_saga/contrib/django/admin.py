@@ -12,17 +12,22 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
+from django.utils.safestring import mark_safe
 
 from celery_saga.contrib.django import actions as run_actions
 from celery_saga.contrib.django.app import project_engine
 from celery_saga.contrib.django.lookups import only_filter_lookups
 from celery_saga.contrib.django.models import HistoryRow, Run, Step
 from celery_saga.contrib.django.payloads import shown
+from celery_saga.contrib.django.story import graph_html, timeline_html
 from celery_saga.definition.run_markings import UNREGISTERED, run_markings
 from celery_saga.definition.sensitivity import Sensitivity
+from celery_saga.inspect import RunView
 from celery_saga.records import ExecutionState, RollbackStatus
 
 _CONFIRM = "admin/celery_saga/run/action.html"
+#: Where a run's page keeps the read model it drew its fields from.
+_READ = "saga_read_model"
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -50,6 +55,16 @@ def _marks(run: Run) -> Sensitivity:
     if engine is None:
         return UNREGISTERED
     return run_markings(engine.catalog, run.saga_name, run.definition_hash)
+
+
+def _view(run: Run) -> RunView | None:
+    """The run through the read API (redacted as ``celery saga show`` redacts it), the
+    graph and timeline every view draws; None without an engine in this process."""
+    if not hasattr(run, _READ):  # one read for the page's three fields
+        engine = project_engine()
+        setattr(run, _READ, None if engine is None else engine.inspect().find_run(run.id))
+    view: RunView | None = getattr(run, _READ)
+    return view
 
 
 def _run_link(execution_id: str | None) -> str:
@@ -165,6 +180,9 @@ class RunAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
         "definition_hash",
         "state",
         "node_at",
+        "waiting",
+        "graph",
+        "timeline",
         "input_shown",
         "failure_reason",
         "rollback_status",
@@ -194,6 +212,21 @@ class RunAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
     @display(description="at node")
     def node_at(self, run: Run) -> str:
         return f"{run.cursor}.{run.cursor_sub}"
+
+    @display(description="waiting for")
+    def waiting(self, run: Run) -> str:
+        view = _view(run)
+        return (view.waiting if view is not None else None) or "-"
+
+    @display(description="graph")
+    def graph(self, run: Run) -> str:
+        view = _view(run)
+        return "-" if view is None else mark_safe(graph_html(view.graph))
+
+    @display(description="timeline")
+    def timeline(self, run: Run) -> str:
+        view = _view(run)
+        return "-" if view is None else mark_safe(timeline_html(view))
 
     @display(description="input")
     def input_shown(self, run: Run) -> str:

@@ -1,19 +1,17 @@
 """What a run that does not move on its own waits for, in one sentence: a signal at its gate
 (until its deadline), a worker that has its version, or its child run. ``saga show``,
-``saga list`` and the web view's pages all say it through ``reason``, so they say it alike."""
+``saga list``, the web view and the Django admin all say it through ``reason``, so they say
+it alike."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Sequence
 
-from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import SubSagaNode
+from celery_saga.definition.run_markings import FindDefinition
+from celery_saga.inspect.values import StepView
 from celery_saga.records import ExecutionRecord, ExecutionState
 from celery_saga.runtime.children import child_execution_id
-
-#: Finds the definition of (saga name, version hash) deployed in this process.
-FindDefinition = Callable[[str, str], "SagaDefinition | None"]
 
 
 def reason(
@@ -37,22 +35,12 @@ def reason(
     return None
 
 
-def described(run: dict[str, Any]) -> str | None:
-    """``reason`` for a run as ``timeline.describe`` gives it (with ``waiting_for_version``
-    added where it was read): ``saga show`` and the web view's run page."""
-    return reason(
-        run["state"],
-        event=run.get("waiting_for_event"),
-        until=run.get("wake_at"),
-        version=run.get("waiting_for_version"),
-        child=_running_child(run),
-    )
-
-
-def _running_child(run: dict[str, Any]) -> str | None:
-    at_cursor = [s for s in run["steps"] if s["node"] == run.get("cursor")]
-    children = [s["child"] for s in at_cursor if s["child"] and s["status"] == "running"]
-    return str(children[0]["id"]) if children else None
+def running_child(steps: Sequence[StepView], cursor: int) -> str | None:
+    """The child run a running sub-saga node at ``cursor`` started, if any."""
+    for step in steps:
+        if step.node == cursor and step.child is not None and step.status == "running":
+            return step.child.id
+    return None
 
 
 def listed(
