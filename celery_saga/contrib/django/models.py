@@ -54,6 +54,12 @@ class Run(models.Model):  # type: ignore[misc]
     updated_at = StoredTime()
     cancelled_at = StoredTime(null=True)
     deadline_at = StoredTime(null=True)
+    # The engine's bookkeeping, mapped so the model is the table (tests/test_django_models.py)
+    # and not shown on the admin's pages.
+    lease_expires_at = StoredTime(null=True)
+    version = models.IntegerField()
+    members_settled = models.IntegerField(null=True)
+    members_failed = models.IntegerField(null=True)
 
     objects = SagaManager()
 
@@ -105,6 +111,12 @@ class Step(models.Model):  # type: ignore[misc]
     compensated_at = StoredTime(null=True)
     child_execution_id = models.CharField("child run", max_length=64, null=True)
     holder = models.CharField(max_length=200, null=True)
+    # The engine's bookkeeping, as on ``Run``.
+    idempotency_key = models.CharField(max_length=400)
+    compensatable = models.BooleanField()
+    lease_expires_at = StoredTime(null=True)
+    compensation_lease_expires_at = StoredTime(null=True)
+    compensation_holder = models.CharField(max_length=200, null=True)
 
     objects = SagaManager()
 
