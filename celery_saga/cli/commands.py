@@ -22,13 +22,14 @@ from celery_saga.cli import timeline
 from celery_saga.cli import waiting as waiting_reason
 from celery_saga.cli.durations import parse_duration
 from celery_saga.cli.follow import follow_until_ended, shell_operator
-from celery_saga.cli.output import OneLineErrors, as_json, table
+from celery_saga.cli.output import OneLineErrors, as_json, say_staleness, table
 from celery_saga.cli.redacted import redacted
 from celery_saga.cli.version_names import version_hashes
 from celery_saga.errors import ExecutionNotFoundError, SagaError
 from celery_saga.records import ExecutionRecord, ExecutionState, RollbackStatus
 from celery_saga.runtime.clock import get_clock
 from celery_saga.store import inspection
+from celery_saga.store.replica import reads, replica_lag
 from celery_saga.store.versions import waiting_for_version
 from celery_saga.worker.engine import SagaEngine
 
@@ -148,13 +149,14 @@ def list_(
         definition_hashes=version_hashes(engine, versions),
     )
     engine.ensure_schema()
+    say_staleness(replica_lag(engine.db))
     try:
         page = inspection.list_runs(
             engine.db, filters, archived=archived, limit=limit, cursor=cursor
         )
     except (ValueError, UnicodeDecodeError):
         raise SagaError(f"{cursor!r} is not a cursor printed by `saga list`") from None
-    waits = {} if archived else waiting_for_version(engine.db, [r.id for r in page.items])
+    waits = {} if archived else waiting_for_version(reads(engine.db), [r.id for r in page.items])
     waiting = {run: wait.definition_hash for run, wait in waits.items()}
     gates = {r.id: timeline.gate_event(engine.catalog, r) for r in page.items}
     if as_json_output:
@@ -182,9 +184,11 @@ def _loaders(engine: SagaEngine) -> tuple[timeline.LoadRun, timeline.FindDefinit
     )
 
 
-def stored_run(engine: SagaEngine, execution_id: str) -> inspection.StoredRun:
+def stored_run(
+    engine: SagaEngine, execution_id: str, *, fresh: bool = False
+) -> inspection.StoredRun:
     engine.ensure_schema()
-    run = inspection.load_run(engine.db, execution_id)
+    run = inspection.load_run(engine.db, execution_id, fresh=fresh)
     if run is None:
         raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
     return run
@@ -212,10 +216,11 @@ def show(
     iterations, reversals, waits, signals, operator actions, child runs)."""
     engine = engine_of(ctx)
     load, find = _loaders(engine)
+    say_staleness(replica_lag(engine.db))
     described = timeline.describe(stored_run(engine, execution_id), load, find)
     if not reveal:
         described = redacted(described, engine.catalog)
-    waits = waiting_for_version(engine.db, [execution_id])
+    waits = waiting_for_version(reads(engine.db), [execution_id])
     described["waiting_for_version"] = (
         waits[execution_id].definition_hash if execution_id in waits else None
     )
@@ -275,6 +280,7 @@ def stats(ctx: click.Context, as_json_output: bool, complete: bool) -> None:
     """Unfinished runs by saga and state, parked runs, and the oldest waiting one."""
     engine = engine_of(ctx)
     engine.ensure_schema()
+    say_staleness(replica_lag(engine.db))
     found = inspection.stats(engine.db, complete=complete)
     by_state: dict[str, int] = {}
     for (_, state), runs in found.counts.items():
@@ -314,7 +320,7 @@ def _standing(engine: SagaEngine, record: ExecutionRecord | None) -> dict[str, A
     (from its definition) and the version it was handed back for (read by its id)."""
     if record is None:
         return None
-    waits = waiting_for_version(engine.db, [record.id])
+    waits = waiting_for_version(reads(engine.db), [record.id])
     version = waits[record.id].definition_hash if record.id in waits else None
     return _summary(record, version, timeline.gate_event(engine.catalog, record))
 

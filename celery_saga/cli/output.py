@@ -15,6 +15,8 @@ from uuid import UUID
 
 import click
 
+from celery_saga.store.replica import ReplicaLag
+
 #: click 8.2+ raises this for a group given no command: its help, which stays as it is.
 _HELP_SHOWN: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
@@ -83,3 +85,10 @@ class OneLineErrors(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         with _one_line():
             return super().invoke(ctx)
+
+
+def say_staleness(lag: ReplicaLag) -> None:
+    """On stderr (JSON on stdout stays whole): that what follows was read from a replica
+    that is behind the store, and by how much (``store.replica``); nothing when current."""
+    if lag.worth_saying:
+        click.echo(f"note: {lag.describe()}", err=True)

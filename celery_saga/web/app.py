@@ -10,6 +10,7 @@ from typing import Any
 from flask import Flask, Response, g, request
 
 from celery_saga.runtime.clock import get_clock
+from celery_saga.store.replica import replica_lag
 from celery_saga.web import auth, csrf, hosts
 from celery_saga.web.pages import pages
 from celery_saga.web.settings import WebSettings, refusal
@@ -93,7 +94,10 @@ def create_app(engine: SagaEngine, settings: WebSettings) -> Flask:
 
     @app.context_processor
     def shared() -> dict[str, Any]:
-        return {"actions_enabled": settings.actions, "user": g.get("user")}
+        # Every page says so when its reads come from a replica behind the store.
+        lag = replica_lag(engine.db)
+        staleness = lag.describe() if lag.worth_saying else None
+        return {"actions_enabled": settings.actions, "user": g.get("user"), "staleness": staleness}
 
     @app.template_filter("when")
     def when(iso: str | None) -> str:

@@ -19,6 +19,7 @@ from celery_saga.records import ExecutionState
 from celery_saga.runtime.clock import get_clock
 from celery_saga.store import inspection
 from celery_saga.store.queries import Page
+from celery_saga.store.replica import reads
 from celery_saga.store.versions import waiting_for_version
 from celery_saga.web import actions, graph
 from celery_saga.web.listing import SORTS, ListQuery, filters_of, matches_text, reasons
@@ -79,7 +80,7 @@ def runs() -> ResponseReturnValue:
             cursor=query.cursor or None,
             newest_first=query.newest_first,
         )
-        why = reasons(engine.db, engine.catalog, page.items, query.archived == "1")
+        why = reasons(reads(engine.db), engine.catalog, page.items, query.archived == "1")
     except (ValueError, UnicodeDecodeError):
         problem = f"{query.cursor!r} is not a cursor of this page"
     except SagaError as error:
@@ -114,7 +115,7 @@ def _described(engine: SagaEngine, execution_id: str) -> tuple[dict[str, Any], A
         stored, lambda run_id: inspection.load_run(engine.db, run_id), engine.catalog
     )
     shown = redacted(described, engine.catalog)
-    waits = waiting_for_version(engine.db, [execution_id])
+    waits = waiting_for_version(reads(engine.db), [execution_id])
     shown["waiting_for_version"] = (
         waits[execution_id].definition_hash if execution_id in waits else None
     )

@@ -2,8 +2,10 @@
 
 The tables belong to the store (its own migrations create them), so the models are
 unmanaged. They read the database whose alias ``settings.SAGA_DATABASE`` names
-(``"default"`` unless set): that alias must point at the saga store. Payload columns are
-msgpack blobs; ``payloads.shown`` decodes them with the store's own codec.
+(``"default"`` unless set): that alias must point at the saga store; with
+``settings.SAGA_READ_DATABASE``, the alias of a read replica of it, they read that instead
+(``staleness`` says how far behind it is). Payload columns are msgpack blobs;
+``payloads.shown`` decodes them with the store's own codec.
 """
 
 from __future__ import annotations
@@ -20,11 +22,17 @@ def saga_database() -> str:
     return str(getattr(settings, "SAGA_DATABASE", "default"))
 
 
+def saga_read_database() -> str:
+    """The alias the admin reads the saga tables from: a replica's, else the store's."""
+    return str(getattr(settings, "SAGA_READ_DATABASE", None) or saga_database())
+
+
 class SagaManager(models.Manager):  # type: ignore[misc]
-    """Every query of these models goes to the saga store's alias, router or not."""
+    """Every query of these models goes to the alias they read, router or not: they never
+    write (the engine's calls change runs, on the store itself)."""
 
     def get_queryset(self) -> models.QuerySet[Any]:
-        return super().get_queryset().using(saga_database())
+        return super().get_queryset().using(saga_read_database())
 
 
 class StoredTime(models.DateTimeField):  # type: ignore[misc]
