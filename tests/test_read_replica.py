@@ -277,3 +277,4 @@ def test_the_django_admin_reads_the_replica_and_says_how_far_behind_it_is(
     assert seen["list"] == [200, [True, False]]  # the replica's runs, not the store's newest
     assert seen["list_says"] is True
     assert seen["pages"] == [200, 200] and seen["page_says"] == [True, True]
+    assert seen["check_unknown"] == ["celery_saga.E002"]  # an alias DATABASES lacks

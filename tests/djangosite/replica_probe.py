@@ -14,7 +14,7 @@ django.setup()
 from django.contrib.auth.models import User  # noqa: E402
 from django.core.checks import run_checks  # noqa: E402
 from django.core.management import call_command  # noqa: E402
-from django.test import Client  # noqa: E402
+from django.test import Client, override_settings  # noqa: E402
 
 RUNS = "/admin/celery_saga/run/"
 #: The warning's words (the admin capitalises a message's first letter).
@@ -34,4 +34,6 @@ pages = [
 ]
 seen["pages"] = [reply.status_code for reply in pages]
 seen["page_says"] = [SAID in reply.content.decode() for reply in pages]
+with override_settings(SAGA_READ_DATABASE="nowhere"):
+    seen["check_unknown"] = [problem.id for problem in run_checks()]
 print(json.dumps(seen))
