@@ -26,6 +26,7 @@ from click.testing import CliRunner, Result
 from celery_saga import Saga, SagaEngine
 from celery_saga.cli import saga
 from celery_saga.errors import StoreConfigurationError
+from celery_saga.gauges import StoreGauges
 from celery_saga.store.replica import ReplicaLag, Standing, replica_lag, standing_of
 from celery_saga.web import Credentials, WebSettings, create_app
 from tests import pg_cluster
@@ -134,6 +135,9 @@ def test_views_read_the_read_store_and_the_engine_keeps_to_the_store(tmp_path: P
     page = client.get(f"/runs/{before.id}", auth=AUTH).get_data(as_text=True)
     assert 'id="staleness"' in page and "its lag is not read on sqlite" in page
     assert client.get(f"/runs/{after.id}", auth=AUTH).status_code == 404
+    gauges = StoreGauges(engine.db)
+    gauges.refresh()
+    assert gauges.up and gauges.reading.runs == {("held", "running"): 1}  # 2 on the store
 
 
 def test_an_operators_verb_finds_its_run_on_the_store_not_on_the_replica(tmp_path: Path) -> None:
