@@ -116,6 +116,7 @@ def test_payload_keys_read_from_named_environment_variables(
             "postgresql://db.internal/saga?password=***&user=saga",
         ),
         ("saga_store_url", "not a url :: " + PASSWORD, "<unparsable url>"),
+        ("saga_read_store_url", SECRET_URL, "postgresql+psycopg://saga:***@db.internal:5432/saga"),
         ("saga_payload_keys", {"k1": "material"}, "PayloadKeys('k1')"),
         ("saga_payload_keys", PayloadKeys({"k1": new_key()}), "PayloadKeys('k1')"),
         ("saga_queue", "sagas", "sagas"),

@@ -19,7 +19,7 @@ from celery import Celery
 from sqlalchemy.exc import SQLAlchemyError
 
 from celery_saga.cli.follow import follow_until_ended, shell_operator
-from celery_saga.cli.output import OneLineErrors, table
+from celery_saga.cli.output import OneLineErrors, say_staleness, table
 from celery_saga.durations import parse_duration
 from celery_saga.errors import SagaError
 from celery_saga.inspect import Filters, ListedRun, RunView
@@ -128,6 +128,7 @@ def list_(
         created_after=now - parse_duration(newer_than) if newer_than else None,
         definition_hashes=reads.version_hashes(versions),
     )
+    say_staleness(reads.lag())
     page = reads.runs(filters, archived=archived, limit=limit, cursor=cursor)
     if as_json_output:
         click.echo(list_json(page))
@@ -163,6 +164,7 @@ def show(
     """One run's story: its graph with each node's status, then its timeline (steps,
     iterations, reversals, waits, signals, operator actions, child runs)."""
     reads = engine_of(ctx).inspect()
+    say_staleness(reads.lag())
     shown = reads.run(execution_id, reveal=reveal)
     if as_json_output:
         click.echo(run_json(shown))
@@ -210,6 +212,7 @@ def cleanup(ctx: click.Context, older_than: str, archive: bool) -> None:
 def stats(ctx: click.Context, as_json_output: bool, complete: bool) -> None:
     """Unfinished runs by saga and state, parked runs, and the oldest waiting one."""
     reads = engine_of(ctx).inspect()
+    say_staleness(reads.lag())
     found = reads.stats(complete=complete)
     oldest = {
         "waiting": reads.listed(found.oldest_waiting),
@@ -248,6 +251,7 @@ def _waits_for(listed: ListedRun) -> str:
     return ""
 
 
-def live_run(engine: SagaEngine, execution_id: str) -> RunView:
-    """The run as stored now (its data redacted); ``ExecutionNotFoundError`` if none."""
-    return engine.inspect().run(execution_id)
+def live_run(engine: SagaEngine, execution_id: str, *, fresh: bool = False) -> RunView:
+    """The run as stored now (its data redacted; ``fresh``: from the store itself, never a
+    read replica's older copy); ``ExecutionNotFoundError`` if none."""
+    return engine.inspect().run(execution_id, fresh=fresh)

@@ -23,7 +23,7 @@ from celery_saga.worker.run_commands import NO_OP
 
 
 def _live(engine: SagaEngine, execution_id: str) -> ExecutionRecord:
-    run = live_run(engine, execution_id)
+    run = live_run(engine, execution_id, fresh=True)  # not a replica's older copy
     if run.archived_at is not None:
         raise InvalidStateError(
             f"execution {execution_id!r} is archived; archived runs are read-only"

@@ -9,9 +9,10 @@ from typing import Any
 
 import click
 
+from celery_saga.inspect import ReplicaLag
 from celery_saga.inspect.jsonable import as_json
 
-__all__ = ["OneLineErrors", "as_json", "table", "usage_line"]
+__all__ = ["OneLineErrors", "as_json", "say_staleness", "table", "usage_line"]
 
 #: click 8.2+ raises this for a group given no command: its help, which stays as it is.
 _HELP_SHOWN: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
@@ -60,3 +61,11 @@ class OneLineErrors(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         with _one_line():
             return super().invoke(ctx)
+
+
+def say_staleness(lag: ReplicaLag) -> None:
+    """On stderr (JSON on stdout stays whole): that what follows was read from a replica
+    that is behind the store, and by how much (``saga_read_store_url``); nothing when
+    current."""
+    if lag.worth_saying:
+        click.echo(f"note: {lag.describe()}", err=True)

@@ -20,6 +20,7 @@ from celery_saga.inspect.values import (
     Within,
 )
 from celery_saga.store.inspection import Filters, Stats
+from celery_saga.store.replica import ReplicaLag
 
 __all__ = [
     "Filters",
@@ -28,6 +29,7 @@ __all__ = [
     "Inspector",
     "ListedRun",
     "MissingChild",
+    "ReplicaLag",
     "ReversalView",
     "RunList",
     "RunView",

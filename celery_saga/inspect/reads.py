@@ -16,6 +16,7 @@ from celery_saga.runtime.catalog import Catalog
 from celery_saga.store import inspection
 from celery_saga.store.database import Database
 from celery_saga.store.inspection import Filters, Stats, StoredRun
+from celery_saga.store.replica import ReplicaLag, reads, replica_lag
 from celery_saga.store.versions import waiting_for_version
 
 
@@ -34,31 +35,36 @@ class Inspector:
     ) -> None:
         self._db, self._catalog, self._versions, self._prepare = db, catalog, versions, prepare
 
-    def run(self, execution_id: str, *, reveal: bool = False) -> RunView:
+    def run(self, execution_id: str, *, reveal: bool = False, fresh: bool = False) -> RunView:
         """One run with its child runs, its graph and timeline; what its saga marks
-        sensitive redacted unless ``reveal``. Raises ``ExecutionNotFoundError``."""
-        found = self.find_run(execution_id, reveal=reveal)
+        sensitive redacted unless ``reveal``; ``fresh``: read from the store even when it
+        has a read replica (for a verb about to act on the run). Raises
+        ``ExecutionNotFoundError``."""
+        found = self.find_run(execution_id, reveal=reveal, fresh=fresh)
         if found is None:
             raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
         return found
 
-    def find_run(self, execution_id: str, *, reveal: bool = False) -> RunView | None:
+    def find_run(
+        self, execution_id: str, *, reveal: bool = False, fresh: bool = False
+    ) -> RunView | None:
         """``run``, or None for a run that is not stored (any more)."""
         self._prepare()
-        stored = self._load(execution_id, reveal)
+        stored = self._load(execution_id, reveal, fresh)
         if stored is None:
             return None
-        waits = waiting_for_version(self._db, [execution_id]) if stored.archived_at is None else {}
+        db = self._db if fresh else reads(self._db)
+        waits = waiting_for_version(db, [execution_id]) if stored.archived_at is None else {}
         version = waits[execution_id].definition_hash if execution_id in waits else None
         return story.describe(
             stored,
-            lambda child: self._load(child, reveal),
+            lambda child: self._load(child, reveal, fresh),
             self._catalog,
             waiting_for_version=version,
         )
 
-    def _load(self, execution_id: str, reveal: bool) -> StoredRun | None:
-        stored = inspection.load_run(self._db, execution_id)
+    def _load(self, execution_id: str, reveal: bool, fresh: bool = False) -> StoredRun | None:
+        stored = inspection.load_run(self._db, execution_id, fresh=fresh)
         if stored is None or reveal:
             return stored
         return redacted(stored, self._catalog)
@@ -91,7 +97,8 @@ class Inspector:
     def _listed(self, records: Sequence[ExecutionRecord], archived: bool) -> tuple[ListedRun, ...]:
         """Each run's reason column: one read for the page's version waits, the rest from
         the definitions."""
-        waits = {} if archived else waiting_for_version(self._db, [r.id for r in records])
+        ids = [r.id for r in records]
+        waits = {} if archived else waiting_for_version(reads(self._db), ids)
         listed = []
         for record in records:
             version = waits[record.id].definition_hash if record.id in waits else None
@@ -127,6 +134,11 @@ class Inspector:
         ``complete``: reads the whole history), and the oldest waiting and parked runs."""
         self._prepare()
         return inspection.stats(self._db, complete=complete)
+
+    def lag(self) -> ReplicaLag:
+        """How far behind the store the reads above may be (``saga_read_store_url``): a
+        view says so when it is worth saying (``ReplicaLag.worth_saying``)."""
+        return replica_lag(self._db)
 
     def version_hashes(self, named: Sequence[str]) -> list[str]:
         """The hash of each version in ``named`` (a hash, a prefix or a label), among the

@@ -128,6 +128,8 @@ class Database:
         self.durable_claims = self.dialect != "postgresql"
         #: One connection shared by every thread (in-memory SQLite): no concurrent users.
         self.single_connection = False
+        #: A read replica of this store, for operators' reads (``replica.reads``).
+        self.replica: Database | None = None
         options: dict[str, Any] = {"future": True}
         if self.dialect == "sqlite":
             options["connect_args"] = {"timeout": 30, "check_same_thread": False}
@@ -316,3 +318,5 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+        if self.replica is not None:
+            self.replica.dispose()

@@ -1,5 +1,6 @@
 """Reads for operators: listing live or archived runs with filters, one run with everything
-that happened to it, and counts for ``stats``. Nothing here writes."""
+that happened to it, and counts for ``stats``. Nothing here writes, and every read goes to
+the store's read replica when it has one (``replica.reads``)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from celery_saga.store.codec import unpack_or_sealed
 from celery_saga.store.database import Database, from_db_time, to_db_time
 from celery_saga.store.history import HistoryEntry
 from celery_saga.store.queries import Page, decode_cursor
+from celery_saga.store.replica import reads
 from celery_saga.store.rows import execution_from_row, step_from_row
 from celery_saga.store.tables import (
     executions,
@@ -88,7 +90,7 @@ def list_runs(
         problem = text_problem(name, NAME_LENGTH, "saga_executions.saga_name")
         if problem is not None:
             raise SagaError(f"the saga name {name!r:.100} {problem}")
-    table = _tables(archived)[0]
+    table, db = _tables(archived)[0], reads(db)
     # Either way an index on (..., created_at, id) is read in its order, forwards or
     # backwards, and stops after the page (tests/test_history_sweeps.py checks the plans).
     at, run_id = table.c.created_at, table.c.id
@@ -126,11 +128,13 @@ def _after(table: Table, last: tuple[datetime, str], newest_first: bool) -> Any:
     return and_(at >= stamp, or_(at > stamp, and_(at == stamp, run_id > last_id)))
 
 
-def load_run(db: Database, execution_id: str) -> StoredRun | None:
+def load_run(db: Database, execution_id: str, *, fresh: bool = False) -> StoredRun | None:
     """The run from the live tables, else from the archive, else None (at once for an id
-    no run can have: PostgreSQL refuses a NUL with a driver error)."""
+    no run can have: PostgreSQL refuses a NUL with a driver error). ``fresh``: from the
+    store itself even when it has a replica, for the verb about to act on the run."""
     if text_problem(execution_id, EXECUTION_ID_LENGTH) is not None:
         return None
+    db = db if fresh else reads(db)
     for archived in (False, True):
         run_table, step_table, signal_table = _tables(archived)
         rows = db.read(select(run_table).where(run_table.c.id == execution_id))
@@ -187,14 +191,14 @@ def run_counts(db: Database, *, complete: bool = False) -> dict[tuple[str, str],
     query = select(executions.c.saga_name, executions.c.state, func.count().label("runs"))
     if not complete:
         query = query.where(executions.c.state.in_(UNFINISHED))
-    grouped = db.read(query.group_by(executions.c.saga_name, executions.c.state))
+    grouped = reads(db).read(query.group_by(executions.c.saga_name, executions.c.state))
     return {(r["saga_name"], r["state"]): int(r["runs"]) for r in grouped}
 
 
 def oldest_unfinished_by_saga(db: Database) -> dict[str, datetime]:
     """Each saga's oldest unfinished run's creation time, read from the unfinished runs
     only (the index on state): the cost follows what is live, not the history."""
-    rows = db.read(
+    rows = reads(db).read(
         select(executions.c.saga_name, func.min(executions.c.created_at).label("oldest"))
         .where(executions.c.state.in_(UNFINISHED))
         .group_by(executions.c.saga_name)
@@ -207,7 +211,7 @@ def _oldest(db: Database, state: ExecutionState) -> ExecutionRecord | None:
     """The run in ``state`` started first: one seek in the index on (state, created_at, id),
     where the longest unchanged would sort every run in that state (updated_at is in no
     index, migration 0003)."""
-    rows = db.read(
+    rows = reads(db).read(
         select(executions)
         .where(executions.c.state == state.value)
         .order_by(executions.c.created_at, executions.c.id)
@@ -221,7 +225,7 @@ def stats(db: Database, *, complete: bool = False) -> Stats:
     ``complete`` counts finished and archived runs too, which reads the whole history."""
     archived = None
     if complete:
-        counted = db.read(select(func.count().label("runs")).select_from(executions_archive))
+        counted = reads(db).read(select(func.count().label("runs")).select_from(executions_archive))
         archived = int(counted[0]["runs"])
     return Stats(
         counts=run_counts(db, complete=complete),

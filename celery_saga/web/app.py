@@ -95,7 +95,10 @@ def create_app(engine: SagaEngine, settings: WebSettings) -> Flask:
 
     @app.context_processor
     def shared() -> dict[str, Any]:
-        return {"actions_enabled": settings.actions, "user": g.get("user")}
+        # Every page says so when its reads come from a replica behind the store.
+        lag = engine.inspect().lag()
+        staleness = lag.describe() if lag.worth_saying else None
+        return {"actions_enabled": settings.actions, "user": g.get("user"), "staleness": staleness}
 
     @app.template_filter("when")
     def when(value: datetime | None) -> str:

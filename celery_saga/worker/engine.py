@@ -32,6 +32,7 @@ from celery_saga.store import queries
 from celery_saga.store.codec import use_codec
 from celery_saga.store.database import Database
 from celery_saga.store.identity import shown_store, store_identity
+from celery_saga.store.replica import open_replica
 from celery_saga.store.versions import waiting_for_version
 from celery_saga.worker import arrivals, hand_back_notes, holders, pool_loss, run_commands
 from celery_saga.worker.arguments import check_actor, enum_values
@@ -60,7 +61,8 @@ class SagaEngine:
     """Attach saga support to ``app``.
 
     The store URL comes from ``store_url``, else the app's ``saga_store_url`` setting, else a
-    SQLite file ``celery_saga.sqlite3`` in the working directory. Other settings:
+    SQLite file ``celery_saga.sqlite3`` in the working directory; ``saga_read_store_url``
+    names a read replica of it for the operators' reads (``store.replica``). Other settings:
     ``saga_lease_seconds``, ``saga_lease_margin``, ``saga_compensation_timeout``,
     ``saga_max_payload_bytes``, ``saga_recover_after``, ``saga_queue`` (queue for
     plain-function steps and the engine's own tasks), and the beat settings of
@@ -75,6 +77,8 @@ class SagaEngine:
         )
         if app.conf.get("saga_durable_claims"):
             self.db.durable_claims = True
+        # Operators' reads (list, show, stats, the web view, the admin) off the primary.
+        self.db.replica = open_replica(self.db, app.conf.get("saga_read_store_url"))
         # Every payload this process stores or reads goes through the app's codec.
         use_codec(codec_from_conf(app.conf))
         self.events = EventHub(app)

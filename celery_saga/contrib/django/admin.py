@@ -1,5 +1,6 @@
 """Runs, their steps and their history in the Django admin: read-only pages over the saga
-tables, with the operator actions of ``actions`` (each behind its own permission)."""
+tables, with the operator actions of ``actions`` (each behind its own permission); pages
+read from a replica behind the store say so (``staleness``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
 from celery_saga.contrib.django import actions as run_actions
+from celery_saga.contrib.django import staleness
 from celery_saga.contrib.django.app import project_engine
 from celery_saga.contrib.django.lookups import only_filter_lookups
 from celery_saga.contrib.django.models import HistoryRow, Run, Step
@@ -85,6 +87,30 @@ class ReadOnly:
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+class SaysStaleness:
+    """A list or a page read from a replica behind the store says so, and by how much."""
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        _say_staleness(request)
+        parent: Any = super()
+        shown: HttpResponse = parent.changelist_view(request, extra_context)
+        return shown
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
+    ) -> HttpResponse:
+        _say_staleness(request)
+        parent: Any = super()
+        shown: HttpResponse = parent.change_view(request, object_id, form_url, extra_context)
+        return shown
+
+
+def _say_staleness(request: HttpRequest) -> None:
+    lag = staleness.replica_lag()
+    if lag.worth_saying:
+        messages.warning(request, lag.describe())
 
 
 class SagaFilter(admin.SimpleListFilter):  # type: ignore[misc]
@@ -166,7 +192,7 @@ class HistoryInline(ReadOnly, admin.TabularInline):  # type: ignore[misc]
 
 
 @admin.register(Run)
-class RunAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
+class RunAdmin(SaysStaleness, ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
     list_display = ("id", "saga_name", "state", "rollback_status", "created_at", "updated_at")
     list_filter = (SagaFilter, StateFilter, RollbackFilter)
     lookup_allowed = only_filter_lookups
@@ -319,7 +345,7 @@ class RunAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
 
 
 @admin.register(Step)
-class StepAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
+class StepAdmin(SaysStaleness, ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
     list_display = ("name", "run_link", "status", "attempts", "compensation_status", "started_at")
     list_filter = ("status", "compensation_status")
     lookup_allowed = only_filter_lookups
@@ -351,7 +377,7 @@ class StepAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
 
 
 @admin.register(HistoryRow)
-class HistoryAdmin(ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
+class HistoryAdmin(SaysStaleness, ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
     list_display = ("at", "run_link", "kind", "step", "attempt", "actor", "detail")
     list_filter = ("kind",)
     lookup_allowed = only_filter_lookups

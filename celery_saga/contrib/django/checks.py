@@ -1,4 +1,5 @@
-"""``manage.py check`` says when the admin's models would read a database Django lacks."""
+"""``manage.py check`` says when the admin's models would read a database Django lacks (the
+store's alias, or its read replica's)."""
 
 from __future__ import annotations
 
@@ -8,20 +9,33 @@ from django.apps import apps
 from django.conf import settings
 from django.core.checks import Error, register
 
-from celery_saga.contrib.django.models import saga_database
+from celery_saga.contrib.django.models import saga_database, saga_read_database
 
 
 @register()  # type: ignore[untyped-decorator]
 def saga_database_is_configured(app_configs: Any, **kwargs: Any) -> list[Error]:
-    alias = saga_database()
     # Without the admin, nothing reads the models: ``manage.py saga`` needs no database.
-    if alias in settings.DATABASES or not apps.is_installed("django.contrib.admin"):
+    if not apps.is_installed("django.contrib.admin"):
         return []
-    return [
-        Error(
-            f"SAGA_DATABASE is {alias!r}, which is not an alias of DATABASES",
-            hint="Add an alias for the saga store's database (the one CELERY_SAGA_STORE_URL "
-            "names) and set SAGA_DATABASE to it.",
-            id="celery_saga.E001",
+    errors = []
+    alias = saga_database()
+    if alias not in settings.DATABASES:
+        errors.append(
+            Error(
+                f"SAGA_DATABASE is {alias!r}, which is not an alias of DATABASES",
+                hint="Add an alias for the saga store's database (the one "
+                "CELERY_SAGA_STORE_URL names) and set SAGA_DATABASE to it.",
+                id="celery_saga.E001",
+            )
         )
-    ]
+    reader = saga_read_database()
+    if reader not in settings.DATABASES:
+        errors.append(
+            Error(
+                f"SAGA_READ_DATABASE is {reader!r}, which is not an alias of DATABASES",
+                hint="Add an alias for the read replica of the saga store (the one "
+                "CELERY_SAGA_READ_STORE_URL names) and set SAGA_READ_DATABASE to it.",
+                id="celery_saga.E002",
+            )
+        )
+    return errors

@@ -2,8 +2,10 @@
 
 The tables belong to the store (its own migrations create them), so the models are
 unmanaged. They read the database whose alias ``settings.SAGA_DATABASE`` names
-(``"default"`` unless set): that alias must point at the saga store. Payload columns are
-msgpack blobs; ``payloads.shown`` decodes them with the store's own codec.
+(``"default"`` unless set): that alias must point at the saga store; with
+``settings.SAGA_READ_DATABASE``, the alias of a read replica of it, they read that instead
+(``staleness`` says how far behind it is). Payload columns are msgpack blobs;
+``payloads.shown`` decodes them with the store's own codec.
 """
 
 from __future__ import annotations
@@ -20,11 +22,17 @@ def saga_database() -> str:
     return str(getattr(settings, "SAGA_DATABASE", "default"))
 
 
+def saga_read_database() -> str:
+    """The alias the admin reads the saga tables from: a replica's, else the store's."""
+    return str(getattr(settings, "SAGA_READ_DATABASE", None) or saga_database())
+
+
 class SagaManager(models.Manager):  # type: ignore[misc]
-    """Every query of these models goes to the saga store's alias, router or not."""
+    """Every query of these models goes to the alias they read, router or not: they never
+    write (the engine's calls change runs, on the store itself)."""
 
     def get_queryset(self) -> models.QuerySet[Any]:
-        return super().get_queryset().using(saga_database())
+        return super().get_queryset().using(saga_read_database())
 
 
 class StoredTime(models.DateTimeField):  # type: ignore[misc]
@@ -54,6 +62,12 @@ class Run(models.Model):  # type: ignore[misc]
     updated_at = StoredTime()
     cancelled_at = StoredTime(null=True)
     deadline_at = StoredTime(null=True)
+    # The engine's bookkeeping, mapped so the model is the table (tests/test_django_models.py)
+    # and not shown on the admin's pages.
+    lease_expires_at = StoredTime(null=True)
+    version = models.IntegerField()
+    members_settled = models.IntegerField(null=True)
+    members_failed = models.IntegerField(null=True)
 
     objects = SagaManager()
 
@@ -105,6 +119,12 @@ class Step(models.Model):  # type: ignore[misc]
     compensated_at = StoredTime(null=True)
     child_execution_id = models.CharField("child run", max_length=64, null=True)
     holder = models.CharField(max_length=200, null=True)
+    # The engine's bookkeeping, as on ``Run``.
+    idempotency_key = models.CharField(max_length=400)
+    compensatable = models.BooleanField()
+    lease_expires_at = StoredTime(null=True)
+    compensation_lease_expires_at = StoredTime(null=True)
+    compensation_holder = models.CharField(max_length=200, null=True)
 
     objects = SagaManager()
 

@@ -2,7 +2,8 @@
 
 Django's own tables (users, sessions) live in the saga store's database, as in most
 projects; with ``SHOP_DJANGO_DB`` (a SQLite file) they live there instead and the store is
-the ``sagas`` alias, named by ``SAGA_DATABASE``."""
+the ``sagas`` alias, named by ``SAGA_DATABASE``; with ``SHOP_READ_STORE``, the admin reads
+the saga tables from that replica of the store (``SAGA_READ_DATABASE``)."""
 
 import os
 
@@ -71,3 +72,9 @@ if os.environ.get("SHOP_DJANGO_DB"):
     SAGA_DATABASE = "sagas"
 else:
     DATABASES = {"default": _django_database(CELERY_SAGA_STORE_URL)}
+
+if os.environ.get("SHOP_READ_STORE"):
+    # A read replica of the store: the engine's operator reads and the admin's pages use it.
+    CELERY_SAGA_READ_STORE_URL = os.environ["SHOP_READ_STORE"]
+    DATABASES["replica"] = _django_database(CELERY_SAGA_READ_STORE_URL)
+    SAGA_READ_DATABASE = "replica"
