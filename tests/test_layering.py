@@ -521,6 +521,7 @@ def _view_modules() -> list[Path]:
         for package in _VIEWS
         for path in sorted((PACKAGE / package).rglob("*.py"))
         if str(path.relative_to(PACKAGE)) not in _STORE_ADMINISTRATION
+        and "migrations" not in path.parts  # Django's schema history, no view
     ]
 
 

@@ -7,7 +7,13 @@ from __future__ import annotations
 from django.db import DatabaseError, connections
 
 from celery_saga.contrib.django.models import saga_database, saga_read_database
-from celery_saga.store.replica import STANDING_QUERY, ReplicaLag, Standing, lag_of_row, unreadable
+from celery_saga.inspect.staleness import (
+    STANDING_QUERY,
+    ReplicaLag,
+    Standing,
+    lag_of_row,
+    unreadable,
+)
 
 
 def replica_lag() -> ReplicaLag:
