@@ -95,5 +95,19 @@ def decide_upgrade(
         if index >= len(target):
             return Upgrade(False, name, f"node {name!r} does not exist in the new version")
         if target[index] != (name, shape):
-            return Upgrade(False, name, f"node {name!r} differs in the new version")
+            what = _what_differs(shape, target[index][1])
+            return Upgrade(False, name, f"node {name!r} differs in the new version{what}")
     return Upgrade(True)
+
+
+def _what_differs(shape: Any, other: Any) -> str:
+    """For a step that stays a step: which of its callables the new version changes (its
+    compensation is what a completed step's unwind would need)."""
+    if not (shape[0] == other[0] == "step" and shape[1][0] == other[1][0]):
+        return ""
+    (_, action, compensation, _), (_, new_action, new_compensation, _) = shape[1], other[1]
+    if compensation != new_compensation:
+        return f" (its compensation {compensation!r} is {new_compensation!r} there)"
+    if action != new_action:
+        return f" (its action {action!r} is {new_action!r} there)"
+    return ""

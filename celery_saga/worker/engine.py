@@ -31,7 +31,13 @@ from celery_saga.store.codec import use_codec
 from celery_saga.store.database import Database
 from celery_saga.store.identity import shown_store, store_identity
 from celery_saga.store.versions import waiting_for_version
-from celery_saga.worker import arrivals, hand_back_notes, holders, pool_loss, run_commands
+from celery_saga.worker import (
+    arrivals,
+    hand_back_notes,
+    holders,
+    pool_loss,
+    run_commands,
+)
 from celery_saga.worker.arguments import check_actor, enum_values
 from celery_saga.worker.beat import install_beat_entries
 from celery_saga.worker.celery_hooks import CeleryHooks
@@ -44,6 +50,7 @@ from celery_saga.worker.handle import SagaHandle
 from celery_saga.worker.parts import WorkerParts
 from celery_saga.worker.publisher import CeleryPublisher
 from celery_saga.worker.revocation import remember_worker_process, revoke_announced
+from celery_saga.worker.shape_book import ShapeBook
 from celery_saga.worker.step_run import StepRun
 from celery_saga.worker.step_tasks import StepTasks
 from celery_saga.worker.store_calls import StoreCalls
@@ -118,6 +125,7 @@ class SagaEngine:
             store_id=store_id,
             shown_store=shown_store(self.db.url),
             notes=HandBackNotes(),
+            shapes=ShapeBook(self.db),
         )
 
     def _hook_in(self, parts: WorkerParts) -> None:
