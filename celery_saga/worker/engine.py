@@ -37,6 +37,7 @@ from celery_saga.worker import (
     holders,
     pool_loss,
     run_commands,
+    version_check,
 )
 from celery_saga.worker.arguments import check_actor, enum_values
 from celery_saga.worker.beat import install_beat_entries
@@ -56,6 +57,7 @@ from celery_saga.worker.step_tasks import StepTasks
 from celery_saga.worker.store_calls import StoreCalls
 from celery_saga.worker.sweeps import Sweeps
 from celery_saga.worker.tasks import register_tasks
+from celery_saga.worker.version_check import VersionCheck
 from celery_saga.worker.versioning import VersionInfo, Versions
 
 DEFAULT_STORE_URL = "sqlite:///celery_saga.sqlite3"
@@ -359,6 +361,15 @@ class SagaEngine:
     def versions(self) -> builtins.list[VersionInfo]:
         """Every version of every saga: registered here, seen on workers, or with live runs."""
         return self.parts.store.run("listing versions", self.versioning.report)
+
+    def check_versions(self) -> VersionCheck:
+        """The runs that are not over whose version is not registered here, each with what
+        ``upgrade`` can do for it: what deploying only this process's versions would strand
+        (``saga versions check``)."""
+        self.ensure_schema()
+        return self.parts.store.run(
+            "checking versions", lambda: version_check.check_versions(self.parts)
+        )
 
     def upgrade(
         self, execution_id: str, to: str | None = None, *, actor: str | None = None
