@@ -19,9 +19,10 @@ from sqlalchemy import event, text, update
 from celery_saga import ExecutionState
 from celery_saga.cli import saga as saga_cli
 from celery_saga.store import versions
+from celery_saga.store.database import Database
 from celery_saga.store.tables import executions, version_shapes
 from celery_saga.worker.embedded import embedded_worker
-from tests.conftest import ROOT
+from tests.conftest import ROOT, mariadb_url
 from tests.version_runs import (
     V1,
     approve,
@@ -221,3 +222,39 @@ def test_manage_py_saga_versions_check_fails_while_a_run_is_stranded(tmp_path: P
     passed = _manage_check(store)
     assert passed.returncode == 0, passed.stderr
     assert "no run would be stranded" in passed.stdout
+
+
+#: Indexes led by ``state``: they hold the unfinished runs apart from the history.
+BY_STATE = {
+    "ix_saga_executions_wake",
+    "ix_saga_executions_state_created",
+    "ix_saga_executions_unwind_owed",
+}
+
+
+def test_check_reads_the_runs_through_an_index_on_mariadb() -> None:
+    """MariaDB has no partial index: a range over an index on ``state`` serves both arms."""
+    store = Database(mariadb_url())
+    store.migrate()
+    sent: list[tuple[str, Any]] = []
+
+    def record(_conn: Any, _cursor: Any, sql: str, parameters: Any, *_: Any) -> None:
+        if "saga_executions" in sql and sql.lstrip().upper().startswith("SELECT"):
+            sent.append((sql, parameters))
+
+    event.listen(store.engine, "before_cursor_execute", record)
+    try:
+        versions.unfinished_runs_outside(store, {"aaaa", "bbbb"})
+        versions.live_runs(store)
+    finally:
+        event.remove(store.engine, "before_cursor_execute", record)
+    assert len(sent) == 2
+    with store.engine.connect() as connection:
+        cursor = connection.connection.driver_connection.cursor()
+        for sql, parameters in sent:
+            cursor.execute("EXPLAIN " + sql, parameters)
+            access = {(row[3], row[5]) for row in cursor.fetchall()}
+            assert {kind for kind, _ in access} <= {"range", "index_merge"}, access
+            keys = {part for _, key in access for part in key.split(",")}
+            assert keys <= BY_STATE, access  # not rollback_status: every completed run is NULL
+    store.dispose()
