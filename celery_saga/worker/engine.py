@@ -365,7 +365,9 @@ class SagaEngine:
     def check_versions(self) -> VersionCheck:
         """The runs that are not over whose version is not registered here, each with what
         ``upgrade`` can do for it: what deploying only this process's versions would strand
-        (``saga versions check``)."""
+        (``saga versions check``). Sagas to be autodiscovered are looked for first: a run
+        is not stranded by a version this process has not imported yet."""
+        self.discovery.discover()
         self.ensure_schema()
         return self.parts.store.run(
             "checking versions", lambda: version_check.check_versions(self.parts)
