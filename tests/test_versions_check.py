@@ -21,6 +21,7 @@ from celery_saga.cli import saga as saga_cli
 from celery_saga.store import versions
 from celery_saga.store.database import Database
 from celery_saga.store.tables import executions, version_shapes
+from celery_saga.store.version_shapes import load_shapes
 from celery_saga.worker.embedded import embedded_worker
 from tests.conftest import ROOT, mariadb_url
 from tests.version_runs import (
@@ -156,16 +157,33 @@ def test_check_reads_the_runs_through_an_index_on_postgresql(pg_db: Any) -> None
         event.remove(pg_db.engine, "before_cursor_execute", record)
     assert len(sent) == 2
     for sql, parameters in sent:
-        with pg_db.engine.connect() as connection:
-            transaction = connection.begin()
-            connection.execute(text("SET LOCAL enable_seqscan = off"))
-            cursor = connection.connection.driver_connection.cursor()
-            cursor.execute("EXPLAIN " + sql, parameters)
-            plan = "\n".join(row[0] for row in cursor.fetchall())
-            transaction.rollback()
+        plan = _plan(pg_db, sql, parameters)
         assert "Seq Scan on saga_executions" not in plan, plan
         assert "ix_saga_executions_unwind_owed" in plan, plan
         assert "ix_saga_executions_state" in plan or "ix_saga_executions_wake" in plan, plan
+    shapes: list[tuple[str, Any]] = []
+
+    def record_shapes(_conn: Any, _cursor: Any, sql: str, parameters: Any, *_: Any) -> None:
+        shapes.append((sql, parameters))
+
+    event.listen(pg_db.engine, "before_cursor_execute", record_shapes)
+    try:
+        load_shapes(pg_db, [("approve", "aaaa"), ("refund", "bbbb")])
+    finally:
+        event.remove(pg_db.engine, "before_cursor_execute", record_shapes)
+    (plan,) = [_plan(pg_db, sql, parameters) for sql, parameters in shapes]
+    assert "Index Scan using pk_saga_version_shapes" in plan, plan
+
+
+def _plan(pg_db: Any, sql: str, parameters: Any) -> str:
+    with pg_db.engine.connect() as connection:
+        transaction = connection.begin()
+        connection.execute(text("SET LOCAL enable_seqscan = off"))
+        cursor = connection.connection.driver_connection.cursor()
+        cursor.execute("EXPLAIN " + sql, parameters)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        transaction.rollback()
+    return plan
 
 
 def test_the_check_is_a_pure_read(tmp_path: Path) -> None:

@@ -62,7 +62,10 @@ def load_shapes(db: Database, versions: Iterable[tuple[str, str]]) -> dict[tuple
         return {}
     query = select(
         version_shapes.c.saga_name, version_shapes.c.definition_hash, version_shapes.c.shape
-    ).where(version_shapes.c.definition_hash.in_(sorted({h for _, h in wanted})))
+    ).where(  # both columns of the primary key: a seek per saga, not a scan
+        version_shapes.c.saga_name.in_(sorted({s for s, _ in wanted})),
+        version_shapes.c.definition_hash.in_(sorted({h for _, h in wanted})),
+    )
     return {
         (r["saga_name"], r["definition_hash"]): r["shape"]
         for r in db.read(query)
