@@ -5,8 +5,9 @@ completed, 20% failed and compensated), ``--waiting`` runs parked on a signal, `
 runs moving and ``--parked`` compensation_stuck ones (see ``history_fill.py``). Then, with
 fresh statistics:
 
-- the median of ``--repeats`` calls of ``recover()``, ``fire_timers()``, ``stats`` and each
-  ``list`` filter (none of the sweeps finds anything due: that is the beat's common case);
+- the median of ``--repeats`` calls of ``recover()``, ``fire_timers()``, ``stats``,
+  ``versions check`` and each ``list`` filter (none of the sweeps finds anything due: that
+  is the beat's common case);
 - the EXPLAIN ANALYZE of every statement they send, with the rows each read from
   ``saga_executions`` (``history_plans.py``);
 - a retention catch-up over the whole history as backlog: ``--retire-runs`` runs archived,
@@ -72,10 +73,13 @@ def _operations(engine: SagaEngine, now: datetime) -> dict[str, Callable[[], obj
     )
     some = engine.list(limit=1).items
     first = some[0].id if some else "none"
+    # `saga versions check` (an older checkout to compare with has no such call).
+    check = getattr(engine, "check_versions", lambda: None)
     return {
         "recover()": lambda: engine.recover(),
         "fire_timers()": engine.fire_timers,
         "stats": lambda: inspection.stats(engine.db),
+        "versions check": check,
         "list()": lambda: engine.list(),
         "list(state=waiting)": lambda: engine.list(state="waiting"),
         "list(state=running)": lambda: engine.list(state="running"),
@@ -374,7 +378,7 @@ def _sweeps(
     calls = _operations(engine, now)
     for label, call in calls.items():
         print(f"  {label:34} {_median_ms(call, args.repeats):8.2f} ms")
-    periodic = {k: calls[k] for k in ("recover()", "fire_timers()", "stats")}
+    periodic = {k: calls[k] for k in ("recover()", "fire_timers()", "stats", "versions check")}
     # An older checkout (to compare with) has no batch-wise retention to call.
     batched = hasattr(retention, "retire_batch")
     if batched:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from celery_saga import SagaEngine, SagaError, UnknownSagaError
+from celery_saga import Saga, SagaEngine, SagaError, UnknownSagaError
 from tests.conftest import unconsumed_app
 
 #: The engine the generated ``sagas`` modules register on.
@@ -112,3 +112,19 @@ def test_a_related_name_that_is_not_a_module_name_is_refused(engine: SagaEngine)
     with pytest.raises(SagaError, match=r"related_name=\.\.\.\) must be a module name"):
         engine.autodiscover_sagas(related_name="orders.sagas")
     assert engine.discovery.where().startswith("looked for only"), "nothing was recorded"
+
+
+#: A module-level lambda, as the generated module's step: the same version.
+_AS_IN_THE_MODULE = [lambda: None]
+
+
+def test_check_versions_looks_for_the_sagas_before_calling_a_run_stranded(
+    engine: SagaEngine, tmp_path: Path
+) -> None:
+    package = _package(tmp_path, "checked")
+    engine.autodiscover_sagas([package])
+    other = SagaEngine(unconsumed_app("other"), store_url=f"sqlite:///{tmp_path}/d.sqlite3")
+    other.register(Saga("checked").step("only", _AS_IN_THE_MODULE[0]))
+    other.start("checked")
+    assert engine.check_versions().ok, "the version is in a sagas module not imported yet"
+    other.db.dispose()

@@ -16,8 +16,10 @@ from typing import Any
 
 import pytest
 
-from celery_saga import Saga, path, step
-from celery_saga.definition.hashing import structural_hash
+from celery_saga import Saga, SagaError, path, step
+from celery_saga.definition.hashing import hash_of_text, structural_hash
+from celery_saga.definition.shapes import read_shape, shape_of
+from celery_saga.worker.versioning import node_name
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -233,3 +235,37 @@ def test_declaring_the_same_branch_paths_in_another_order_keeps_the_hash() -> No
         )
     )
     assert hash_of(swapped) == REFERENCE
+
+
+def _every_kind() -> Saga:
+    saga = build().wait_for("approved").sub_saga("invoice", name="bill")
+    saga.do_until(lambda ctx: True, step("poll", notify, compensate=void), name="polling")
+    saga.do_while(lambda ctx: False, step("tick", notify))
+    return saga.for_each(lambda ctx: [1], step("each", ship, compensate=refund))
+
+
+def test_a_versions_stored_shape_hashes_to_it_and_names_each_node_as_an_operator_does() -> None:
+    definition = _every_kind().seal()
+    shape = shape_of(definition)
+    assert hash_of_text(shape.text) == definition.hash, "the stored text is what is hashed"
+    assert [name for name, _ in shape.nodes] == [node_name(n) for n in definition.nodes]
+    assert read_shape(definition.name, definition.hash, shape.text) == shape
+    labelled = Saga("order", version="7").step("reserve", reserve).seal()
+    assert shape_of(labelled).label == "7"
+
+
+def test_a_stored_shape_that_is_not_its_versions_is_refused() -> None:
+    definition = build().seal()
+    text = shape_of(definition).text
+    with pytest.raises(SagaError, match="does not hash to that version"):
+        read_shape(definition.name, definition.hash, text.replace("reserve", "reserva"))
+    with pytest.raises(SagaError, match="does not hash to that version"):
+        read_shape(definition.name, REFERENCE[:-1] + "0", text)
+
+
+@pytest.mark.parametrize("change", list(STRUCTURAL_CHANGES), ids=list(STRUCTURAL_CHANGES))
+def test_every_change_the_hash_sees_the_stored_shape_sees(change: str) -> None:
+    """A process without a version judges its runs by the stored shape: two versions that
+    hash apart must not look alike there."""
+    changed, reference = shape_of(STRUCTURAL_CHANGES[change]().seal()), shape_of(build().seal())
+    assert (changed.saga, changed.nodes) != (reference.saga, reference.nodes)

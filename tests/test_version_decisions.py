@@ -9,15 +9,18 @@ from celery_saga import Saga
 from celery_saga.decisions.versions import (
     HAND_BACK_COUNTDOWNS,
     Placement,
+    Stranding,
     VersionRef,
     decide_upgrade,
     find_version,
     hand_back_countdown,
+    judge_stranded,
     label_taken,
     newest,
     place,
 )
 from celery_saga.definition.hashing import node_shape
+from celery_saga.definition.shapes import shape_of
 from celery_saga.worker.versioning import node_name
 
 V1, V2, V3 = VersionRef("aaaa1111", "1"), VersionRef("bbbb2222", "2"), VersionRef("cccc3333")
@@ -101,3 +104,28 @@ def test_the_version_label_tells_apart_versions_of_the_same_shape() -> None:
     assert labelled.label == "2"
     assert plain.hash != labelled.hash
     assert plain.hash == Saga("order").step("reserve", one).seal().hash, "unlabelled: as before"
+
+
+def _stored(saga: Saga) -> tuple[tuple[str, object], ...]:
+    return shape_of(saga.seal()).nodes
+
+
+def test_a_stranded_run_can_move_to_the_newest_release_version_its_reached_nodes_match() -> None:
+    same_start = Saga("order", version="2").step("reserve", one, compensate=two)
+    changed = Saga("order", version="3").step("reserve", two, compensate=two)
+    releases = [("h2", _stored(same_start)), ("h3", _stored(changed))]
+    verdict = judge_stranded(0, _stored(_v1()), releases)
+    assert (verdict.kind, verdict.to) == (Stranding.MOVABLE, "h2"), "an older one that fits"
+    assert judge_stranded(0, _stored(_v1()), releases[:1]).to == "h2"
+
+
+def test_a_stranded_run_whose_completed_steps_compensation_is_gone_cannot_move() -> None:
+    other_undo = Saga("order", version="2").step("reserve", one, compensate=one)
+    verdict = judge_stranded(1, _stored(_v1()), [("h2", _stored(other_undo))])
+    assert (verdict.kind, verdict.node) == (Stranding.BLOCKED, "reserve")
+    assert "its compensation 'two' is 'one' there" in verdict.reason
+
+
+def test_a_stranded_run_without_its_shape_or_its_saga_is_named_not_judged() -> None:
+    assert judge_stranded(0, None, [("h2", _stored(_v1()))]).kind is Stranding.NO_SHAPE
+    assert judge_stranded(0, _stored(_v1()), []).kind is Stranding.NO_SAGA

@@ -1,5 +1,6 @@
 """``celery saga versions`` and ``celery saga upgrade``: the versions of each saga side by
-side, and moving one run to another version (guarantee 22)."""
+side, and moving one run to another version (guarantee 22). ``versions check`` is in
+``version_check.py``."""
 
 from __future__ import annotations
 
@@ -40,13 +41,16 @@ def _row(version: VersionInfo) -> list[str]:
     ]
 
 
-@saga.command()
+@saga.group(invoke_without_command=True)
 @click.option("--json", "as_json_output", is_flag=True, help="Print JSON.")
 @click.pass_context
 @operator_command
 def versions(ctx: click.Context, as_json_output: bool) -> None:
     """Each saga's versions: where they were seen, how many live runs each still has. A
-    version with 0 live runs can be deleted from the code."""
+    version with 0 live runs can be deleted from the code; `versions check`, run from the
+    code about to ship, says which runs it would strand."""
+    if ctx.invoked_subcommand is not None:
+        return
     found = engine_of(ctx).versions()
     if as_json_output:
         click.echo(as_json({"items": [_item(v) for v in found]}))

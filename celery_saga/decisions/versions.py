@@ -95,5 +95,65 @@ def decide_upgrade(
         if index >= len(target):
             return Upgrade(False, name, f"node {name!r} does not exist in the new version")
         if target[index] != (name, shape):
-            return Upgrade(False, name, f"node {name!r} differs in the new version")
+            what = _what_differs(shape, target[index][1])
+            return Upgrade(False, name, f"node {name!r} differs in the new version{what}")
     return Upgrade(True)
+
+
+def _what_differs(shape: Any, other: Any) -> str:
+    """For a step that stays a step: which of its callables the new version changes (its
+    compensation is what a completed step's unwind would need)."""
+    if not (shape[0] == other[0] == "step" and shape[1][0] == other[1][0]):
+        return ""
+    (_, action, compensation, _), (_, new_action, new_compensation, _) = shape[1], other[1]
+    if compensation != new_compensation:
+        return f" (its compensation {compensation!r} is {new_compensation!r} there)"
+    if action != new_action:
+        return f" (its action {action!r} is {new_action!r} there)"
+    return ""
+
+
+class Stranding(str, Enum):
+    """What a release does to a run of a version it lacks (``saga versions check``)."""
+
+    MOVABLE = "movable"  # ``upgrade`` moves it to a version the release has
+    BLOCKED = "blocked"  # a node it reached differs in every version the release has
+    NO_SAGA = "no_saga"  # the release has no version of its saga at all
+    NO_SHAPE = "no_shape"  # its version's shape is not in the store: it cannot be judged
+
+
+@dataclass(frozen=True)
+class StrandVerdict:
+    """``to``: the version it can move to; ``node`` and ``reason``: why it cannot."""
+
+    kind: Stranding
+    to: str | None = None
+    node: str | None = None
+    reason: str = ""
+
+
+def judge_stranded(
+    passed: int,
+    current: Sequence[tuple[str, Any]] | None,
+    releases: Sequence[tuple[str, Sequence[tuple[str, Any]]]],
+) -> StrandVerdict:
+    """A run of a version the release lacks has reached node index ``passed`` of its
+    version's nodes ``current`` (None: its shape is not stored). ``releases``: the (hash,
+    nodes) of each version of its saga the release has, oldest first. It can move to the
+    newest of them whose nodes up to ``passed`` are its own (``decide_upgrade``)."""
+    if not releases:
+        return StrandVerdict(Stranding.NO_SAGA, reason="this code has no version of its saga")
+    if current is None:
+        return StrandVerdict(
+            Stranding.NO_SHAPE,
+            reason="its version's shape is not in the store; no process with that version "
+            "has started since the store was upgraded",
+        )
+    first: Upgrade | None = None
+    for version, nodes in reversed(releases):
+        verdict = decide_upgrade(passed, current, nodes)
+        if verdict.allowed:
+            return StrandVerdict(Stranding.MOVABLE, to=version)
+        first = first or verdict
+    assert first is not None
+    return StrandVerdict(Stranding.BLOCKED, node=first.node, reason=first.reason)

@@ -57,11 +57,23 @@ def node_shape(node: Node) -> list[Any]:
             assert_never(node)
 
 
+def shape_text(saga: str, nodes: Sequence[Node], label: str | None = None) -> str:
+    """What the hash covers, as the JSON text it hashes: the graph's shape, and the
+    ``version=`` label when there is one. Stored with the version, it lets a process without
+    the version's code judge its runs (``definition/shapes.py``)."""
+    shape: list[Any] = [saga, [node_shape(node) for node in nodes]]
+    if label is not None:
+        shape.append(["version", label])
+    return json.dumps(shape, sort_keys=True)
+
+
+def hash_of_text(text: str) -> str:
+    """The structural hash of a shape's JSON text (``shape_text``)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def structural_hash(saga: str, nodes: Sequence[Node], label: str | None = None) -> str:
     """The version's identity: the graph's shape, and the ``version=`` label when there is
     one (so a label tells apart two versions whose step bodies changed but not their shape).
     A saga without a label hashes as it always did."""
-    shape: list[Any] = [saga, [node_shape(node) for node in nodes]]
-    if label is not None:
-        shape.append(["version", label])
-    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
+    return hash_of_text(shape_text(saga, nodes, label))

@@ -31,6 +31,8 @@ metadata = MetaData()
 Blob = LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
 #: MySQL's DATETIME drops sub-second precision unless asked.
 Timestamp = DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+#: MySQL's TEXT stops at 64 KiB; a saga of many steps has a longer shape.
+ShapeText = Text().with_variant(mysql.MEDIUMTEXT(), "mysql", "mariadb")
 #: SQLite only autoincrements INTEGER PRIMARY KEY.
 RecordId = BigInteger().with_variant(Integer(), "sqlite")
 
@@ -248,4 +250,18 @@ version_waits = Table(
     Column("handed_back_by", String(200), nullable=False),
     Column("handed_back_at", Timestamp, nullable=False),
     Column("times", Integer, nullable=False),
+)
+
+#: What each version's structural hash covers, as the JSON text it hashes (one row per
+#: saga and hash, written once): ``upgrade`` and ``saga versions check`` judge a run
+#: against another version with it, without the run's own version in the process.
+version_shapes = Table(
+    "saga_version_shapes",
+    metadata,
+    Column("saga_name", String(200), nullable=False),
+    Column("definition_hash", String(64), nullable=False),
+    Column("label", String(200)),
+    Column("shape", ShapeText, nullable=False),
+    Column("recorded_at", Timestamp, nullable=False),
+    PrimaryKeyConstraint("saga_name", "definition_hash", name="pk_saga_version_shapes"),
 )

@@ -4,7 +4,7 @@ which runs wait for a worker that has their version, and moving a run to another
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -28,6 +28,22 @@ LIVE_STATES = tuple(
 )
 
 
+#: Also not over: a cancelled run whose bodies in flight are being stopped, before its
+#: unwind; its version's code is still needed (not a state ``upgrade`` moves a run in).
+UNFINISHED_STATES = (*LIVE_STATES, ExecutionState.CANCELLING.value)
+
+
+@dataclass(frozen=True)
+class UnfinishedRun:
+    """A run that is not over, where it stands: the node index it has reached (``cursor``)."""
+
+    execution_id: str
+    saga_name: str
+    definition_hash: str
+    state: str
+    cursor: int
+
+
 @dataclass(frozen=True)
 class SeenVersion:
     saga_name: str
@@ -49,12 +65,33 @@ class VersionWait:
     times: int
 
 
-def _live() -> Any:
+def _live(states: Sequence[str] = LIVE_STATES) -> Any:
     return or_(
-        executions.c.state.in_(LIVE_STATES),
+        executions.c.state.in_(states),
         (executions.c.state == ExecutionState.FAILED.value)
         & executions.c.rollback_status.is_(None),
     )
+
+
+def unfinished_runs_outside(db: Database, hashes: Collection[str]) -> list[UnfinishedRun]:
+    """Every run that is not over whose version is none of ``hashes``. Reads the unfinished
+    runs only, never the history: by ``state`` (``ix_saga_executions_state_created``) and the
+    owed unwinds' partial index (``ix_saga_executions_unwind_owed``), as the recovery
+    sweep; sorted here, since an ORDER BY could tempt the planner into a whole index."""
+    query = select(
+        executions.c.id,
+        executions.c.saga_name,
+        executions.c.definition_hash,
+        executions.c.state,
+        executions.c.cursor,
+    ).where(_live(UNFINISHED_STATES))
+    if hashes:
+        query = query.where(executions.c.definition_hash.not_in(sorted(hashes)))
+    found = [
+        UnfinishedRun(r["id"], r["saga_name"], r["definition_hash"], r["state"], int(r["cursor"]))
+        for r in db.read(query, serial=True)
+    ]
+    return sorted(found, key=lambda r: (r.saga_name, r.definition_hash, r.execution_id))
 
 
 def record_seen(
@@ -113,7 +150,7 @@ def live_runs(db: Database) -> dict[tuple[str, str], int]:
     """How many runs that are not over each (saga, hash) has."""
     query = (
         select(executions.c.saga_name, executions.c.definition_hash, func.count())
-        .where(_live())
+        .where(_live(UNFINISHED_STATES))
         .group_by(executions.c.saga_name, executions.c.definition_hash)
     )
     return {(r["saga_name"], r["definition_hash"]): int(r["count_1"]) for r in db.read(query)}

@@ -34,7 +34,14 @@ from celery_saga.store.database import Database
 from celery_saga.store.identity import shown_store, store_identity
 from celery_saga.store.replica import open_replica
 from celery_saga.store.versions import waiting_for_version
-from celery_saga.worker import arrivals, hand_back_notes, holders, pool_loss, run_commands
+from celery_saga.worker import (
+    arrivals,
+    hand_back_notes,
+    holders,
+    pool_loss,
+    run_commands,
+    version_check,
+)
 from celery_saga.worker.arguments import check_actor, enum_values
 from celery_saga.worker.beat import install_beat_entries
 from celery_saga.worker.celery_hooks import CeleryHooks
@@ -47,11 +54,13 @@ from celery_saga.worker.handle import SagaHandle
 from celery_saga.worker.parts import WorkerParts
 from celery_saga.worker.publisher import CeleryPublisher
 from celery_saga.worker.revocation import remember_worker_process, revoke_announced
+from celery_saga.worker.shape_book import ShapeBook
 from celery_saga.worker.step_run import StepRun
 from celery_saga.worker.step_tasks import StepTasks
 from celery_saga.worker.store_calls import StoreCalls
 from celery_saga.worker.sweeps import Sweeps
 from celery_saga.worker.tasks import register_tasks
+from celery_saga.worker.version_check import VersionCheck
 from celery_saga.worker.versioning import VersionInfo, Versions
 
 DEFAULT_STORE_URL = "sqlite:///celery_saga.sqlite3"
@@ -124,6 +133,7 @@ class SagaEngine:
             store_id=store_id,
             shown_store=shown_store(self.db.url),
             notes=HandBackNotes(),
+            shapes=ShapeBook(self.db),
         )
 
     def _hook_in(self, parts: WorkerParts) -> None:
@@ -367,6 +377,17 @@ class SagaEngine:
     def versions(self) -> builtins.list[VersionInfo]:
         """Every version of every saga: registered here, seen on workers, or with live runs."""
         return self.parts.store.run("listing versions", self.versioning.report)
+
+    def check_versions(self) -> VersionCheck:
+        """The runs that are not over whose version is not registered here, each with what
+        ``upgrade`` can do for it: what deploying only this process's versions would strand
+        (``saga versions check``). Sagas to be autodiscovered are looked for first: a run
+        is not stranded by a version this process has not imported yet."""
+        self.discovery.discover()
+        self.ensure_schema()
+        return self.parts.store.run(
+            "checking versions", lambda: version_check.check_versions(self.parts)
+        )
 
     def upgrade(
         self, execution_id: str, to: str | None = None, *, actor: str | None = None

@@ -15,6 +15,7 @@ from celery_saga.store.database import Database
 from celery_saga.worker.event_hub import EventHub
 from celery_saga.worker.hand_back_notes import HandBackNotes
 from celery_saga.worker.publisher import CeleryPublisher
+from celery_saga.worker.shape_book import ShapeBook
 from celery_saga.worker.store_calls import StoreCalls
 
 
@@ -24,7 +25,8 @@ class WorkerParts:
     store work), the registered definitions (``catalog``), where its events go, how its
     messages are sent, the runtime that moves runs (``executor``), and what identifies its
     store in a message (``store_id``) and to a reader (``shown_store``), with the worker's
-    memory of the messages it handed back (``notes``)."""
+    memory of the messages it handed back (``notes``) and of the versions whose shapes it
+    stored (``shapes``)."""
 
     app: Celery
     db: Database
@@ -36,6 +38,7 @@ class WorkerParts:
     store_id: str
     shown_store: str
     notes: HandBackNotes
+    shapes: ShapeBook
 
     @property
     def settings(self) -> Settings:

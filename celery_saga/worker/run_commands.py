@@ -92,6 +92,8 @@ def start_run(
     new_id = execution_id or new_execution_id()
     given = {} if saga_input is None else saga_input
     parts.store.ensure_schema()
+    # Once per version and process: the run's version can be judged without its code.
+    parts.store.run(f"storing the shape of saga {saga!r}", lambda: parts.shapes.store([definition]))
     try:
         parts.store.run(
             f"starting saga {saga!r}",

@@ -16,14 +16,13 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from celery_saga.decisions.versions import VersionRef, decide_upgrade, find_version
 from celery_saga.definition import nodes
 from celery_saga.definition.builder import SagaDefinition
-from celery_saga.definition.hashing import node_shape
+from celery_saga.definition.shapes import shape_of
 from celery_saga.errors import (
     ExecutionNotFoundError,
     InvalidStateError,
@@ -38,6 +37,7 @@ from celery_saga.runtime.process_name import process_name, set_process_name
 from celery_saga.store import queries, versions
 from celery_saga.worker.celery_hooks import CeleryHooks
 from celery_saga.worker.parts import WorkerParts
+from celery_saga.worker.version_check import run_shape
 
 logger = logging.getLogger("celery_saga")
 
@@ -79,10 +79,6 @@ def node_name(node: nodes.Node) -> str:
             unreachable(node)
 
 
-def _shapes(definition: SagaDefinition) -> list[tuple[str, Any]]:
-    return [(node_name(node), node_shape(node)) for node in definition.nodes]
-
-
 #: How often a running worker says again which versions it has (``last_seen``).
 SEEN_EVERY = 300.0
 
@@ -118,6 +114,7 @@ class Versions:
         ]
         try:
             parts.store.ensure_schema()
+            parts.shapes.store(d for n in catalog.names() for d in catalog.versions(n))
             versions.record_seen(
                 parts.db, registered, seen_by=process_name(), now=get_clock().now()
             )
@@ -163,7 +160,8 @@ class Versions:
     ) -> SagaDefinition:
         """Move run ``execution_id`` to version ``to`` (a hash, hash prefix or label; the
         newest registered here by default). Refused, with nothing stored, unless every node
-        the run has reached is the same in that version. ``actor`` (else this process's
+        the run has reached is the same in that version. The run's own version need not be
+        registered here: its shape is read from the store. ``actor`` (else this process's
         name) is recorded in the run's history."""
         parts = self.parts
         check_lookup_id(execution_id)
@@ -171,7 +169,9 @@ class Versions:
         record, _ = queries.load_snapshot(parts.db, execution_id)
         if record is None or record.id != execution_id:
             raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
-        current = parts.catalog.for_run(record.saga_name, record.definition_hash, record.id)
+        # Without the run's version here, its shape as the store keeps it: the old code
+        # need not be deployed anywhere (tests/test_upgrade_without_old_code.py).
+        current = run_shape(parts, record.saga_name, record.definition_hash, record.id)
         target = self._target(record.saga_name, to)
         if target.hash == current.hash:
             raise UpgradeRefusedError(
@@ -182,7 +182,7 @@ class Versions:
                 f"execution {execution_id!r} is {record.state.value}; only a run that is not "
                 "over can move to another version"
             )
-        verdict = decide_upgrade(record.cursor, _shapes(current), _shapes(target))
+        verdict = decide_upgrade(record.cursor, current.nodes, shape_of(target).nodes)
         if not verdict.allowed:
             raise UpgradeRefusedError(
                 f"execution {execution_id!r} cannot move to version {target.hash}: "
