@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from celery_saga import ExecutionState, Saga, step
+from celery_saga import ExecutionState, Saga, path, step
 from celery_saga.testing import ExplorationReport, Point, Timeline, explore
 
 
@@ -234,6 +234,40 @@ def test_a_for_each_compensation_that_reads_the_wrong_item_is_found(fixed: bool)
         return
     assert "fail:pay" in failing_ids(report), str(report)
     assert "fail:reserve:0" not in failing_ids(report)  # one item: the first is the right one
+
+
+# -- control flow: branch paths, parallel groups, loops -----------------------------------
+def more_to_pack(ctx: Any) -> bool:
+    return len(ctx.iterations("pack")) >= 4
+
+
+def control_flow() -> Saga:
+    return (
+        Saga("control-flow")
+        .branch(
+            "route",
+            lambda ctx: "standard",
+            path("standard", step("label", ship, compensate=unship)),
+            path("express", step("courier", ship, compensate=unship), step("call", ship)),
+        )
+        .parallel("pick", step("left", ship, compensate=unship), step("right", ship))
+        .do_until(more_to_pack, step("pack", ship, compensate=unship))
+        .step("close", ship)
+    )
+
+
+def test_each_branch_path_parallel_member_and_loop_iteration_is_explored() -> None:
+    report = explore(control_flow(), {}, pure=("right", "call", "close"))
+    assert report.ok, str(report)
+    ids = [p.id for p in report.points]
+    assert "fail:label" in ids and "fail:left" in ids and "interrupt:right" in ids
+    assert [i for i in ids if i.startswith("[route=express]")][:2] == [
+        "[route=express] baseline",
+        "[route=express] fail:courier",
+    ]
+    assert "[route=express] fail-reversal:courier" in ids
+    assert {"fail:pack:0", "fail:pack:2", "fail:pack:3"} <= set(ids)
+    assert "fail:pack:1" not in ids  # the first, a middle and the last iteration
 
 
 # -- the explorer's own controls -----------------------------------------------------------

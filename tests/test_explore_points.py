@@ -1,10 +1,24 @@
-"""The explorer's pure decisions: which failure points a baseline yields, in which order, and
-what each body call does at a point (celery_saga/testing/points.py)."""
+"""The explorer's pure decisions: which failure points a baseline yields, in which order, what
+each body call does at a point (celery_saga/testing/points.py), and which invariants a run
+breaks (celery_saga/testing/invariants.py)."""
 
 from __future__ import annotations
 
-from celery_saga.records import ExecutionState
+from datetime import datetime, timezone
+
+from celery_saga.records import (
+    CompensationOutcome,
+    Execution,
+    ExecutionRecord,
+    ExecutionState,
+    RollbackStatus,
+    StepRecord,
+    StepStatus,
+)
+from celery_saga.store.history import HistoryEntry, Kind
+from celery_saga.testing.invariants import Observed, problems
 from celery_saga.testing.points import (
+    Expected,
     Fault,
     Gate,
     Injection,
@@ -128,3 +142,73 @@ def test_a_branch_paths_points_name_the_path() -> None:
         "[route=express] duplicate:ship",
         "[route=express] interrupt:ship",
     ]
+
+
+# -- the invariants, on runs built by hand (celery_saga/testing/invariants.py) ------------
+AT = datetime(2030, 1, 1, tzinfo=timezone.utc)
+
+
+def run(*steps: StepRecord, committed: bool = False) -> Execution:
+    record = ExecutionRecord(
+        "r1", "order", "h", ExecutionState.FAILED, 3, 0, {}, "ValueError: no",
+        RollbackStatus.COMPLETED, None, AT if committed else None, None, 1, AT, AT,
+    )  # fmt: skip
+    return Execution(record, steps)
+
+
+def record(
+    id: int, name: str, outcome: CompensationOutcome | None, compensatable: bool = True
+) -> StepRecord:
+    return StepRecord(
+        id, "r1", name, id, 0, StepStatus.COMPLETED, 1, f"r1:{name}:0:forward", compensatable,
+        compensation_status=outcome,
+    )  # fmt: skip
+
+
+def reversed_rows(*names: str) -> list[HistoryEntry]:
+    return [HistoryEntry(AT, Kind.REVERSAL_COMPLETED.value, step=name) for name in names]
+
+
+FAILED = Expected(ExecutionState.FAILED, unwound=True)
+DONE = CompensationOutcome.COMPENSATED
+
+
+def test_a_clean_unwind_breaks_nothing() -> None:
+    seen = Observed(run(record(1, "a", DONE), record(2, "b", DONE)), reversed_rows("b", "a"), {})
+    assert problems(Point(Fault.STEP_FAILS, "c"), FAILED, seen, frozenset()) == []
+
+
+def test_a_reversal_run_twice_or_out_of_order_is_named() -> None:
+    twice = Observed(run(record(1, "a", DONE)), reversed_rows("a", "a"), {})
+    assert problems(Point(Fault.NONE), FAILED, twice, frozenset()) == ["'a' was reversed 2 times"]
+    order = Observed(run(record(1, "a", DONE), record(2, "b", DONE)), reversed_rows("a", "b"), {})
+    (problem,) = problems(Point(Fault.NONE), FAILED, order, frozenset())
+    assert "not reverse start order ['b', 'a']" in problem
+
+
+def test_a_step_left_unreversed_or_reversed_past_the_pivot_is_named() -> None:
+    left = Observed(run(record(1, "a", None)), [], {})
+    assert problems(Point(Fault.NONE), FAILED, left, frozenset()) == [
+        "'a' (completed) was not reversed: no outcome"
+    ]
+    past = Observed(run(record(1, "a", DONE), committed=True), reversed_rows("a"), {})
+    assert "'a' was reversed past the pivot" in problems(
+        Point(Fault.NONE), FAILED, past, frozenset()
+    )
+
+
+def test_a_body_that_ran_twice_is_named_unless_its_point_interrupted_it() -> None:
+    seen = Observed(run(record(1, "a", DONE)), reversed_rows("a"), {("a", True): 2})
+    assert problems(Point(Fault.NONE), FAILED, seen, frozenset()) == [
+        "the compensation of 'a' ran to its end 2 times"
+    ]
+    cut = Point(Fault.INTERRUPT_REVERSAL, "a", trigger="b")
+    assert problems(cut, FAILED, seen, frozenset()) == []
+
+
+def test_an_irreversible_step_left_in_place_by_an_unwind_is_named_unless_pure() -> None:
+    email = record(1, "email", None, compensatable=False)
+    seen = Observed(run(email, record(2, "b", DONE)), reversed_rows("b"), {})
+    (problem,) = problems(Point(Fault.NONE), FAILED, seen, frozenset())
+    assert problem.startswith("'email' completed and has no compensation")
+    assert problems(Point(Fault.NONE), FAILED, seen, frozenset({"email"})) == []

@@ -131,11 +131,11 @@ def _left_in_place(execution: Execution, effect_free: frozenset[str]) -> list[st
 
 
 def _never_twice(point: Point, seen: Observed) -> list[str]:
-    """No step completes twice in the store, and no body runs to its end twice but the one
-    the point interrupted after it ran (it runs again, under the same key)."""
-    kinds = (Kind.STEP_COMPLETED.value, Kind.REVERSAL_COMPLETED.value)
-    rows = Counter((e.kind, e.step) for e in seen.history if e.kind in kinds)
-    found = [f"{step!r} {kind} {n} times" for (kind, step), n in rows.items() if n > 1]
+    """No step completes twice in the store (a reversal: ``_reversed_once``), and no body
+    runs to its end twice but the one the point interrupted after it ran (it runs again,
+    under the same key)."""
+    rows = Counter(e.step for e in seen.history if e.kind == Kind.STEP_COMPLETED.value)
+    found = [f"{step!r} completed {n} times" for step, n in rows.items() if n > 1]
     for (record, reversal), count in seen.completed.items():
         fault = Fault.INTERRUPT_REVERSAL if reversal else Fault.INTERRUPT
         allowed = 2 if point.fault is fault and point.target == record else 1
