@@ -359,3 +359,32 @@ def test_the_kit_explores_too_and_gives_its_clock_back(saga_kit: Any, saga_clock
     assert get_clock() is saga_clock
     saga_kit.engine.register(Saga("after").step("ship", ship))
     assert saga_kit.run("after").state is ExecutionState.COMPLETED  # its worker still runs
+
+
+def charge_for_real(ctx: Any) -> dict[str, str]:
+    raise AssertionError("the explorer called the card processor")
+
+
+def test_fakes_replace_a_steps_body_by_name() -> None:
+    calls: list[str] = []
+
+    def fake_charge(ctx: Any) -> dict[str, str]:
+        calls.append(ctx.execution_id)
+        return {"charge": "fake"}
+
+    saga = Saga("faked").step("charge", charge_for_real, compensate=refund).step("ship", ship)
+    report = explore(saga, {}, fakes={"charge": fake_charge}, max_points=3)
+    assert report.ok, str(report)
+    assert len(calls) == 2  # the baseline and duplicate:charge (fail:charge calls no body)
+
+
+def test_the_process_keeps_its_payload_codec() -> None:
+    from celery_saga.store.codec import current_codec, use_codec
+
+    before, sentinel = current_codec(), object()
+    use_codec(sentinel)  # type: ignore[arg-type]
+    try:
+        explore(seed_missing_result(True), {}, max_points=1)
+        assert current_codec() is sentinel
+    finally:
+        use_codec(before)
