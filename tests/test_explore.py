@@ -388,3 +388,13 @@ def test_the_process_keeps_its_payload_codec() -> None:
         assert current_codec() is sentinel
     finally:
         use_codec(before)
+
+
+def test_an_exploration_is_quiet_but_one_point_explored_alone_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    explore(seed_missing_result(True), {}, max_points=2)
+    assert not [r for r in caplog.records if "injected" in r.getMessage()]
+    explore(seed_missing_result(True), {}, only="fail:charge")
+    logged = "failure injected at point 'fail:charge'"
+    assert [r for r in caplog.records if logged in r.getMessage()]

@@ -49,6 +49,9 @@ _borrowed: ContextVar[tuple[SagaEngine, ControlledClock] | None] = ContextVar(
     "borrowed", default=None
 )
 
+#: Seconds between two reads of a run its driver waits for.
+WAIT_POLL = 0.05
+
 #: Times a run's driver acts on it (a gate answered, a resume) before giving up.
 MOVES = 50
 
@@ -100,7 +103,8 @@ def explore(
     _check(saga, children, only, max_points, on_point, concurrency)
     started = time.monotonic()
     fakes = dict(fakes or {})
-    with sandbox(saga, children, fakes, 2 * concurrency, _borrowed.get()) as box:
+    quiet = only is None
+    with sandbox(saga, children, fakes, 2 * concurrency, _borrowed.get(), quiet) as box:
         options = _Options(input, dict(signals or {}), on_point, _effect_free(box, pure), timeout)
         baselines, seen = _baselines(box, options)
         every = [p for baseline in baselines for p in _points(box.definition, baseline)]
@@ -264,7 +268,7 @@ def _drive(box: Sandbox, point: Point, options: _Options) -> Observed:
     parked = None
     for _ in range(MOVES):
         try:
-            execution = handle.wait(options.timeout)
+            execution = handle.wait(options.timeout, interval=WAIT_POLL)
         except TimeoutError:  # RunNotSettledError: the end state check names where it stood
             break
         if execution.state is ExecutionState.WAITING:

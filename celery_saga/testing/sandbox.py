@@ -10,6 +10,7 @@ codec (which building an engine sets for the process) are put back on the way ou
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -29,6 +30,12 @@ from celery_saga.testing.rebuild import explored_saga
 from celery_saga.worker.delivery import stopped_by_worker
 from celery_saga.worker.embedded import embedded_worker
 from celery_saga.worker.engine import SagaEngine
+
+#: The loggers an exploration quiets (``explore(only=)`` keeps them, to debug one point).
+QUIET_LOGGERS = ("celery_saga", "celery.app.trace", "celery.worker", "celery.concurrency")
+
+#: Seconds between two polls of the in-memory broker by the explorer's worker.
+BROKER_POLL = 0.005
 
 
 @dataclass(frozen=True)
@@ -51,10 +58,14 @@ def sandbox(
     fakes: Mapping[str, Any],
     concurrency: int,
     borrowed: tuple[SagaEngine, ControlledClock] | None = None,
+    quiet: bool = True,
 ) -> Iterator[Sandbox]:
     """Register copies of ``children`` and ``saga`` on a fresh embedded engine, or on the
-    ``borrowed`` engine (whose worker runs already) with its clock."""
+    ``borrowed`` engine (whose worker runs already) with its clock; ``quiet``: the engine's
+    and Celery's logs of the injected failures are left out."""
     with ExitStack() as stack:
+        if quiet:
+            _quiet(stack)
         if borrowed is None:
             engine, clock = _fresh_engine(stack, concurrency)
         else:
@@ -68,6 +79,15 @@ def sandbox(
         yield Sandbox(engine, clock, injector, saga.seal())
 
 
+def _quiet(stack: ExitStack) -> None:
+    """Each injected failure is logged by the engine and by Celery, with its traceback:
+    thousands of lines, and most of an exploration's time on a loaded machine."""
+    for name in QUIET_LOGGERS:
+        logger = logging.getLogger(name)
+        stack.callback(logger.setLevel, logger.level)
+        logger.setLevel(logging.CRITICAL)
+
+
 def _fresh_engine(stack: ExitStack, concurrency: int) -> tuple[SagaEngine, ControlledClock]:
     """An engine on the embedded default, its worker started, torn down by ``stack``."""
     folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="saga-explore-"))
@@ -76,7 +96,7 @@ def _fresh_engine(stack: ExitStack, concurrency: int) -> tuple[SagaEngine, Contr
     app.conf.update(
         task_default_queue=name,
         saga_store_url=f"sqlite:///{folder}/explore.sqlite3",
-        broker_transport_options={"polling_interval": 0.005},
+        broker_transport_options={"polling_interval": BROKER_POLL},
         worker_hijack_root_logger=False,
         worker_prefetch_multiplier=1,
     )
