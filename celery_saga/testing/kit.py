@@ -11,13 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from celery_saga.definition.builder import Saga
 from celery_saga.definition.nodes import WaitNode
 from celery_saga.records import Execution, ExecutionState, RollbackStatus, StepRecord
 from celery_saga.store.waits import load_signals
 from celery_saga.testing.clock import ControlledClock
 from celery_saga.worker.engine import SagaEngine
+
+if TYPE_CHECKING:
+    from celery_saga.testing.report import ExplorationReport
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,14 @@ class SagaKit:
         nodes = self.engine.definition(execution.record.saga_name).nodes
         node = nodes[execution.record.cursor] if execution.record.cursor < len(nodes) else None
         return node.event if isinstance(node, WaitNode) else None
+
+    def explore(self, saga: Saga, input: Any = None, **options: Any) -> ExplorationReport:
+        """``celery_saga.testing.explore`` on this kit's engine and worker: fail ``saga`` at
+        every point. Its copy of the saga stays registered on the engine (new runs of that
+        saga start on it), so explore in a test of its own."""
+        from celery_saga.testing.explorer import explore_on
+
+        return explore_on(self.engine, self.clock, saga, input, **options)
 
     def advance(self, seconds: float) -> int:
         """Move the clock ``seconds`` forward and run the deadline sweep beat would run;

@@ -9,7 +9,9 @@ celery_saga.testing.plugin``.
                      temporary directory; override it to bring your own app's settings.
 ``saga_engine``      the ``SagaEngine`` of that app, schema migrated; register your sagas.
 ``saga_kit``         a ``SagaKit`` with an embedded worker running: ``saga_kit.run(...)``
-                     drives a run to its end and returns its ``Timeline``.
+                     drives a run to its end and returns its ``Timeline``;
+                     ``saga_kit.explore(saga, input)`` fails a saga at every point
+                     (``celery_saga.testing.explore``).
 """
 
 from __future__ import annotations
