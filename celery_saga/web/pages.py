@@ -8,6 +8,7 @@ from typing import Any
 
 from flask import Blueprint, abort, current_app, g, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
+from markupsafe import Markup
 from sqlalchemy.exc import SQLAlchemyError
 
 from celery_saga.cli import timeline, waiting
@@ -20,7 +21,7 @@ from celery_saga.runtime.clock import get_clock
 from celery_saga.store import inspection
 from celery_saga.store.queries import Page
 from celery_saga.store.versions import waiting_for_version
-from celery_saga.web import actions, graph
+from celery_saga.web import actions, graph, timeline_bars, timeline_svg
 from celery_saga.web.listing import SORTS, ListQuery, filters_of, matches_text, reasons
 from celery_saga.web.settings import WebSettings
 from celery_saga.worker.engine import SagaEngine
@@ -135,11 +136,16 @@ def _run_page(execution_id: str, done: str, refused: str | None) -> ResponseRetu
     definition = engine.catalog(stored.record.saga_name, stored.record.definition_hash)
     boxes = graph.draw(definition, shown) if definition is not None else None
     results = {s["name"]: s["result"] for s in shown["steps"] if s["result"] is not None}
+    bars = timeline_bars.bars_of(stored, _run_url)
     return render_template(
         "saga_web/run.html",
         run=shown,
         boxes=boxes,
         timeline_lines=timeline.render(shown),
+        # the renderer escapes every name it draws
+        timeline_picture=Markup(
+            timeline_svg.render(bars, get_clock().now(), stored.record.created_at)
+        ),
         input_json=as_json(shown["input"]),
         results_json=as_json(results),
         as_json=as_json,
@@ -148,6 +154,10 @@ def _run_page(execution_id: str, done: str, refused: str | None) -> ResponseRetu
         refused=refused,
         tokens=_form_tokens(execution_id),
     ), (409 if refused else 200)
+
+
+def _run_url(execution_id: str) -> str:
+    return url_for("saga_web.run", execution_id=execution_id)
 
 
 def _form_tokens(execution_id: str) -> dict[str, str]:
