@@ -174,6 +174,8 @@ def test_the_axis_starts_at_the_origin_given_so_its_offsets_are_the_text_timelin
     assert axis is not None
     ticks = [t.text for t in axis.iter(f"{SVG}text")]
     assert ticks[:3] == ["0", "+500 ms", "+1 s"] and ticks[-1] == "+4 s"
+    last = list(axis.iter(f"{SVG}text"))[-1]
+    assert last.get("text-anchor") == "end", "the right edge's label ends at its line"
 
 
 def test_no_bars_draw_nothing() -> None:

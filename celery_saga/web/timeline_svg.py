@@ -185,9 +185,11 @@ def _axis(scale: _Scale, bottom: int) -> list[str]:
     for index in range(count + 1):
         seconds = index * step
         x = LABELS + seconds / scale.seconds * (WIDTH - LABELS - RIGHT)
+        # a label at the right edge ends at its line, or the picture would cut it
+        place = f'x="{x - 2:.1f}" text-anchor="end"' if x > WIDTH - 60 else f'x="{x + 2:.1f}"'
         parts.append(
             f'<line class="grid" x1="{x:.1f}" y1="{AXIS - 4}" x2="{x:.1f}" y2="{bottom}"/>'
-            f'<text x="{x + 2:.1f}" y="{AXIS - 8}">{offset_label(seconds)}</text>'
+            f'<text {place} y="{AXIS - 8}">{offset_label(seconds)}</text>'
         )
     parts.append("</g>")
     return parts
