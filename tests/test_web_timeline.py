@@ -2,12 +2,13 @@
 must show: three retried attempts, an attempt lost when its worker was killed with SIGKILL,
 a two-second wait and an unwind of four reversals (PostgreSQL, RabbitMQ, real prefork
 workers and a real ``celery beat``). The bars are read off the SVG's elements; the page is
-saved as a screenshot to look at."""
+saved as a screenshot to look at. And a sub-saga's bar opens its child run's page."""
 
 from __future__ import annotations
 
 import os
 import time
+import xml.etree.ElementTree as ElementTree
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -17,11 +18,13 @@ import pytest
 
 from celery_saga import ExecutionState, RollbackStatus
 from celery_saga.store import history
-from celery_saga.web import Credentials, WebSettings
+from celery_saga.web import Credentials, WebSettings, create_app
 from tests import web_browser
+from tests.conftest import Harness
 from tests.test_crash_recovery import CrashRig, crash_rig, step_running, wait_for
 
 USER, PASSWORD = "operator", "s3cret-pass"
+SVG = "{http://www.w3.org/2000/svg}"
 SETTINGS = WebSettings(Credentials(USER, PASSWORD), secret="test-secret")
 #: How the plan drives the run: charge fails three times, pack's first attempt sleeps
 #: until its worker is killed, ship fails after the gate, so the four steps before it unwind.
@@ -131,3 +134,22 @@ def test_the_timeline_picture_draws_one_bar_per_attempt_and_per_reversal_in_time
     (lost,) = [b for b in bars if b["outcome"] == "lost"]
     assert lost["fill"] == "rgb(107, 114, 128)", lost
     assert (tmp_path / "timeline.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("harness", ["sqlite"], indirect=True)
+def test_a_sub_sagas_bar_opens_its_child_runs_page_which_has_its_own_picture(
+    harness: Harness,
+) -> None:
+    run = harness.start("parent", {"order": 6201})
+    assert run.wait(30).state is ExecutionState.COMPLETED, harness.worker_logs()
+    (child,) = [s.child_execution_id for s in run.get().steps if s.child_execution_id]
+    client = create_app(harness.engine, SETTINGS).test_client()
+    page = client.get(f"/runs/{run.id}", auth=(USER, PASSWORD)).get_data(as_text=True)
+    chart = ElementTree.fromstring(page[page.index("<svg") : page.index("</svg>") + 6])
+    links = {
+        a.get("href"): [g.get("data-name") for g in a.iter(f"{SVG}g")]
+        for a in chart.iter(f"{SVG}a")
+    }
+    assert links == {f"/runs/{child}": ["child"]}
+    child_page = client.get(f"/runs/{child}", auth=(USER, PASSWORD)).get_data(as_text=True)
+    assert 'data-name="c1"' in child_page and 'data-name="c2"' in child_page

@@ -85,32 +85,22 @@ def _dated(kind: BarKind, name: str, rows: list[_Row], first: datetime | None) -
 
 
 def _forward(record: StepRecord, rows: list[_Row], link: Callable[[str], str]) -> list[Bar]:
+    """The step's attempts; each opens the child run when the step is a sub-saga (whose
+    record settles with a row, as an attempt does)."""
     if record.started_at is None:
         return []
     child = None if record.child_execution_id is None else link(record.child_execution_id)
-    held = record.status is StepStatus.RUNNING
+    name, held = record.name, record.status is StepStatus.RUNNING
     if not rows:  # its first attempt, a sub-saga's record, a run stored before attempt rows
         end = record.completed_at
         outcome = "running" if held or end is None else record.status.value
-        return [
-            Bar(
-                BarKind.ATTEMPT,
-                record.name,
-                record.attempts,
-                record.started_at,
-                end,
-                outcome,
-                0,
-                child,
-            )
-        ]
-    bars = _dated(BarKind.ATTEMPT, record.name, rows, record.started_at)
-    if held and rows[-1][0].attempt != record.attempts:
-        start = bars[-1].end or record.started_at
-        bars.append(
-            Bar(BarKind.ATTEMPT, record.name, record.attempts, start, None, "running", 0, child)
-        )
-    return bars
+        bars = [Bar(BarKind.ATTEMPT, name, record.attempts, record.started_at, end, outcome, 0)]
+    else:
+        bars = _dated(BarKind.ATTEMPT, name, rows, record.started_at)
+        if held and rows[-1][0].attempt != record.attempts:
+            start = bars[-1].end or record.started_at
+            bars.append(Bar(BarKind.ATTEMPT, name, record.attempts, start, None, "running", 0))
+    return bars if child is None else [replace(bar, link=child) for bar in bars]
 
 
 def _reversals(record: StepRecord, rows: list[_Row], last_row: datetime | None) -> list[Bar]:
