@@ -7,9 +7,9 @@ where the previous attempt of its step and direction ended, else (the first) at 
 step's start, or for a reversal at the history row written before it. An attempt still
 held (its record running, no row for it yet) is an open bar from there; a reversal still
 held starts at the run's last history row (a reversal's claim writes no row). A step
-without attempt rows (its first attempt running, a sub-saga's record, a run stored before
-attempts had rows) is one bar from its record. Lanes: each step and each wait gets one in
-the order they began, and a step's reversals the lane below it.
+without attempt rows (its first attempt running, a run stored before attempts had rows) is
+one bar from its record; a sub-saga's bars open its child run. Lanes: each step and each
+wait gets one in the order they began, and a step's reversals the lane below it.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ _WAIT_ENDS = {
 }
 
 
+_ATTEMPT_ROWS = ATTEMPT_KINDS | REVERSAL_KINDS
 #: An attempt's history row, with the time of the row written before it (a start for one
 #: that has none and follows no attempt of its own: a reversal's first, lost).
 _Row = tuple[HistoryEntry, datetime | None]
@@ -41,7 +42,7 @@ def bars_of(run: StoredRun, link: Callable[[str], str]) -> tuple[Bar, ...]:
     rows: dict[tuple[str, BarKind], list[_Row]] = {}
     previous: datetime | None = None
     for row in run.history:
-        if row.step is not None and row.kind in ATTEMPT_KINDS | REVERSAL_KINDS:
+        if row.step is not None and row.kind in _ATTEMPT_ROWS:
             kind = BarKind.REVERSAL if row.kind in REVERSAL_KINDS else BarKind.ATTEMPT
             rows.setdefault((row.step, kind), []).append((row, previous))
         previous = row.at
