@@ -390,6 +390,14 @@ class TestApp:
             # A gate in every position: alone, last, and last inside a child that is itself
             # the parent's last node (so one signal completes both runs).
             Saga("gate_only").wait_for("go"),
+            # What the run page's timeline picture must draw (tests/test_web_timeline.py).
+            Saga("pictured")
+            .step("reserve", fwd, compensate=rev)
+            .step("charge", fwd, compensate=rev, retry=4, backoff=0.3)
+            .step("pack", fwd, compensate=rev)
+            .step("label", fwd, compensate=rev)
+            .wait_for("approved")
+            .step("ship", fwd),
             Saga("gate_last").step("a", fwd, compensate=rev).wait_for("go"),
             Saga("gate_last_child").step("c", fwd, compensate=rev).wait_for("done"),
             Saga("gate_last_parent").step("p", fwd, compensate=rev).sub_saga("gate_last_child"),

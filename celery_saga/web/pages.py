@@ -8,6 +8,7 @@ from typing import Any
 
 from flask import Blueprint, abort, current_app, g, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
+from markupsafe import Markup
 from sqlalchemy.exc import SQLAlchemyError
 
 from celery_saga.errors import SagaError
@@ -16,7 +17,7 @@ from celery_saga.inspect.jsonable import as_json
 from celery_saga.inspect.text import run_lines
 from celery_saga.records import ExecutionState
 from celery_saga.runtime.clock import get_clock
-from celery_saga.web import actions
+from celery_saga.web import actions, timeline_bars, timeline_svg
 from celery_saga.web.listing import SORTS, ListQuery, filters_of, matches_text
 from celery_saga.web.settings import WebSettings
 from celery_saga.worker.engine import SagaEngine
@@ -116,6 +117,14 @@ def _run_page(execution_id: str, done: str, refused: str | None) -> ResponseRetu
         record=shown.record,
         nodes=shown.graph if shown.definition_deployed else None,
         timeline_lines=run_lines(shown),
+        # the renderer escapes every name it draws
+        timeline_picture=Markup(
+            timeline_svg.render(
+                timeline_bars.bars_of(shown.timeline, _run_url),
+                get_clock().now(),
+                shown.record.created_at,
+            )
+        ),
         input_json=as_json(shown.record.input),
         results_json=as_json(results),
         as_json=as_json,
@@ -124,6 +133,10 @@ def _run_page(execution_id: str, done: str, refused: str | None) -> ResponseRetu
         refused=refused,
         tokens=_form_tokens(execution_id),
     ), (409 if refused else 200)
+
+
+def _run_url(execution_id: str) -> str:
+    return url_for("saga_web.run", execution_id=execution_id)
 
 
 def _form_tokens(execution_id: str) -> dict[str, str]:

@@ -7,15 +7,17 @@ chromium-driver installed)::
 
 It starts a SQLite store and a Celery worker in this process (``memory://`` broker), makes
 runs that complete, fail and are compensated, park on a reversal that keeps failing and
-wait for a signal, serves the view with actions on, and writes ``web-runs.png``,
-``web-run-compensated.png`` and ``web-run-parked.png`` into OUT_DIR (default: this
-script's folder).
+wait for a signal, and one whose card is declined three times, that waits two seconds for
+an approval and then unwinds four steps; serves the view with actions on, and writes
+``web-runs.png``, ``web-run-compensated.png``, ``web-run-parked.png`` and
+``web-run-timeline.png`` into OUT_DIR (default: this script's folder).
 """
 
 from __future__ import annotations
 
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,18 @@ def ship(ctx: SagaContext) -> dict[str, Any]:
     return {"tracking": f"TRK{ctx.input['order']}"}
 
 
+def charge(ctx: SagaContext) -> dict[str, Any]:
+    time.sleep(0.3)
+    if ctx.attempt <= ctx.input.get("declines", 0):
+        raise ConnectionError("card network timeout")
+    return {"charged": ctx.input["order"]}
+
+
+def pack(ctx: SagaContext) -> dict[str, Any]:
+    time.sleep(1.5)
+    return {"parcel": f"P{ctx.input['order']}"}
+
+
 def carrier(ctx: SagaContext) -> str:
     return "express" if ctx.input.get("express") else "standard"
 
@@ -73,6 +87,29 @@ def shop() -> Saga:
         .wait_for("packed", timeout=86400)
         .step("ship", ship)
     )
+
+
+def ship_order() -> Saga:
+    """The timeline screenshot's saga: a retried charge, a slow packer, a gate."""
+    return (
+        Saga("ship_order")
+        .step("reserve_stock", ok, compensate=undo)
+        .step("charge_card", charge, compensate=undo, retry=4, backoff=0.3)
+        .step("pack", pack, compensate=undo)
+        .step("print_label", ok, compensate=undo)
+        .wait_for("approved")
+        .step("ship", ship)
+    )
+
+
+def _timeline_run(engine: SagaEngine) -> str:
+    plan = {"order": 1045, "declines": 3, "address_invalid": True}
+    handle = engine.start("ship_order", plan)
+    handle.wait(60, states={_waiting()})
+    time.sleep(2)
+    engine.signal(handle.id, "approved", {"by": "supervisor"})
+    handle.wait(60)
+    return handle.id
 
 
 def _runs(engine: SagaEngine) -> dict[str, str]:
@@ -111,6 +148,18 @@ def _shot(driver: Any, url: str, out: Path, width: int = 1280, tallest: int = 17
     print(out)
 
 
+def _timeline_shot(driver: Any, url: str, out: Path) -> None:
+    """The run page scrolled to its timeline: the picture, the text timeline under it."""
+    from selenium.webdriver.common.by import By
+
+    driver.set_window_size(1280, 760)
+    driver.get(url)
+    heading = driver.find_element(By.XPATH, "//h2[text()='Timeline']")
+    driver.execute_script("arguments[0].scrollIntoView()", heading)
+    driver.save_screenshot(str(out))
+    print(out)
+
+
 def main(out: Path) -> None:
     with tempfile.TemporaryDirectory() as folder:
         app = Celery("shop", broker="memory://localhost/", set_as_current=False)
@@ -122,16 +171,19 @@ def main(out: Path) -> None:
         )
         engine = SagaEngine(app)
         engine.register(shop())
+        engine.register(ship_order())
         engine.ensure_schema()
         settings = WebSettings(Credentials(USER, PASSWORD), actions=True)
         with embedded_worker(app, concurrency=2), serving(engine, settings) as site:
             runs = _runs(engine)
+            timeline = _timeline_run(engine)
             driver = chromium()
             try:
                 send_basic_auth(driver, USER, PASSWORD)
                 _shot(driver, site + "/", out / "web-runs.png", tallest=700)
                 _shot(driver, f"{site}/runs/{runs['compensated']}", out / "web-run-compensated.png")
                 _shot(driver, f"{site}/runs/{runs['parked']}", out / "web-run-parked.png")
+                _timeline_shot(driver, f"{site}/runs/{timeline}", out / "web-run-timeline.png")
             finally:
                 driver.quit()
         engine.db.dispose()
