@@ -260,6 +260,14 @@ def test_a_sub_saga_bar_links_its_child_whose_own_bars_stay_on_its_page() -> Non
         ("attempt", "payment", "running", None, "/runs/run-1/c", 0),
         ("wait", "go", "waiting", None, None, 1),
     ]
+    # the read model links a child's own bars; the step's bar takes its child by name
+    unlinked = [_bar("payment", 1, "forward", 0, 2, "completed")]
+    (bar,) = bars_of(_timeline(unlinked), lambda c: f"/runs/{c}", {"payment": "run-1/c"})
+    assert bar.link == "/runs/run-1/c"
+    assert [(b.kind.value, b.name, b.outcome, b.end, b.link, b.lane) for b in drawn_bars] == [
+        ("attempt", "payment", "running", None, "/runs/run-1/c", 0),
+        ("wait", "go", "waiting", None, None, 1),
+    ]
 
 
 def test_a_reversal_outcome_reads_in_the_pictures_words() -> None:

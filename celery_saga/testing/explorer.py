@@ -198,13 +198,17 @@ def _baseline(definition: SagaDefinition, point: Point, execution: Execution) ->
     reached = len(definition.nodes)
     if execution.state is not ExecutionState.COMPLETED:
         reached = execution.record.cursor
-    gates = tuple(
-        Gate(node.event, index, node.timeout)
-        for index, node in enumerate(definition.nodes)
-        if isinstance(node, WaitNode) and index < reached
-    )
-    pivots = [i for i, node in enumerate(definition.nodes) if isinstance(node, PivotNode)]
-    return _Baseline(point, tuple(sites), gates, pivots[0] if pivots else None)
+    gates: list[Gate] = []
+    pivots: list[int] = []
+    for index, node in enumerate(definition.nodes):
+        match node:
+            case WaitNode() if index < reached:
+                gates.append(Gate(node.event, index, node.timeout))
+            case PivotNode():
+                pivots.append(index)
+            case _:
+                pass
+    return _Baseline(point, tuple(sites), tuple(gates), pivots[0] if pivots else None)
 
 
 def _points(definition: SagaDefinition, baseline: _Baseline) -> list[Point]:

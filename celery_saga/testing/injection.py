@@ -20,7 +20,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from celery import Celery
-from celery.signals import task_postrun
 
 from celery_saga.definition.hashing import callable_identity
 from celery_saga.definition.nodes import split_iteration
@@ -31,6 +30,7 @@ from celery_saga.store.database import Database
 from celery_saga.store.history import Kind
 from celery_saga.testing.clock import ControlledClock
 from celery_saga.testing.points import Injection, Point, injection
+from celery_saga.worker.celery_hooks import CeleryHooks
 from celery_saga.worker.saga_header import HEADER, read_header
 
 #: A message as sent again: its task's name, its task id and its saga header.
@@ -65,7 +65,9 @@ class Injector:
     that run that were delivered twice, for a copy after the run settled too.
     """
 
-    def __init__(self, app: Celery, db: Database, clock: ControlledClock) -> None:
+    def __init__(
+        self, app: Celery, hooks: CeleryHooks, db: Database, clock: ControlledClock
+    ) -> None:
         self.app, self.db, self.clock = app, db, clock
         self._lock = threading.Condition()
         self._points: dict[str, Point] = {}
@@ -75,10 +77,10 @@ class Injector:
         self._completed: Counter[tuple[str, str, bool]] = Counter()
         self._copies: dict[str, list[Message]] = {}
         self._handled: Counter[str] = Counter()
-        task_postrun.connect(self._on_postrun, weak=False)
+        self._stop_counting = hooks.when_task_ends(self._on_postrun)
 
     def close(self) -> None:
-        task_postrun.disconnect(self._on_postrun)
+        self._stop_counting()
 
     # -- the runs' points -------------------------------------------------------------------
     def assign(self, execution_id: str, point: Point) -> None:
@@ -191,7 +193,7 @@ class Injector:
         queue = str(self.app.conf.task_default_queue)
         self.app.send_task(task_name, headers={HEADER: header}, task_id=task_id, queue=queue)
 
-    def _on_postrun(self, task_id: str | None = None, **_: Any) -> None:
+    def _on_postrun(self, task_id: str | None) -> None:
         if task_id is None:
             return
         with self._lock:

@@ -70,7 +70,7 @@ def sandbox(
             engine, clock = _fresh_engine(stack, concurrency)
         else:
             engine, clock = borrowed
-        injector = Injector(engine.app, engine.db, clock)
+        injector = Injector(engine.app, engine.hooks, engine.db, clock)
         stack.callback(injector.close)
         for each in (*children, saga):
             engine.register(explored_saga(each.seal(), injector, fakes))

@@ -120,7 +120,11 @@ def _run_page(execution_id: str, done: str, refused: str | None) -> ResponseRetu
         # the renderer escapes every name it draws
         timeline_picture=Markup(
             timeline_svg.render(
-                timeline_bars.bars_of(shown.timeline, _run_url),
+                timeline_bars.bars_of(
+                    shown.timeline,
+                    _run_url,
+                    {s.name: s.child.id for s in shown.steps if s.child is not None},
+                ),
                 get_clock().now(),
                 shown.record.created_at,
             )

@@ -8,7 +8,7 @@ step's reversals the lane right below it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from celery_saga.inspect import Timeline
@@ -23,8 +23,12 @@ _REVERSAL_OUTCOMES = {
 }
 
 
-def bars_of(timeline: Timeline, link: Callable[[str], str]) -> tuple[Bar, ...]:
-    """``timeline``'s bars, lanes set; ``link``: a child run's id to its page's URL."""
+def bars_of(
+    timeline: Timeline, link: Callable[[str], str], children: Mapping[str, str] | None = None
+) -> tuple[Bar, ...]:
+    """``timeline``'s bars, lanes set; ``link``: a child run's id to its page's URL;
+    ``children``: the child run each sub-saga step started, by step name."""
+    children = children or {}
     tracks: dict[tuple[str, BarKind], list[Bar]] = {}
     for bar in timeline.bars:
         if bar.depth:
@@ -33,7 +37,8 @@ def bars_of(timeline: Timeline, link: Callable[[str], str]) -> tuple[Bar, ...]:
         outcome = bar.outcome or "running"
         if kind is BarKind.REVERSAL:
             outcome = _REVERSAL_OUTCOMES.get(outcome, outcome)
-        url = None if bar.link is None else link(bar.link)
+        child = bar.link or children.get(bar.name)
+        url = None if child is None else link(child)
         drawn = Bar(kind, bar.name, bar.attempt, bar.start, bar.end, outcome, 0, url)
         tracks.setdefault((bar.name, kind), []).append(drawn)
     ordered: list[list[Bar]] = []

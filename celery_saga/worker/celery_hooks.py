@@ -79,6 +79,7 @@ class CeleryHooks:
         self.events = events
         self.consumers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._at_worker_start: list[Callable[[], None]] = []
+        self._at_task_end: list[Callable[[str], None]] = []
         #: Remote-control commands of the engine's own: name -> handler(state, **arguments).
         self.commands: dict[str, Callable[..., Any]] = {}
         #: Called with a worker's request whose pool process died running it.
@@ -99,13 +100,22 @@ class CeleryHooks:
         task_postrun.connect(self._task_ended, weak=False)
         hide_secrets(self.app)
 
-    def _task_ended(self, sender: Any = None, retval: Any = None, **_: Any) -> None:
-        if (
-            isinstance(retval, BaseException)
-            and getattr(sender, "app", None) is self.app
-            and read_header(sender.request) is not None
-        ):
+    def _task_ended(
+        self, sender: Any = None, retval: Any = None, task_id: Any = None, **_: Any
+    ) -> None:
+        if getattr(sender, "app", None) is not self.app:
+            return
+        if isinstance(retval, BaseException) and read_header(sender.request) is not None:
             let_traceback_go(retval)
+        for callback in self._at_task_end:
+            callback(task_id)
+
+    def when_task_ends(self, callback: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``callback(task_id)`` in the process that ran it, as each task of this app
+        ends (the testing kit's explorer counts the messages handled); returns what stops
+        the calls."""
+        self._at_task_end.append(callback)
+        return lambda: self._at_task_end.remove(callback)
 
     def when_worker_starts(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` in the main process of each worker of this app, as it starts."""
