@@ -11,16 +11,14 @@ Revises: 0003
 
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects import mysql
+
+from celery_saga.store.migrations.types import Blob, RecordId, Timestamp
 
 revision = "0004"
 down_revision = "0003"
 branch_labels = None
 depends_on = None
 
-Blob = sa.LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
-Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
-RecordId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
 HOLDERS = ("holder", "compensation_holder")
 

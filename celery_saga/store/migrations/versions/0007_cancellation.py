@@ -10,14 +10,14 @@ Revises: 0006
 
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects import mysql
+
+from celery_saga.store.migrations.types import Timestamp
 
 revision = "0007"
 down_revision = "0006"
 branch_labels = None
 depends_on = None
 
-Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
 COLUMNS = ("cancelled_at", "deadline_at")
 
 

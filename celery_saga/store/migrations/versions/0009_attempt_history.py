@@ -10,7 +10,8 @@ Revises: 0008
 
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects import mysql
+
+from celery_saga.store.migrations.types import Timestamp
 
 revision = "0009"
 down_revision = "0008"
@@ -19,7 +20,6 @@ depends_on = None
 
 TABLES = ("saga_history", "saga_history_archive")
 #: Microseconds on MySQL/MariaDB too, as every other stored time.
-Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
 
 
 def upgrade() -> None:
