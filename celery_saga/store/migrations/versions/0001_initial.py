@@ -7,7 +7,7 @@ Revises:
 import sqlalchemy as sa
 from alembic import op
 
-from celery_saga.store.migrations.types import Blob, RecordId, Timestamp
+from celery_saga.store.migrations.shared import Blob, RecordId, Timestamp
 
 revision = "0001"
 down_revision = None

@@ -9,7 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import op
 
-from celery_saga.store.migrations.types import Blob, RecordId, Timestamp
+from celery_saga.store.migrations.shared import Blob, RecordId, Timestamp
 
 revision = "0002"
 down_revision = "0001"

@@ -8,7 +8,7 @@ Revises: 0004
 import sqlalchemy as sa
 from alembic import op
 
-from celery_saga.store.migrations.types import Timestamp
+from celery_saga.store.migrations.shared import Timestamp
 
 revision = "0005"
 down_revision = "0004"

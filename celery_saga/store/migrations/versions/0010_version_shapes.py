@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import mysql
 
-from celery_saga.store.migrations.types import Timestamp
+from celery_saga.store.migrations.shared import Timestamp
 
 revision = "0010"
 down_revision = "0009"
