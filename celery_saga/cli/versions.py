@@ -4,7 +4,7 @@ side, and moving one run to another version (guarantee 22). ``versions check`` i
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import asdict
 
 import click
 
@@ -12,19 +12,6 @@ from celery_saga.cli.commands import engine_of, operator_command, saga
 from celery_saga.cli.follow import shell_operator
 from celery_saga.cli.output import as_json, table
 from celery_saga.worker.versioning import VersionInfo
-
-
-def _item(version: VersionInfo) -> dict[str, Any]:
-    return {
-        "saga": version.saga,
-        "hash": version.hash,
-        "label": version.label,
-        "registered_here": version.registered_here,
-        "newest_here": version.newest_here,
-        "seen_by": list(version.seen_by),
-        "last_seen": version.last_seen,
-        "live_runs": version.live_runs,
-    }
 
 
 def _row(version: VersionInfo) -> list[str]:
@@ -53,7 +40,7 @@ def versions(ctx: click.Context, as_json_output: bool) -> None:
         return
     found = engine_of(ctx).versions()
     if as_json_output:
-        click.echo(as_json({"items": [_item(v) for v in found]}))
+        click.echo(as_json({"items": [asdict(v) for v in found]}))  # the fields, as named
         return
     if not found:
         click.echo("no sagas registered or stored")

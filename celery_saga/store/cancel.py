@@ -23,7 +23,7 @@ from celery_saga.store.claims import Conflict
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.forward import fail_run_locked
 from celery_saga.store.history import HistoryEntry, Kind
-from celery_saga.store.queries import load_execution_row, load_steps
+from celery_saga.store.queries import bump_and_load, bump_run, load_steps
 from celery_saga.store.tables import executions, step_records
 
 CANCELLABLE = (ExecutionState.RUNNING.value, ExecutionState.WAITING.value)
@@ -51,24 +51,19 @@ def request_cancel(
     row naming ``actor``; False: not such a run (any more)."""
     stamp = to_db_time(now)
     with db.transaction() as connection:
-        result = connection.execute(
-            update(executions)
-            .where(
-                executions.c.id == execution_id,
-                executions.c.state.in_(CANCELLABLE),
-                executions.c.committed_at.is_(None),
-            )
-            .values(
-                state=ExecutionState.CANCELLING.value,
-                cancelled_at=stamp,
-                failure_reason=reason,
-                wake_at=None,
-                deadline_at=None,
-                version=executions.c.version + 1,
-                updated_at=stamp,
-            )
+        cancelled = bump_run(
+            connection,
+            execution_id,
+            executions.c.state.in_(CANCELLABLE),
+            executions.c.committed_at.is_(None),
+            state=ExecutionState.CANCELLING.value,
+            cancelled_at=stamp,
+            failure_reason=reason,
+            wake_at=None,
+            deadline_at=None,
+            updated_at=stamp,
         )
-        if result.rowcount != 1:
+        if not cancelled:
             return False
         entry = HistoryEntry(now, Kind.CANCELLED.value, actor=actor, detail=reason)
         history.write(connection, execution_id, entry)
@@ -84,15 +79,8 @@ def begin_cancelled_unwind(
     or a child is still going (whoever ends last comes back)."""
     try:
         with db.transaction() as connection:
-            locked = connection.execute(
-                update(executions)
-                .where(
-                    executions.c.id == execution_id,
-                    executions.c.state == ExecutionState.CANCELLING.value,
-                )
-                .values(version=executions.c.version + 1, updated_at=to_db_time(now))
-            )
-            run = load_execution_row(connection, execution_id) if locked.rowcount == 1 else None
+            cancelling = executions.c.state == ExecutionState.CANCELLING.value
+            run = bump_and_load(connection, execution_id, cancelling, updated_at=to_db_time(now))
             if run is None:
                 return None
             steps = load_steps(connection, execution_id)

@@ -18,7 +18,7 @@ from celery_saga.store.claims import Conflict
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.directions import FORWARD, claimed
 from celery_saga.store.history import Kind
-from celery_saga.store.queries import load_execution_row, load_steps
+from celery_saga.store.queries import bump_and_load, load_steps
 from celery_saga.store.tables import executions, step_records
 
 
@@ -319,15 +319,8 @@ def fail_execution(
     """
     try:
         with db.transaction() as connection:
-            result = connection.execute(
-                update(executions)
-                .where(
-                    executions.c.id == execution_id,
-                    executions.c.state == ExecutionState.RUNNING.value,
-                )
-                .values(version=executions.c.version + 1)
-            )
-            run = load_execution_row(connection, execution_id) if result.rowcount == 1 else None
+            running = executions.c.state == ExecutionState.RUNNING.value
+            run = bump_and_load(connection, execution_id, running)
             if run is None:
                 return None
             in_flight = connection.execute(

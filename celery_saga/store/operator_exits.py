@@ -42,9 +42,12 @@ def require_stuck(db: Database, execution_id: str, command: str) -> ExecutionRec
         return _require_stuck(connection, execution_id, command)
 
 
-def _cas_state(
-    connection: Connection, record: ExecutionRecord, now: datetime, **changes: Any
-) -> None:
+def _move_stuck(
+    connection: Connection, execution_id: str, command: str, now: datetime, **changes: Any
+) -> ExecutionRecord:
+    """The parked run ``command`` acts on, as it was read, after writing ``changes`` to it
+    (compare-and-set on that read); raises the operator's error otherwise."""
+    record = _require_stuck(connection, execution_id, command)
     result = connection.execute(
         update(executions)
         .where(executions.c.id == record.id, executions.c.version == record.version)
@@ -52,6 +55,7 @@ def _cas_state(
     )
     if result.rowcount != 1:
         raise InvalidStateError(f"execution {record.id!r} changed concurrently; try again")
+    return record
 
 
 def resume_compensation(
@@ -61,10 +65,10 @@ def resume_compensation(
     ``resumed`` row keeps the attempts the reset forgets (``data``: step -> attempts), so
     the history counts every attempt a reversal had."""
     with db.transaction() as connection:
-        record = _require_stuck(connection, execution_id, "resume_compensation")
-        _cas_state(
+        record = _move_stuck(
             connection,
-            record,
+            execution_id,
+            "resume_compensation",
             now,
             state=ExecutionState.COMPENSATING.value,
             rollback_status=None,
@@ -120,10 +124,10 @@ def abandon_compensation(
     """Close a parked unwind for good: outstanding steps become compensation_skipped;
     the ``abandoned`` row says who did it, why, and which steps stay unreversed."""
     with db.transaction() as connection:
-        record = _require_stuck(connection, execution_id, "abandon_compensation")
-        _cas_state(
+        record = _move_stuck(
             connection,
-            record,
+            execution_id,
+            "abandon_compensation",
             now,
             state=prepared.ending_state(literal(ExecutionState.FAILED.value)),
             rollback_status=RollbackStatus.STUCK.value,

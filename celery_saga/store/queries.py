@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, exists, insert, or_, select
+from sqlalchemy import Connection, and_, bindparam, exists, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import aliased
 
@@ -152,6 +152,26 @@ def load_execution(db: Database, execution_id: str) -> ExecutionRecord | None:
 def load_execution_row(connection: Connection, execution_id: str) -> ExecutionRecord | None:
     rows = drivers.rows(connection, prepared.run_by_id(), {"run_id": execution_id})
     return execution_from_row(rows[0]) if rows else None
+
+
+def bump_run(connection: Connection, execution_id: str, *where: Any, **values: Any) -> bool:
+    """Write ``values`` to the run, and a new row version, if it matches ``where`` (its row
+    is locked till the end of the transaction); False: it does not (any more)."""
+    result = connection.execute(
+        update(executions)
+        .where(executions.c.id == execution_id, *where)
+        .values(version=executions.c.version + 1, **values)
+    )
+    return bool(result.rowcount == 1)
+
+
+def bump_and_load(
+    connection: Connection, execution_id: str, *where: Any, **values: Any
+) -> ExecutionRecord | None:
+    """``bump_run``, then the run as it now stands; None: it did not match ``where``."""
+    if not bump_run(connection, execution_id, *where, **values):
+        return None
+    return load_execution_row(connection, execution_id)
 
 
 def journal_decision(

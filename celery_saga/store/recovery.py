@@ -16,7 +16,7 @@ from celery_saga.records import ExecutionState
 from celery_saga.store import history
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.history import Kind
-from celery_saga.store.queries import keyset_after, top_level
+from celery_saga.store.queries import bump_run, keyset_after, top_level
 from celery_saga.store.tables import executions
 
 
@@ -70,16 +70,8 @@ def claim_stale(
     records the ``recovered`` history row (``action``: what the sweep does; ``actor``: the
     operator who ran the sweep, None for beat's)."""
     with db.transaction() as connection:
-        result = connection.execute(
-            update(executions)
-            .where(
-                executions.c.id == execution_id,
-                executions.c.version == seen_version,
-                _recoverable(),
-            )
-            .values(version=executions.c.version + 1, updated_at=to_db_time(now))
-        )
-        if result.rowcount != 1:
+        seen = executions.c.version == seen_version
+        if not bump_run(connection, execution_id, seen, _recoverable(), updated_at=to_db_time(now)):
             return False
         history.note(connection, execution_id, Kind.RECOVERED, now, action, actor=actor)
         return True
@@ -114,17 +106,15 @@ def list_owed(db: Database, *, now: datetime, limit: int) -> list[tuple[str, int
 def claim_owed(db: Database, *, execution_id: str, seen_version: int, now: datetime) -> bool:
     """Clear the mark for exactly one sweeper (compare-and-set on the version it read)."""
     with db.single_statement() as connection:
-        result = connection.execute(
-            update(executions)
-            .where(
-                executions.c.id == execution_id,
-                executions.c.version == seen_version,
-                executions.c.wake_at.is_not(None),
-                _live(),
-            )
-            .values(wake_at=None, version=executions.c.version + 1, updated_at=to_db_time(now))
+        return bump_run(
+            connection,
+            execution_id,
+            executions.c.version == seen_version,
+            executions.c.wake_at.is_not(None),
+            _live(),
+            wake_at=None,
+            updated_at=to_db_time(now),
         )
-        return bool(result.rowcount == 1)
 
 
 def seconds_since_start(db: Database) -> float | None:

@@ -27,7 +27,7 @@ from celery_saga.store.claims import Conflict
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.directions import REVERSE, claimed
 from celery_saga.store.history import Kind
-from celery_saga.store.queries import load_execution_row, load_steps
+from celery_saga.store.queries import bump_and_load, bump_run, load_steps
 from celery_saga.store.tables import executions, step_records
 
 
@@ -35,10 +35,8 @@ def _step(execution_id: str, name: str) -> Any:
     return (step_records.c.execution_id == execution_id) & (step_records.c.name == name)
 
 
-def _compensating(execution_id: str) -> Any:
-    return (executions.c.id == execution_id) & (
-        executions.c.state == ExecutionState.COMPENSATING.value
-    )
+def _compensating() -> Any:
+    return executions.c.state == ExecutionState.COMPENSATING.value
 
 
 @functools.cache
@@ -124,12 +122,8 @@ def claim_compensation(
 def _lock_compensating(
     connection: Connection, execution_id: str, now: datetime, **changes: Any
 ) -> ExecutionRecord:
-    result = connection.execute(
-        update(executions)
-        .where(_compensating(execution_id))
-        .values(version=executions.c.version + 1, updated_at=to_db_time(now), **changes)
-    )
-    record = load_execution_row(connection, execution_id) if result.rowcount == 1 else None
+    stamp = to_db_time(now)
+    record = bump_and_load(connection, execution_id, _compensating(), updated_at=stamp, **changes)
     if record is None:
         raise Conflict(execution_id)
     return record
@@ -228,17 +222,14 @@ def reopen_for_unwind(
         (executions.c.state == ExecutionState.FAILED.value) & executions.c.rollback_status.is_(None)
     )
     with db.transaction() as connection:
-        result = connection.execute(
-            update(executions)
-            .where(executions.c.id == execution_id, reopenable)
-            .values(
-                state=ExecutionState.COMPENSATING.value,
-                failure_reason=func.coalesce(executions.c.failure_reason, reason),
-                version=executions.c.version + 1,
-                updated_at=to_db_time(now),
-            )
+        record = bump_and_load(
+            connection,
+            execution_id,
+            reopenable,
+            state=ExecutionState.COMPENSATING.value,
+            failure_reason=func.coalesce(executions.c.failure_reason, reason),
+            updated_at=to_db_time(now),
         )
-        record = load_execution_row(connection, execution_id) if result.rowcount == 1 else None
         if record is None:
             return None
         history.note(connection, execution_id, Kind.UNWIND_BEGUN, now, reason)
@@ -248,18 +239,16 @@ def reopen_for_unwind(
 def park_unwind(db: Database, *, execution_id: str, reason: str, now: datetime) -> bool:
     """Park a compensating run whose progress cannot be recorded (guarantee 20)."""
     with db.transaction() as connection:
-        result = connection.execute(
-            update(executions)
-            .where(_compensating(execution_id))
-            .values(
-                state=ExecutionState.COMPENSATION_STUCK.value,
-                rollback_status=RollbackStatus.STUCK.value,
-                rollback_reason=reason,
-                version=executions.c.version + 1,
-                updated_at=to_db_time(now),
-            )
+        parked = bump_run(
+            connection,
+            execution_id,
+            _compensating(),
+            state=ExecutionState.COMPENSATION_STUCK.value,
+            rollback_status=RollbackStatus.STUCK.value,
+            rollback_reason=reason,
+            updated_at=to_db_time(now),
         )
-        if result.rowcount != 1:
+        if not parked:
             return False
         history.write_parked(connection, execution_id, None, None, reason, now)
         return True

@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, delete, func, insert, or_, select, update
+from sqlalchemy import Connection, Table, and_, delete, func, insert, or_, select, update
 
 from celery_saga.records import ExecutionState
 from celery_saga.store.database import Database, from_db_time, to_db_time
 from celery_saga.store.history import Kind
+from celery_saga.store.queries import bump_run
 from celery_saga.store.tables import executions, history, version_waits, versions
 
 #: States of a run that is not over: it may still need its version's code.
@@ -101,25 +102,30 @@ def record_seen(
     stamp = to_db_time(now)
     with db.transaction() as connection:
         for saga_name, definition_hash, label in registered:
-            key = and_(
-                versions.c.saga_name == saga_name,
-                versions.c.definition_hash == definition_hash,
-                versions.c.seen_by == seen_by,
+            _upsert(
+                connection,
+                versions,
+                {"saga_name": saga_name, "definition_hash": definition_hash, "seen_by": seen_by},
+                {"last_seen": stamp, "label": label},
+                new={"first_seen": stamp},
             )
-            touched = connection.execute(
-                update(versions).where(key).values(last_seen=stamp, label=label)
-            ).rowcount
-            if not touched:
-                connection.execute(
-                    insert(versions).values(
-                        saga_name=saga_name,
-                        definition_hash=definition_hash,
-                        label=label,
-                        seen_by=seen_by,
-                        first_seen=stamp,
-                        last_seen=stamp,
-                    )
-                )
+
+
+def _upsert(
+    connection: Connection,
+    table: Table,
+    key: dict[str, Any],
+    values: dict[str, Any],
+    *,
+    new: dict[str, Any],
+    again: dict[str, Any] | None = None,
+) -> None:
+    """Write ``values`` (and ``again``) to the row of ``table`` whose columns are ``key``;
+    where there is none yet, insert it with ``values`` and ``new``."""
+    where = and_(*(table.c[column] == value for column, value in key.items()))
+    touched = connection.execute(update(table).where(where).values(**values, **(again or {})))
+    if not touched.rowcount:
+        connection.execute(insert(table).values(**key, **values, **new))
 
 
 def list_seen(db: Database) -> list[SeenVersion]:
@@ -162,33 +168,24 @@ def mark_waiting(
     """Record that ``handed_back_by`` handed back a message of the run (lacking its
     version). Nothing of the run itself changes. False: this store does not hold the run."""
     stamp = to_db_time(now)
-    key = version_waits.c.execution_id == execution_id
     with db.transaction() as connection:
         exists = connection.execute(
             select(executions.c.id).where(executions.c.id == execution_id)
         ).first()
         if exists is None:
             return False
-        touched = connection.execute(
-            update(version_waits)
-            .where(key)
-            .values(
-                definition_hash=definition_hash,
-                handed_back_by=handed_back_by,
-                handed_back_at=stamp,
-                times=version_waits.c.times + 1,
-            )
-        ).rowcount
-        if not touched:
-            connection.execute(
-                insert(version_waits).values(
-                    execution_id=execution_id,
-                    definition_hash=definition_hash,
-                    handed_back_by=handed_back_by,
-                    handed_back_at=stamp,
-                    times=1,
-                )
-            )
+        _upsert(
+            connection,
+            version_waits,
+            {"execution_id": execution_id},
+            {
+                "definition_hash": definition_hash,
+                "handed_back_by": handed_back_by,
+                "handed_back_at": stamp,
+            },
+            again={"times": version_waits.c.times + 1},
+            new={"times": 1},
+        )
     return True
 
 
@@ -233,17 +230,16 @@ def move_to_version(
     version, same hash, not over); recorded in its history. False: it moved meanwhile."""
     stamp = to_db_time(now)
     with db.transaction() as connection:
-        moved = connection.execute(
-            update(executions)
-            .where(
-                executions.c.id == execution_id,
-                executions.c.version == seen_version,
-                executions.c.definition_hash == from_hash,
-                _live(),
-            )
-            .values(definition_hash=to_hash, version=executions.c.version + 1, updated_at=stamp)
-        ).rowcount
-        if moved != 1:
+        moved = bump_run(
+            connection,
+            execution_id,
+            executions.c.version == seen_version,
+            executions.c.definition_hash == from_hash,
+            _live(),
+            definition_hash=to_hash,
+            updated_at=stamp,
+        )
+        if not moved:
             return False
         connection.execute(
             insert(history).values(

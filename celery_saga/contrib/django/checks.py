@@ -17,25 +17,24 @@ def saga_database_is_configured(app_configs: Any, **kwargs: Any) -> list[Error]:
     # Without the admin, nothing reads the models: ``manage.py saga`` needs no database.
     if not apps.is_installed("django.contrib.admin"):
         return []
-    errors = []
-    alias = saga_database()
-    if alias not in settings.DATABASES:
-        errors.append(
-            Error(
-                f"SAGA_DATABASE is {alias!r}, which is not an alias of DATABASES",
-                hint="Add an alias for the saga store's database (the one "
-                "CELERY_SAGA_STORE_URL names) and set SAGA_DATABASE to it.",
-                id="celery_saga.E001",
-            )
-        )
-    reader = saga_read_database()
-    if reader not in settings.DATABASES:
-        errors.append(
-            Error(
-                f"SAGA_READ_DATABASE is {reader!r}, which is not an alias of DATABASES",
-                hint="Add an alias for the read replica of the saga store (the one "
-                "CELERY_SAGA_READ_STORE_URL names) and set SAGA_READ_DATABASE to it.",
-                id="celery_saga.E002",
-            )
-        )
-    return errors
+    aliases = (
+        (
+            "SAGA_DATABASE",
+            saga_database(),
+            "Add an alias for the saga store's database (the one CELERY_SAGA_STORE_URL names) "
+            "and set SAGA_DATABASE to it.",
+            "celery_saga.E001",
+        ),
+        (
+            "SAGA_READ_DATABASE",
+            saga_read_database(),
+            "Add an alias for the read replica of the saga store (the one "
+            "CELERY_SAGA_READ_STORE_URL names) and set SAGA_READ_DATABASE to it.",
+            "celery_saga.E002",
+        ),
+    )
+    return [
+        Error(f"{setting} is {alias!r}, which is not an alias of DATABASES", hint=hint, id=code)
+        for setting, alias, hint, code in aliases
+        if alias not in settings.DATABASES
+    ]

@@ -6,16 +6,13 @@ Revises:
 
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects import mysql
+
+from celery_saga.store.migrations.shared import Blob, RecordId, Timestamp
 
 revision = "0001"
 down_revision = None
 branch_labels = None
 depends_on = None
-
-Blob = sa.LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
-Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
-RecordId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
 
 def upgrade() -> None:

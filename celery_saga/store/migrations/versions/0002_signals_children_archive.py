@@ -8,16 +8,13 @@ from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects import mysql
+
+from celery_saga.store.migrations.shared import Blob, RecordId, Timestamp
 
 revision = "0002"
 down_revision = "0001"
 branch_labels = None
 depends_on = None
-
-Blob = sa.LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
-Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
-RecordId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
 
 def _execution_columns() -> list[sa.Column[Any]]:

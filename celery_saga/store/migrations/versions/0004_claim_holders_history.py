@@ -11,16 +11,19 @@ Revises: 0003
 
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects import mysql
+
+from celery_saga.store.migrations.shared import (
+    Blob,
+    RecordId,
+    Timestamp,
+    add_columns,
+    drop_columns,
+)
 
 revision = "0004"
 down_revision = "0003"
 branch_labels = None
 depends_on = None
-
-Blob = sa.LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
-Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
-RecordId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
 HOLDERS = ("holder", "compensation_holder")
 
@@ -51,10 +54,7 @@ def _history_columns(archive: bool) -> list[sa.Column]:  # type: ignore[type-arg
 
 
 def upgrade() -> None:
-    for table in ("saga_steps", "saga_steps_archive"):
-        with op.batch_alter_table(table) as batch:
-            for name in HOLDERS:
-                batch.add_column(sa.Column(name, sa.String(200)))
+    add_columns(("saga_steps", "saga_steps_archive"), dict.fromkeys(HOLDERS, sa.String(200)))
     op.create_table("saga_history", *_history_columns(False), sa.PrimaryKeyConstraint("id"))
     op.create_index("ix_saga_history_execution", "saga_history", ["execution_id", "id"])
     op.create_table(
@@ -67,7 +67,4 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_table("saga_history_archive")
     op.drop_table("saga_history")  # its index goes with it (MySQL keeps it for the key)
-    for table in ("saga_steps", "saga_steps_archive"):
-        with op.batch_alter_table(table) as batch:
-            for name in HOLDERS:
-                batch.drop_column(name)
+    drop_columns(("saga_steps", "saga_steps_archive"), HOLDERS)

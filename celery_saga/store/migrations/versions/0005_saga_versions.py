@@ -7,14 +7,13 @@ Revises: 0004
 
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects import mysql
+
+from celery_saga.store.migrations.shared import Timestamp
 
 revision = "0005"
 down_revision = "0004"
 branch_labels = None
 depends_on = None
-
-Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
 
 
 def upgrade() -> None:

@@ -8,30 +8,23 @@ Revision ID: 0007
 Revises: 0006
 """
 
-import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects import mysql
+
+from celery_saga.store.migrations.shared import RUN_TABLES, Timestamp, add_columns, drop_columns
 
 revision = "0007"
 down_revision = "0006"
 branch_labels = None
 depends_on = None
 
-Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
 COLUMNS = ("cancelled_at", "deadline_at")
 
 
 def upgrade() -> None:
-    for table in ("saga_executions", "saga_executions_archive"):
-        with op.batch_alter_table(table) as batch:
-            for name in COLUMNS:
-                batch.add_column(sa.Column(name, Timestamp))
+    add_columns(RUN_TABLES, dict.fromkeys(COLUMNS, Timestamp))
     op.create_index("ix_saga_executions_deadline", "saga_executions", ["deadline_at"])
 
 
 def downgrade() -> None:
     op.drop_index("ix_saga_executions_deadline", "saga_executions")
-    for table in ("saga_executions", "saga_executions_archive"):
-        with op.batch_alter_table(table) as batch:
-            for name in COLUMNS:
-                batch.drop_column(name)
+    drop_columns(RUN_TABLES, COLUMNS)

@@ -10,7 +10,8 @@ Revises: 0007
 """
 
 import sqlalchemy as sa
-from alembic import op
+
+from celery_saga.store.migrations.shared import RUN_TABLES, add_columns, drop_columns
 
 revision = "0008"
 down_revision = "0007"
@@ -21,14 +22,8 @@ COLUMNS = ("members_settled", "members_failed")
 
 
 def upgrade() -> None:
-    for table in ("saga_executions", "saga_executions_archive"):
-        with op.batch_alter_table(table) as batch:
-            for name in COLUMNS:
-                batch.add_column(sa.Column(name, sa.Integer))
+    add_columns(RUN_TABLES, dict.fromkeys(COLUMNS, sa.Integer))
 
 
 def downgrade() -> None:
-    for table in ("saga_executions", "saga_executions_archive"):
-        with op.batch_alter_table(table) as batch:
-            for name in COLUMNS:
-                batch.drop_column(name)
+    drop_columns(RUN_TABLES, COLUMNS)

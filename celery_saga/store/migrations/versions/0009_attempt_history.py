@@ -8,9 +8,7 @@ Revision ID: 0009
 Revises: 0008
 """
 
-import sqlalchemy as sa
-from alembic import op
-from sqlalchemy.dialects import mysql
+from celery_saga.store.migrations.shared import Timestamp, add_columns, drop_columns
 
 revision = "0009"
 down_revision = "0008"
@@ -18,17 +16,11 @@ branch_labels = None
 depends_on = None
 
 TABLES = ("saga_history", "saga_history_archive")
-#: Microseconds on MySQL/MariaDB too, as every other stored time.
-Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
 
 
 def upgrade() -> None:
-    for table in TABLES:
-        with op.batch_alter_table(table) as batch:
-            batch.add_column(sa.Column("started_at", Timestamp))
+    add_columns(TABLES, {"started_at": Timestamp})
 
 
 def downgrade() -> None:
-    for table in TABLES:
-        with op.batch_alter_table(table) as batch:
-            batch.drop_column("started_at")
+    drop_columns(TABLES, ("started_at",))

@@ -12,6 +12,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import mysql
 
+from celery_saga.store.migrations.shared import Timestamp
+
 revision = "0010"
 down_revision = "0009"
 branch_labels = None
@@ -19,7 +21,6 @@ depends_on = None
 
 #: MySQL's TEXT stops at 64 KiB; a saga of many steps has a longer shape.
 ShapeText = sa.Text().with_variant(mysql.MEDIUMTEXT(), "mysql", "mariadb")
-Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
 
 
 def upgrade() -> None:
