@@ -44,19 +44,9 @@ def _took(label: str, start: datetime | None, end: datetime | None) -> str | Non
     return f"{label} {span((end - start).total_seconds())}"
 
 
-def _entry(
-    at: datetime,
-    kind: str,
-    text: str,
-    *,
-    step: str | None = None,
-    took: str | None = None,
-    actor: str | None = None,
-    history_id: int | None = None,
-) -> TimelineEntry:
-    return TimelineEntry(
-        at, kind, f"{kind:<10} {text}", step=step, took=took, actor=actor, history_id=history_id
-    )
+def _line(kind: str, text: str) -> str:
+    """An entry's text as ``show`` prints it: its kind in a column, then what happened."""
+    return f"{kind:<10} {text}"
 
 
 def earlier_reversal_attempts(history: Sequence[HistoryRow]) -> dict[str, int]:
@@ -104,8 +94,9 @@ def _history(record: ExecutionRecord, history: Sequence[HistoryRow]) -> list[Tim
         if row.kind in ATTEMPT_ENDS:
             took = _took("took", row.started_at, row.at)
             text = _attempt_text(row)
+            line = _line(row.kind, text)
             entries.append(
-                _entry(row.at, row.kind, text, step=row.step, took=took, history_id=row.id)
+                TimelineEntry(row.at, row.kind, line, step=row.step, took=took, history_id=row.id)
             )
             continue
         took = None
@@ -114,16 +105,10 @@ def _history(record: ExecutionRecord, history: Sequence[HistoryRow]) -> list[Tim
             took = _took(closes[1], opened.pop(closes[0]), row.at)
         if row.kind in ("wait-entered", "parked"):
             opened[row.kind] = row.at
-        text = _history_text(record, row)
+        line = _line(row.kind, _history_text(record, row))
         entries.append(
-            _entry(
-                row.at,
-                row.kind,
-                text,
-                step=row.step,
-                took=took,
-                actor=row.actor,
-                history_id=row.id,
+            TimelineEntry(
+                row.at, row.kind, line, step=row.step, took=took, actor=row.actor, history_id=row.id
             )
         )
     return entries
@@ -135,15 +120,16 @@ def _step(step: StepView, holders: dict[tuple[str | None, int | None], str]) -> 
     if step.started_at is not None:
         where = f"  [{within.kind} {within.name}]" if within else ""
         key = f"  key={step.idempotency_key}"
-        entries.append(_entry(step.started_at, "start", f"{name}{where}{key}", step=name))
+        line = _line("start", f"{name}{where}{key}")
+        entries.append(TimelineEntry(step.started_at, "start", line, step=name))
     if step.completed_at is not None:
         error = f"  {step.error}" if step.status == "failed" and step.error else ""
         tries = f"  after {step.attempts} attempts" if step.attempts > 1 else ""
         took = _took("took", step.started_at, step.completed_at)
         holder = holders.get((name, step.attempts))
         on = f"  on {holder}" if holder else ""
-        text = f"{name}{tries}{error}{on}"
-        entries.append(_entry(step.completed_at, step.status, text, step=name, took=took))
+        line = _line(step.status, f"{name}{tries}{error}{on}")
+        entries.append(TimelineEntry(step.completed_at, step.status, line, step=name, took=took))
     entries.extend(_reversal(step))
     if isinstance(step.child, RunView):
         entries.extend(replace(e, depth=e.depth + 1) for e in step.child.timeline.entries)
@@ -159,8 +145,8 @@ def _reversal(step: StepView) -> list[TimelineEntry]:
     total = reversal.total_attempts
     if total != reversal.attempts:
         tries = f"  after {total} attempts ({reversal.attempts} since the last resume)"
-    text = f"{step.name}{tries}{reason}"
-    return [_entry(reversal.at, reversal.status, text, step=step.name)]
+    line = _line(reversal.status, f"{step.name}{tries}{reason}")
+    return [TimelineEntry(reversal.at, reversal.status, line, step=step.name)]
 
 
 def entries(
@@ -174,10 +160,12 @@ def entries(
     kinds = {row.kind for row in history}
     found = []
     if "started" not in kinds:
-        found.append(_entry(record.created_at, "started", f"saga {record.saga_name}"))
+        line = _line("started", f"saga {record.saga_name}")
+        found.append(TimelineEntry(record.created_at, "started", line))
     if "signalled" not in kinds:
         for signal in signals:
-            found.append(_entry(signal.received_at, "signal", f"{signal.event!r} received"))
+            line = _line("signal", f"{signal.event!r} received")
+            found.append(TimelineEntry(signal.received_at, "signal", line))
     holders = {
         (row.step, row.attempt): row.holder
         for row in history

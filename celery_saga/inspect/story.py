@@ -23,7 +23,6 @@ from celery_saga.inspect.values import (
     MissingChild,
     ReversalView,
     RunView,
-    SignalView,
     StepView,
     Timeline,
     Within,
@@ -140,7 +139,7 @@ def describe(
 
     earlier = chronology.earlier_reversal_attempts(run.history)
     steps = tuple(_step(s, definition, earlier, child) for s in run.steps)
-    signals = tuple(SignalView(s.event, s.payload, s.received_at) for s in run.signals)
+    signals = tuple(run.signals)
     event = _waited_event(run, definition)
     running_child = waiting.running_child(steps, record.cursor)
     until = record.wake_at.isoformat() if record.wake_at is not None else None

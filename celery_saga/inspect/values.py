@@ -12,9 +12,14 @@ from typing import Any
 
 from celery_saga.records import ExecutionRecord
 from celery_saga.store.history import HistoryEntry
+from celery_saga.store.inspection import Signal
 
 #: One history row as stored (``store.history``): what happened, to which step, by whom.
 HistoryRow = HistoryEntry
+
+#: A signal the run received, as stored (``store.inspection``): ``event``, ``payload``,
+#: ``received_at``.
+SignalView = Signal
 
 
 @dataclass(frozen=True)
@@ -69,13 +74,6 @@ class StepView:
     compensatable: bool
     compensation: ReversalView | None
     child: RunView | MissingChild | None
-
-
-@dataclass(frozen=True)
-class SignalView:
-    event: str
-    payload: Any
-    received_at: datetime
 
 
 @dataclass(frozen=True)
