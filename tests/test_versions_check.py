@@ -159,7 +159,11 @@ def test_check_reads_the_runs_through_an_index_on_postgresql(pg_db: Any) -> None
     for sql, parameters in sent:
         plan = _plan(pg_db, sql, parameters)
         assert "Seq Scan on saga_executions" not in plan, plan
-        assert "ix_saga_executions_unwind_owed" in plan, plan
+        # On a handful of rows the planner may take the rollback index for the owed unwinds;
+        # on a filled store it takes the partial one (tests/test_history_sweeps.py reads the
+        # plan of this check on 10,000 runs, benchmarks/history.py on a million).
+        owed = ("ix_saga_executions_unwind_owed", "ix_saga_executions_rollback")
+        assert any(index in plan for index in owed), plan
         assert "ix_saga_executions_state" in plan or "ix_saga_executions_wake" in plan, plan
     shapes: list[tuple[str, Any]] = []
 
