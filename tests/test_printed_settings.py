@@ -122,7 +122,15 @@ def test_payload_keys_read_from_named_environment_variables(
         ("saga_queue", "sagas", "sagas"),
     ],
     # Fixed ids: the password is random, and every test process must collect the same ids.
-    ids=["url-user-part", "url-query", "unparsable-url", "keys-mapping", "keys", "other"],
+    ids=[
+        "url-user-part",
+        "url-query",
+        "unparsable-url",
+        "read-url",
+        "keys-mapping",
+        "keys",
+        "other",
+    ],
 )
 def test_printable_hides_what_celery_misses(setting: str, value: object, shown: str) -> None:
     assert printable({setting: value, "broker_url": "amqp://"}) == {
