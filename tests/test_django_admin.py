@@ -5,43 +5,17 @@ SQLite, and on PostgreSQL kept apart from Django's own database (``SAGA_DATABASE
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import uuid
 from typing import Any
 
 import pytest
 
-from tests.conftest import PORTS, ROOT, _test_database_url, require_services
-
-SITE = ROOT / "tests" / "djangosite"
+from tests.conftest import PORTS, _test_database_url, require_services
+from tests.django_probe import run_probe
 
 
 def _probe(store: str, django_db: str | None) -> dict[str, Any]:
-    env = {
-        **os.environ,
-        "SHOP_BROKER": "memory://",
-        "SHOP_QUEUE": f"admin-{uuid.uuid4().hex[:8]}",
-        "SHOP_STORE": store,
-        "SHOP_EAGER": "1",
-        "PYTHONPATH": os.pathsep.join([str(ROOT), str(SITE)]),
-    }
-    env.pop("DJANGO_SETTINGS_MODULE", None)
-    if django_db:
-        env["SHOP_DJANGO_DB"] = django_db
-    done = subprocess.run(
-        [sys.executable, "admin_probe.py"],
-        cwd=SITE,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    seen: dict[str, Any] = json.loads(done.stdout)
-    return seen
+    extra = {} if django_db is None else {"SHOP_DJANGO_DB": django_db}
+    return run_probe("admin_probe.py", store, "admin", **extra)
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql-beside-django"])

@@ -8,12 +8,8 @@ pausing its replay), and on SQLite with a copy of the store."""
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import subprocess
-import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -30,7 +26,8 @@ from celery_saga.gauges import StoreGauges
 from celery_saga.store.replica import ReplicaLag, Standing, replica_lag, standing_of
 from celery_saga.web import Credentials, WebSettings, create_app
 from tests import pg_cluster
-from tests.conftest import ROOT, unconsumed_app
+from tests.conftest import unconsumed_app
+from tests.django_probe import run_probe
 
 AUTH = ("ops", "pw")
 
@@ -235,30 +232,14 @@ def test_list_show_stats_and_the_run_page_send_nothing_to_the_store(
 
 
 def _admin_probe(store: str, read_store: str, runs: list[str], folder: Path) -> dict[str, Any]:
-    site = ROOT / "tests" / "djangosite"
-    env = {
-        **os.environ,
-        "SHOP_BROKER": "memory://",
-        "SHOP_QUEUE": f"replica-admin-{uuid.uuid4().hex[:8]}",
-        "SHOP_STORE": store,
-        "SHOP_READ_STORE": read_store,
-        "SHOP_DJANGO_DB": str(folder / "django.sqlite3"),
-        "SHOP_EAGER": "1",
-        "SHOP_RUNS": ",".join(runs),
-        "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)]),
-    }
-    env.pop("DJANGO_SETTINGS_MODULE", None)
-    done = subprocess.run(
-        [sys.executable, "replica_probe.py"],
-        cwd=site,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
+    return run_probe(
+        "replica_probe.py",
+        store,
+        "replica-admin",
+        SHOP_READ_STORE=read_store,
+        SHOP_DJANGO_DB=str(folder / "django.sqlite3"),
+        SHOP_RUNS=",".join(runs),
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    seen: dict[str, Any] = json.loads(done.stdout)
-    return seen
 
 
 @pytest.mark.services

@@ -8,10 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
-import sys
-import uuid
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -29,7 +25,8 @@ from celery_saga.store.codec import use_codec
 from celery_saga.store.tables import metadata as saga_metadata
 from celery_saga.web import Credentials, WebSettings, create_app
 from tests import redaction_family as family
-from tests.conftest import ROOT, fresh_pg_database, in_process_pg_engine
+from tests.conftest import fresh_pg_database, in_process_pg_engine
+from tests.django_probe import run_probe
 
 AUTH = ("ops", "pw")
 ORDERS = {"failed": 6101, "done": 6102}
@@ -149,29 +146,13 @@ def _admin(store: str, tmp: Any) -> dict[str, Any]:
     done = ORDERS["done"]
     guesses = [family.card_of(done).encode().hex(), family.card_of(done)]
     guesses += [family.pin_of(done).encode().hex()]
-    site = ROOT / "tests" / "djangosite"
-    env = {
-        **os.environ,
-        "SHOP_BROKER": "memory://",
-        "SHOP_QUEUE": f"sweep-{uuid.uuid4().hex[:8]}",
-        "SHOP_STORE": store,
-        "SHOP_EAGER": "1",
-        "SHOP_DJANGO_DB": str(tmp / "django.sqlite3"),
-        "SWEEP_GUESSES": json.dumps(guesses),
-        "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)]),
-    }
-    env.pop("DJANGO_SETTINGS_MODULE", None)
-    done = subprocess.run(
-        [sys.executable, "sweep_probe.py"],
-        cwd=site,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
+    return run_probe(
+        "sweep_probe.py",
+        store,
+        "sweep",
+        SHOP_DJANGO_DB=str(tmp / "django.sqlite3"),
+        SWEEP_GUESSES=json.dumps(guesses),
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    seen: dict[str, Any] = json.loads(done.stdout)
-    return seen
 
 
 def test_no_marked_value_on_any_page_of_the_django_admin(swept: SimpleNamespace) -> None:
