@@ -374,3 +374,11 @@ def direct(store_url: str) -> Iterator[Any]:
     engine.ensure_schema()
     yield engine
     engine.db.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres", "mariadb"])
+def own_store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A store of the test's own, on each kind of database (the versions tests')."""
+    from tests.version_runs import make_own_store
+
+    return make_own_store(request.param, tmp_path)

@@ -26,17 +26,11 @@ from tests.version_runs import (
     engine_with,
     give_back_v2,
     hold_v2,
-    make_own_store,
     notify,
     park_v1_runs,
     refund,
     settle,
 )
-
-
-@pytest.fixture(params=["sqlite", "postgres", "mariadb"])
-def own_store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    return make_own_store(request.param, tmp_path)
 
 
 @pytest.fixture

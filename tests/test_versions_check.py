@@ -13,7 +13,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import pytest
 from click.testing import CliRunner
 from sqlalchemy import event, insert, text, update
 
@@ -31,17 +30,11 @@ from tests.version_runs import (
     engine_with,
     give_back_v2,
     hold_v2,
-    make_own_store,
     notify,
     park_v1_runs,
     refund,
     settle,
 )
-
-
-@pytest.fixture(params=["sqlite", "postgres", "mariadb"])
-def own_store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    return make_own_store(request.param, tmp_path)
 
 
 def _check(engine: Any, *options: str) -> Any:
