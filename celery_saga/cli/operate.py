@@ -1,4 +1,4 @@
-"""``celery saga signal | resume | abandon | cancel``: the operator's verbs on one run.
+"""``celery saga signal | resume | resolve | abandon | cancel``: the operator's verbs on one run.
 
 Each refuses an archived run (read-only) with one ``Error: ...`` line before it acts, and
 leaves the verdict to the engine's public API, which the web view and Flower use too.
@@ -79,6 +79,24 @@ def resume(ctx: click.Context, execution_id: str) -> None:
     _live(engine, execution_id)
     engine.resume_compensation(execution_id, actor=shell_operator())
     click.echo(f"resumed the unwind of {execution_id}; the workers carry it on")
+
+
+@saga.command()
+@click.argument("execution_id")
+@click.option("--step", required=True, help="The step whose failed reversal was done by hand.")
+@click.option("--note", required=True, help="What was done by hand: kept in the run's history.")
+@click.pass_context
+@operator_command
+def resolve(ctx: click.Context, execution_id: str, step: str, note: str) -> None:
+    """Record the failed reversal of STEP in a compensation_stuck run as done by hand, and
+    continue its unwind with the next step."""
+    engine = engine_of(ctx)
+    _live(engine, execution_id)
+    engine.resolve(execution_id, step=step, note=note, actor=shell_operator())
+    click.echo(
+        f"resolved the reversal of {step} in {execution_id} (done by hand); "
+        "the workers carry the unwind on"
+    )
 
 
 @saga.command()

@@ -1,6 +1,7 @@
 """The operator's exits from a parked unwind: resume it (the failed reversal gets a fresh
-set of attempts) or abandon it (the steps never reversed are marked skipped), each a
-compare-and-set on the run that writes its history row with who acted."""
+set of attempts), resolve it (the failed reversal was done by hand; the unwind goes on) or
+abandon it (the steps never reversed are marked skipped), each a compare-and-set on the run
+that writes its history row with who acted."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ from typing import Any
 
 from sqlalchemy import Connection, literal, update
 
-from celery_saga.decisions.unwind import outstanding_steps
+from celery_saga.decisions.unwind import outstanding_steps, parked_reversal
 from celery_saga.errors import ExecutionNotFoundError, InvalidStateError
 from celery_saga.records import (
     CompensationOutcome,
     ExecutionRecord,
     ExecutionState,
     RollbackStatus,
+    StepRecord,
 )
 from celery_saga.store import history, prepared
 from celery_saga.store.database import Database, to_db_time
@@ -109,6 +111,86 @@ def resume_compensation(
             actor=actor,
             detail=record.rollback_reason,
             data=reset,
+        )
+        history.write(connection, execution_id, entry)
+
+
+#: The reason a reversal done by hand carries: what every view shows of it.
+BY_HAND = "done by hand"
+
+
+def _resolvable(connection: Connection, record: ExecutionRecord, step: str) -> StepRecord:
+    """The record of the parked reversal of ``step``, or the operator's error."""
+    what = f"execution {record.id!r} (saga {record.saga_name!r})"
+    parked = parked_reversal(load_steps(connection, record.id), record.committed_at is not None)
+    if parked is None:
+        raise InvalidStateError(
+            f"{what} is parked on an outcome that could not be recorded, not on a "
+            "reversal that failed: resume it instead"
+        )
+    if parked.name != step:
+        raise InvalidStateError(
+            f"{what} is parked at the reversal of step {parked.name!r}, not {step!r}; "
+            "only the parked reversal can be resolved"
+        )
+    if parked.child_execution_id is not None:
+        raise InvalidStateError(
+            f"step {step!r} of {what} is the sub-saga run {parked.child_execution_id!r}: "
+            "resume or abandon that run's own unwind"
+        )
+    return parked
+
+
+def require_resolvable(db: Database, execution_id: str, step: str) -> ExecutionRecord:
+    """The run, if ``resolve`` may act on the reversal of ``step``; the operator's error
+    otherwise."""
+    with db.transaction() as connection:
+        record = _require_stuck(connection, execution_id, "resolve")
+        _resolvable(connection, record, step)
+        return record
+
+
+def resolve_compensation(
+    db: Database, execution_id: str, *, step: str, note: str, now: datetime, actor: str | None
+) -> None:
+    """Record the parked reversal of ``step`` as done by hand (``resolved``, the reason
+    naming ``actor`` and ``note``) and reopen the unwind at the step after it. Refused,
+    nothing stored, unless the run is parked on a reversal of ``step`` that failed for
+    good; first writer wins against resume, abandon and another resolve (the run's
+    compare-and-set)."""
+    with db.transaction() as connection:
+        record = _move_stuck(
+            connection,
+            execution_id,
+            "resolve",
+            now,
+            state=ExecutionState.COMPENSATING.value,
+            rollback_status=None,
+            rollback_reason=None,
+        )
+        parked = _resolvable(connection, record, step)
+        by = f" by {actor}" if actor else ""
+        connection.execute(
+            update(step_records)
+            .where(
+                step_records.c.id == parked.id,
+                step_records.c.compensation_status == CompensationOutcome.FAILED.value,
+            )
+            .values(
+                compensation_status=CompensationOutcome.RESOLVED.value,
+                compensation_reason=f"{BY_HAND}{by}: {note}",
+                compensated_at=to_db_time(now),
+                compensation_lease_expires_at=None,
+            )
+        )
+        entry = HistoryEntry(
+            now,
+            Kind.RESOLVED.value,
+            step=step,
+            attempt=parked.compensation_attempts,
+            actor=actor,
+            detail=note,
+            data={"failed": parked.compensation_reason},
         )
         history.write(connection, execution_id, entry)
 

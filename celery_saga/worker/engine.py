@@ -300,6 +300,12 @@ class SagaEngine:
         ``actor`` (who asks: an operator, a web user) is recorded in the run's history."""
         run_commands.resume_run(self.parts, execution_id, actor)
 
+    def resolve(self, execution_id: str, *, step: str, note: str, actor: str | None = None) -> None:
+        """Record the failed reversal of ``step`` in a ``compensation_stuck`` run as done by
+        hand (outcome ``compensation_resolved``; ``note`` and ``actor`` kept in its history)
+        and continue the unwind with the next step (handed on as ``resume_compensation``)."""
+        run_commands.resolve_run(self.parts, execution_id, step, note, actor)
+
     def abandon_compensation(
         self, execution_id: str, *, actor: str | None = None, reason: str | None = None
     ) -> int:
