@@ -1,0 +1,122 @@
+"""Resolve: a parked reversal recorded as done by hand, and the ordered unwind goes on
+(issue 42). Real workers: prefork processes on PostgreSQL with RabbitMQ and Redis, the
+embedded worker on SQLite."""
+
+from __future__ import annotations
+
+import uuid
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from celery_saga import CompensationOutcome, ExecutionState, InvalidStateError, RollbackStatus
+from celery_saga.cli import saga as saga_cli
+from celery_saga.contrib.django.story import graph_html, timeline_html
+from celery_saga.errors import SagaError
+from celery_saga.web import Credentials, WebSettings, create_app
+from tests.conftest import Harness
+
+AUTH = ("ops", "pw")
+NOTE = "refunded 12.50 by hand in the provider's console"
+
+
+def _parked_at_c(harness: Harness) -> Any:
+    """A four_back run whose unwind (d, c, b, a) parked at c's reversal."""
+    switch = f"undo-{uuid.uuid4().hex}"
+    harness.test_app.set_switch(switch, True)
+    plan = {"e": {"fail": True}, "c": {"undo_switch": switch}}
+    run = harness.start("four_back", {"order": 42, "plan": plan})
+    execution = run.wait(30)
+    assert execution.state is ExecutionState.COMPENSATION_STUCK, harness.worker_logs()
+    assert execution.step("c").compensation_status is CompensationOutcome.FAILED
+    return run
+
+
+def _reversals(harness: Harness, execution_id: str) -> list[str]:
+    return [e.step for e in harness.test_app.entries(execution_id) if e.direction == "compensate"]
+
+
+def _cli(harness: Harness, *args: str) -> Any:
+    obj = SimpleNamespace(app=harness.test_app.app)
+    return CliRunner().invoke(saga_cli, list(args), obj=obj)
+
+
+def test_resolve_in_the_middle_of_an_unwind_runs_the_rest_in_order_once_each(
+    harness: Harness,
+) -> None:
+    run = _parked_at_c(harness)
+    assert _reversals(harness, run.id) == ["d"]
+    harness.engine.resolve(run.id, step="c", note=NOTE, actor="alice@ops")
+    execution = run.wait(30)
+    assert execution.state is ExecutionState.FAILED, harness.worker_logs()
+    assert execution.rollback_status is RollbackStatus.COMPLETED
+    assert _reversals(harness, run.id) == ["d", "b", "a"], "the rest, in order, once each"
+    failed = [e for e in harness.test_app.entries(run.id) if e.direction == "compensate_failed"]
+    assert len(failed) == 1, "c's handler never ran again: it was done by hand"
+    c = execution.step("c")
+    assert c.compensation_status is CompensationOutcome.RESOLVED
+    assert c.compensation_reason == f"done by hand by alice@ops: {NOTE}"
+    rows = [row for row in harness.engine.inspect().run(run.id).history if row.kind == "resolved"]
+    assert [(r.step, r.actor, r.detail) for r in rows] == [("c", "alice@ops", NOTE)]
+
+
+def test_the_resolved_reversal_shows_done_by_hand_with_note_and_actor_in_every_view(
+    harness: Harness,
+) -> None:
+    run = _parked_at_c(harness)
+    result = _cli(harness, "resolve", run.id, "--step", "c", "--note", NOTE)
+    assert result.exit_code == 0, result.output
+    assert "resolved the reversal of c" in result.output
+    run.wait(30)
+    view = harness.engine.inspect().run(run.id)
+    c = next(node for node in view.graph if node.name == "c")
+    assert c.status == "completed -> compensation_resolved"
+    assert "done by hand by " in (c.detail or "") and NOTE in (c.detail or "")
+    shown = _cli(harness, "show", run.id)
+    assert shown.exit_code == 0, shown.output
+    assert "c: completed -> compensation_resolved" in shown.output
+    assert f"its reversal done by hand; note: {NOTE}" in shown.output
+    actor = next(row.actor for row in view.history if row.kind == "resolved")
+    assert actor and actor in shown.output  # who did it: the shell's user@host
+    client = create_app(harness.engine, WebSettings(Credentials(*AUTH))).test_client()
+    page = client.get(f"/runs/{run.id}", auth=AUTH).get_data(as_text=True)
+    assert 'data-status="completed -&gt; compensation_resolved"' in page
+    assert "done by hand" in page and actor in page
+    admin = graph_html(view.graph) + timeline_html(view)
+    assert "compensation_resolved" in admin and "done by hand" in admin and actor in admin
+
+
+def test_refusals_name_the_problem_and_store_nothing(harness: Harness) -> None:
+    run = _parked_at_c(harness)
+    version = run.get().record.version
+    with pytest.raises(InvalidStateError, match="parked at the reversal of step 'c', not 'b'"):
+        harness.engine.resolve(run.id, step="b", note=NOTE)
+    with pytest.raises(SagaError, match="needs a note"):
+        harness.engine.resolve(run.id, step="c", note="  ")
+    assert run.get().record.version == version
+    done = harness.start("four_back", {"order": 43})
+    finished = done.wait(30)
+    with pytest.raises(InvalidStateError, match="to be compensation_stuck; it is completed"):
+        harness.engine.resolve(done.id, step="c", note=NOTE)
+    assert done.get().record.version == finished.record.version
+
+
+def test_the_first_operator_wins_resolve_against_abandon_and_another_resolve(
+    harness: Harness,
+) -> None:
+    run = _parked_at_c(harness)
+    harness.engine.resolve(run.id, step="c", note=NOTE, actor="first")
+    for late in (
+        lambda: harness.engine.resolve(run.id, step="c", note="again", actor="second"),
+        lambda: harness.engine.abandon_compensation(run.id, actor="second"),
+        lambda: harness.engine.resume_compensation(run.id, actor="second"),
+    ):
+        with pytest.raises(InvalidStateError):
+            late()
+    execution = run.wait(30)
+    assert execution.state is ExecutionState.FAILED
+    rows = [r for r in harness.engine.inspect().run(run.id).history if r.kind == "resolved"]
+    assert [r.actor for r in rows] == ["first"]
+    assert _reversals(harness, run.id) == ["d", "b", "a"]
