@@ -27,7 +27,7 @@ from sqlalchemy.exc import IntegrityError
 
 from celery_saga.decisions.cancel import CancelVerdict
 from celery_saga.definition.builder import SagaDefinition, run_timeout
-from celery_saga.definition.nodes import PivotNode, WaitNode
+from celery_saga.definition.nodes import PivotNode, WaitNode, node_name
 from celery_saga.errors import (
     ExecutionNotFoundError,
     InvalidStateError,
@@ -45,7 +45,6 @@ from celery_saga.worker.arguments import check_actor, check_reason
 from celery_saga.worker.parts import WorkerParts
 from celery_saga.worker.sealed_commands import UnsealedCommand, open_arguments
 from celery_saga.worker.start_checks import refuse_before_start
-from celery_saga.worker.versioning import node_name
 
 logger = logging.getLogger("celery_saga")
 

@@ -20,7 +20,6 @@ from datetime import datetime
 from sqlalchemy.exc import SQLAlchemyError
 
 from celery_saga.decisions.versions import VersionRef, decide_upgrade, find_version
-from celery_saga.definition import nodes
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.shapes import shape_of
 from celery_saga.errors import (
@@ -32,7 +31,6 @@ from celery_saga.errors import (
 )
 from celery_saga.limits import check_lookup_id
 from celery_saga.runtime.clock import get_clock
-from celery_saga.runtime.moves import unreachable
 from celery_saga.runtime.process_name import process_name, set_process_name
 from celery_saga.store import queries, versions
 from celery_saga.worker.celery_hooks import CeleryHooks
@@ -56,27 +54,6 @@ class VersionInfo:
     seen_by: tuple[str, ...]
     last_seen: datetime | None
     live_runs: int
-
-
-def node_name(node: nodes.Node) -> str:
-    """A node as an operator knows it: its step's name, its own, ``wait_for('event')``."""
-    match node:
-        case nodes.StepNode():
-            return node.step.name
-        case nodes.WaitNode():
-            return f"wait_for({node.event!r})"
-        case (
-            nodes.ParallelNode()
-            | nodes.BranchNode()
-            | nodes.SubSagaNode()
-            | nodes.LoopNode()
-            | nodes.ForEachNode()
-        ):
-            return node.name or "pivot"
-        case nodes.PivotNode():
-            return "pivot"
-        case _:
-            unreachable(node)
 
 
 #: How often a running worker says again which versions it has (``last_seen``).
