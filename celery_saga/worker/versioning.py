@@ -133,13 +133,17 @@ class Versions:
         return sorted(report, key=lambda v: (v.saga, v.last_seen is None, v.last_seen or 0))
 
     def upgrade(
-        self, execution_id: str, to: str | None = None, actor: str | None = None
+        self,
+        execution_id: str,
+        to: str | None = None,
+        actor: str | None = None,
+        dry_run: bool = False,
     ) -> SagaDefinition:
         """Move run ``execution_id`` to version ``to`` (a hash, hash prefix or label; the
         newest registered here by default). Refused, with nothing stored, unless every node
         the run has reached is the same in that version. The run's own version need not be
         registered here: its shape is read from the store. ``actor`` (else this process's
-        name) is recorded in the run's history."""
+        name) is recorded in the run's history. ``dry_run``: check only, store nothing."""
         parts = self.parts
         check_lookup_id(execution_id)
         parts.store.ensure_schema()
@@ -165,6 +169,8 @@ class Versions:
                 f"execution {execution_id!r} cannot move to version {target.hash}: "
                 f"{verdict.reason}; nothing was changed"
             )
+        if dry_run:  # every refusal above made: the move would be allowed now
+            return target
         moved = versions.move_to_version(
             parts.db,
             execution_id=execution_id,
