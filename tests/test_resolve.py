@@ -4,6 +4,8 @@ embedded worker on SQLite."""
 
 from __future__ import annotations
 
+import html
+import re
 import uuid
 from types import SimpleNamespace
 from typing import Any
@@ -120,3 +122,28 @@ def test_the_first_operator_wins_resolve_against_abandon_and_another_resolve(
     rows = [r for r in harness.engine.inspect().run(run.id).history if r.kind == "resolved"]
     assert [r.actor for r in rows] == ["first"]
     assert _reversals(harness, run.id) == ["d", "b", "a"]
+
+
+def test_the_web_views_resolve_shows_its_plan_then_acts_as_the_user(harness: Harness) -> None:
+    run = _parked_at_c(harness)
+    settings = WebSettings(Credentials(*AUTH), actions=True)
+    client = create_app(harness.engine, settings).test_client()
+    page = client.get(f"/runs/{run.id}", auth=AUTH).get_data(as_text=True)
+    shown = html.unescape(page.split('id="plan-resolve">', 1)[1].split("</pre>", 1)[0])
+    assert shown.splitlines()[1:5] == [
+        "step: c (its reversal recorded as done by hand)",
+        "settled: d (compensated)",
+        "settled: c (compensation_resolved)",
+        "reversals, in order: 2",
+    ]
+    form = page.split('action="/runs/' + run.id + '/resolve"', 1)[1].split("</form>", 1)[0]
+    token = re.search(r'name="csrf_token" value="([^"]+)"', form)
+    assert token is not None and 'name="step" value="c"' in form
+    data = {"csrf_token": token[1], "step": "c", "note": NOTE}
+    answer = client.post(f"/runs/{run.id}/resolve", data=data, auth=AUTH)
+    assert answer.status_code == 303, answer.get_data(as_text=True)
+    execution = run.wait(30)
+    assert execution.state is ExecutionState.FAILED, harness.worker_logs()
+    assert _reversals(harness, run.id) == ["d", "b", "a"]
+    rows = [r for r in harness.engine.inspect().run(run.id).history if r.kind == "resolved"]
+    assert [(r.actor, r.detail) for r in rows] == [(f"web:{AUTH[0]}", NOTE)]

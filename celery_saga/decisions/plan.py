@@ -17,6 +17,7 @@ from typing import Any
 
 from celery_saga.decisions.cancel import CancelVerdict, decide_cancel, interrupted_steps
 from celery_saga.decisions.unwind import (
+    SETTLED,
     UnwindKind,
     eligible_steps,
     next_unwind_step,
@@ -66,8 +67,9 @@ class Plan:
     ``refused``: why the move would be refused (then nothing else applies). ``reversals``:
     in the order they would run. ``halts_at``: a step whose reversal would park the unwind
     (its compensation is not in the run's version). ``settled``: (step, outcome) of the
-    reversals already done. ``past_pivot``: steps never reversed because the run passed
-    its pivot. ``skipped``: steps ``abandon`` would mark ``compensation_skipped``.
+    reversals done before the first one it runs (a resolve's own among them).
+    ``past_pivot``: steps never reversed because the run passed its pivot. ``skipped``:
+    steps ``abandon`` would mark ``compensation_skipped``.
     ``path``: the nodes the run would run next (retry, skip). ``ends``: where it would end.
     ``input``: the saga input every compensation receives (redacted where marked).
     """
@@ -96,7 +98,11 @@ def _compensations(run: LoadedRun) -> frozenset[str]:
     return frozenset(split_iteration(s.name)[0] for s in run.steps if s.compensatable)
 
 
-def _base(run: LoadedRun, move: str, step: str | None = None) -> Plan:
+def _base(
+    run: LoadedRun, move: str, step: str | None = None, records: Sequence[StepRecord] = ()
+) -> Plan:
+    """The plan's facts about the run; ``records``: as the move leaves them (default:
+    as they are)."""
     record = run.record
     past: tuple[str, ...] = ()
     if record.committed_at is not None:
@@ -111,8 +117,8 @@ def _base(run: LoadedRun, move: str, step: str | None = None) -> Plan:
         step=step,
         settled=tuple(
             (s.name, s.compensation_status.value)
-            for s in eligible_steps(run.steps, record.committed_at is not None)
-            if s.compensation_status is not None
+            for s in eligible_steps(records or run.steps, record.committed_at is not None)
+            if s.compensation_status in SETTLED
         ),
     )
 
@@ -138,7 +144,7 @@ def unwind_from(run: LoadedRun, records: Sequence[StepRecord], move: str) -> Pla
         settled = replace(done, compensation_status=CompensationOutcome.COMPENSATED)
         current = [settled if r.id == done.id else r for r in current]
         decided = next_unwind_step(current, committed, compensations)
-    plan = replace(_base(run, move), reversals=tuple(planned))
+    plan = replace(_base(run, move, records=records), reversals=tuple(planned))
     if decided.kind is UnwindKind.DONE:
         assert decided.rollback_status is not None
         return replace(plan, ends=f"failed, rollback {decided.rollback_status.value}")

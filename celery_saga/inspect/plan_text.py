@@ -24,7 +24,7 @@ def plan_lines(plan: Plan) -> list[str]:
     lines = [head]
     if plan.step is not None:
         lines.append(f"step: {plan.step} (its reversal recorded as done by hand)")
-    lines += [f"already reversed: {name} ({outcome})" for name, outcome in plan.settled]
+    lines += [f"settled: {name} ({outcome})" for name, outcome in plan.settled]
     lines.append(f"reversals, in order: {len(plan.reversals)}")
     for number, reversal in enumerate(plan.reversals, 1):
         lines.append(
