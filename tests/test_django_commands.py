@@ -62,6 +62,25 @@ def test_manage_py_saga_finds_shows_and_resumes_a_parked_run(harness: Harness) -
     assert refused.stderr.strip().splitlines()[-1].startswith("Error: abandon needs execution")
 
 
+def test_manage_py_saga_plans_then_resolves_a_parked_reversal(harness: Harness) -> None:
+    if harness.in_process:
+        pytest.skip("a separate process cannot reach the in-memory broker")
+    switch = f"undo-{uuid.uuid4().hex}"
+    harness.test_app.set_switch(switch, True)
+    run = harness.start(
+        "five", {"order": 22, "plan": {"s4": {"fail": True}, "s2": {"undo_switch": switch}}}
+    )
+    assert run.wait(30).state is ExecutionState.COMPENSATION_STUCK, harness.worker_logs()
+    planned = _manage(harness, "plan", run.id, "--move", "resolve", "--json")
+    assert planned.returncode == 0, planned.stderr
+    assert [r["step"] for r in json.loads(planned.stdout)["reversals"]] == ["s1"]
+    resolved = _manage(harness, "resolve", run.id, "--step", "s2", "--note", "undone by hand")
+    assert resolved.returncode == 0, resolved.stderr
+    settled = run.wait(30)
+    assert (settled.state, settled.rollback_status.value) == (ExecutionState.FAILED, "completed")
+    assert settled.step("s2").compensation_status.value == "compensation_resolved"
+
+
 def test_manage_py_saga_names_a_missing_celery_app(harness: Harness) -> None:
     if harness.in_process:
         pytest.skip("runs once, with the server backends")
