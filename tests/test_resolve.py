@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import re
+import threading
 import uuid
 from types import SimpleNamespace
 from typing import Any
@@ -147,3 +148,44 @@ def test_the_web_views_resolve_shows_its_plan_then_acts_as_the_user(harness: Har
     assert _reversals(harness, run.id) == ["d", "b", "a"]
     rows = [r for r in harness.engine.inspect().run(run.id).history if r.kind == "resolved"]
     assert [(r.actor, r.detail) for r in rows] == [(f"web:{AUTH[0]}", NOTE)]
+
+
+def test_resolve_resume_and_abandon_racing_on_one_run_one_wins_and_nothing_runs_twice(
+    harness: Harness,
+) -> None:
+    """Three operators at once, each with its own connection: the run's compare-and-set
+    lets exactly one move it; the others are refused and store nothing."""
+    run = _parked_at_c(harness)
+    engine = harness.engine
+    moves = {
+        "resolve": lambda: engine.resolve(run.id, step="c", note=NOTE, actor="one"),
+        "resume": lambda: engine.resume_compensation(run.id, actor="two"),
+        "abandon": lambda: engine.abandon_compensation(run.id, actor="three"),
+    }
+    start = threading.Barrier(len(moves))
+    won: list[str] = []
+    refused: list[str] = []
+
+    def race(name: str) -> None:
+        start.wait()
+        try:
+            moves[name]()
+        except InvalidStateError:
+            refused.append(name)
+        else:
+            won.append(name)
+
+    threads = [threading.Thread(target=race, args=(name,)) for name in moves]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(won) == 1 and len(refused) == 2, (won, refused)
+    execution = run.wait(30)
+    kinds = [r.kind for r in harness.engine.inspect().run(run.id).history]
+    assert [k for k in kinds if k in ("resolved", "resumed", "abandoned")] == [
+        {"resolve": "resolved", "resume": "resumed", "abandon": "abandoned"}[won[0]]
+    ]
+    reversed_ = _reversals(harness, run.id)
+    assert len(reversed_) == len(set(reversed_)), "no reversal ran twice"
+    assert execution.state in (ExecutionState.FAILED, ExecutionState.COMPENSATION_STUCK)

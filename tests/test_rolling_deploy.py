@@ -154,6 +154,14 @@ def test_upgrade_moves_a_parked_run_whose_passed_nodes_are_unchanged_and_refuses
     assert refused.exit_code == 1
     assert refused.output.count("\n") == 1 and "'reserve'" in refused.output
 
+    before = rig.client.get(movable).record
+    dry = CliRunner().invoke(saga_cli, ["upgrade", movable, "--dry-run"], obj=ctx)
+    assert dry.exit_code == 0, dry.output
+    assert "allowed" in dry.output and "runs next, on that version: " in dry.output
+    assert "notify" in dry.output, "the nodes it would run next there"
+    assert rig.client.get(movable).record == before, "a dry run stores nothing"
+    refused = CliRunner().invoke(saga_cli, ["upgrade", fixed, "--to", "2", "--dry-run"], obj=ctx)
+    assert refused.exit_code == 1 and "'reserve'" in refused.output
     moved = CliRunner().invoke(saga_cli, ["upgrade", movable], obj=ctx)
     assert moved.exit_code == 0, moved.output
     (upgraded,) = [r for r in history.load(rig.client.db, movable) if r.kind == "upgraded"]
