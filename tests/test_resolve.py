@@ -106,6 +106,23 @@ def test_refusals_name_the_problem_and_store_nothing(harness: Harness) -> None:
     assert done.get().record.version == finished.record.version
 
 
+def test_a_resolve_retried_after_its_reply_was_lost_is_stored_once_and_the_unwind_goes_on(
+    harness: Harness,
+) -> None:
+    """What a retry through a store outage does: the same call again. The run is no longer
+    parked, but this very resolve is stored, so it answers as done and writes nothing."""
+    run = _parked_at_c(harness)
+    harness.engine.resolve(run.id, step="c", note=NOTE, actor="kim")
+    harness.engine.resolve(run.id, step="c", note=NOTE, actor="kim")
+    execution = run.wait(30)
+    assert execution.state is ExecutionState.FAILED, harness.worker_logs()
+    assert _reversals(harness, run.id) == ["d", "b", "a"], "each once"
+    rows = [r for r in harness.engine.inspect().run(run.id).history if r.kind == "resolved"]
+    assert [(r.actor, r.detail) for r in rows] == [("kim", NOTE)]
+    with pytest.raises(InvalidStateError, match="it is failed"):
+        harness.engine.resolve(run.id, step="c", note="another note", actor="kim")
+
+
 def test_the_first_operator_wins_resolve_against_abandon_and_another_resolve(
     harness: Harness,
 ) -> None:

@@ -43,20 +43,24 @@ def go_on_by_hand(
     ``resolved[1]``) and go on with the next reversal of the ordered unwind."""
     step, note = resolved
     now = get_clock().now()
-    operator_exits.resolve_compensation(
+    stored = operator_exits.resolve_compensation(
         parts.db, execution_id, step=step, note=note, now=now, actor=actor
     )
     logger.warning(
-        "execution %s of saga %r: the reversal of step %r recorded as done by hand by %s "
+        "execution %s of saga %r: the reversal of step %r %s as done by hand by %s "
         "(note: %s); the unwind goes on",
         execution_id,
         definition.name,
         step,
+        "recorded" if stored else "was already recorded",
         actor or "an operator",
         note,
     )
-    fields = {"execution_id": execution_id, "saga": definition.name, "step": step}
-    parts.emit("saga-compensation-resolved", fields)
+    if stored:
+        fields = {"execution_id": execution_id, "saga": definition.name, "step": step}
+        parts.emit("saga-compensation-resolved", fields)
+    # Also after a retry: the next reversal's message may be what the lost reply cost
+    # (a second one is dropped by admission, guarantee 10).
     plan = unwind.plan_unwind(
         parts.db, execution_id=execution_id, compensations=definition.reversible, now=now
     )

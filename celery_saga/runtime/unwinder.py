@@ -248,7 +248,8 @@ class Unwinder:
     ) -> None:
         """Go on past the parked reversal of ``resolved[0]``, done by hand (note
         ``resolved[1]``): the unwind continues with the next step."""
-        operator_exits.require_resolvable(self.parts.db, execution_id, resolved[0])
+        # Checked in the resolve's own transaction: a retry of a resolve whose reply was
+        # lost finds it stored, not a run that is no longer parked.
         move = unwind_exits.go_on_by_hand(self.parts, definition, execution_id, resolved, actor)
         self.carry_out(move)
 

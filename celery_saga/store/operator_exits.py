@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, literal, update
+from sqlalchemy import Connection, literal, select, update
 
 from celery_saga.decisions.unwind import outstanding_steps, parked_reversal
 from celery_saga.errors import ExecutionNotFoundError, InvalidStateError
@@ -24,6 +24,7 @@ from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.history import HistoryEntry, Kind
 from celery_saga.store.queries import load_execution_row, load_steps
 from celery_saga.store.tables import executions, step_records
+from celery_saga.store.tables import history as history_table
 
 
 def _require_stuck(connection: Connection, execution_id: str, command: str) -> ExecutionRecord:
@@ -150,15 +151,39 @@ def require_resolvable(db: Database, execution_id: str, step: str) -> ExecutionR
         return record
 
 
+def _resolved_already(
+    connection: Connection, execution_id: str, step: str, note: str, actor: str | None
+) -> bool:
+    """Whether this very resolve (step, note, actor) is the run's last one of ``step``, on
+    a run no longer parked: a call retried after its commit's reply was lost."""
+    record = load_execution_row(connection, execution_id)
+    if record is None or record.state is ExecutionState.COMPENSATION_STUCK:
+        return False
+    last = connection.execute(
+        select(history_table.c.detail, history_table.c.actor)
+        .where(
+            history_table.c.execution_id == execution_id,
+            history_table.c.kind == Kind.RESOLVED.value,
+            history_table.c.step == step,
+        )
+        .order_by(history_table.c.id.desc())
+        .limit(1)
+    ).first()
+    return last is not None and (last.detail, last.actor) == (note, actor)
+
+
 def resolve_compensation(
     db: Database, execution_id: str, *, step: str, note: str, now: datetime, actor: str | None
-) -> None:
+) -> bool:
     """Record the parked reversal of ``step`` as done by hand (``resolved``, the reason
-    naming ``actor`` and ``note``) and reopen the unwind at the step after it. Refused,
+    naming ``actor`` and ``note``) and reopen the unwind at the step after it; False when
+    this same resolve was stored already (a retry: nothing is written twice). Refused,
     nothing stored, unless the run is parked on a reversal of ``step`` that failed for
     good; first writer wins against resume, abandon and another resolve (the run's
     compare-and-set)."""
     with db.transaction() as connection:
+        if _resolved_already(connection, execution_id, step, note, actor):
+            return False
         record = _move_stuck(
             connection,
             execution_id,
@@ -193,6 +218,7 @@ def resolve_compensation(
             data={"failed": parked.compensation_reason},
         )
         history.write(connection, execution_id, entry)
+        return True
 
 
 def abandon_compensation(
