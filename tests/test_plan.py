@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from celery_saga import ExecutionState, InvalidStateError, RollbackStatus, Saga, step
+from celery_saga import ExecutionState, InvalidStateError, RollbackStatus, Saga, SagaError, step
 from celery_saga.cli import saga as saga_cli
 from celery_saga.decisions.plan import PLANNERS, LoadedRun, path_from
 from celery_saga.definition.sensitivity import Sensitivity
+from celery_saga.inspect.plan_text import plan_json, plan_lines
 from celery_saga.records import (
     CompensationOutcome,
     ExecutionRecord,
@@ -199,3 +200,29 @@ def test_a_run_past_its_pivots_plan_reverses_nothing_and_neither_does_it(harness
     assert execution.rollback_status is RollbackStatus.NOT_APPLICABLE
     assert _reversals(harness, run.id) == []
     assert unwind.ends == "failed, rollback not_applicable"
+
+
+def test_the_plan_of_a_stored_run_redacts_what_its_saga_marks(
+    saga_engine: Any, saga_kit: Any
+) -> None:
+    def undo(ctx: Any) -> None:
+        raise ConnectionError("vault down")
+
+    def refuse(ctx: Any) -> None:
+        raise ValueError("declined")
+
+    saga_engine.register(
+        Saga("marked_plan", sensitive=("card",))
+        .step("hold", lambda ctx: {"card": ctx.input["card"], "id": 1}, compensate=undo)
+        .step("charge", refuse)
+    )
+    run = saga_kit.run("marked_plan", {"card": "4111-1111"})
+    assert run.state is ExecutionState.COMPENSATION_STUCK
+    plan = saga_engine.plan(run.execution.id, "resume")
+    assert [(r.step, r.result) for r in plan.reversals] == [
+        ("hold", {"card": "[redacted]", "id": 1})
+    ]
+    assert plan.input == {"card": "[redacted]"}
+    assert "4111" not in "\n".join(plan_lines(plan)) + plan_json(plan)
+    with pytest.raises(SagaError, match="no plan for move 'retry'; moves: unwind, cancel"):
+        saga_engine.plan(run.execution.id, "retry")
