@@ -101,6 +101,14 @@ def test_a_cancel_reverses_the_steps_it_cuts_short_too_and_nothing_past_the_pivo
     assert unwind.ends == "failed, rollback not_applicable"
 
 
+def test_a_reversal_whose_compensation_vanished_is_where_the_plan_says_the_unwind_halts() -> None:
+    # ``ship`` owed a reversal when it ran; the run's version (here) declares none for it.
+    run = _run(ExecutionState.RUNNING, _step(1, "reserve"), _step(2, "ship"))
+    plan = PLANNERS["unwind"](run, None)
+    assert plan.reversals == () and plan.halts_at == "ship"
+    assert plan.ends == "compensation_stuck at the reversal of ship"
+
+
 def test_the_path_a_run_takes_next_from_a_step() -> None:
     definition = _definition()
     assert path_from(definition, "charge", including=True) == (
