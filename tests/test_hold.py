@@ -1,0 +1,188 @@
+"""Issue 42: a step with ``on_failure="hold"`` holds its run for an operator, who retries
+it, skips it, unwinds it or cancels it; each move first-writer-wins, refused with nothing
+stored on a run that is not held."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from celery_saga import CompensationOutcome, ExecutionState, InvalidStateError, RollbackStatus
+from celery_saga.errors import SchemaValidationError
+from celery_saga.records import StepStatus
+from celery_saga.store import history
+from tests.conftest import Harness
+
+
+def _history(harness: Harness, run_id: str) -> list[Any]:
+    return history.load(harness.engine.db, run_id)
+
+
+def _down(harness: Harness) -> str:
+    switch = f"down-{uuid.uuid4().hex}"
+    harness.test_app.set_switch(switch, True)
+    return switch
+
+
+def _wait_state(harness: Harness, run_id: str, state: ExecutionState, within: float = 30) -> Any:
+    ends = time.monotonic() + within
+    while time.monotonic() < ends:
+        execution = harness.engine.get(run_id)
+        if execution.state is state:
+            return execution
+        time.sleep(0.05)
+    raise AssertionError(
+        f"{run_id} is {harness.engine.get(run_id).state}, not {state}\n{harness.worker_logs()}"
+    )
+
+
+def _held(harness: Harness, saga: str = "held_order", order: int = 1) -> tuple[Any, str]:
+    switch = _down(harness)
+    run = harness.start(saga, {"order": order, "down": switch})
+    return _wait_state(harness, run.id, ExecutionState.HELD), switch
+
+
+def _rows(harness: Harness, run_id: str, direction: str, step: str = "charge") -> list[Any]:
+    entries = harness.test_app.entries(run_id)
+    return [e for e in entries if e.direction == direction and e.step == step]
+
+
+def test_a_hold_step_that_exhausts_its_retries_holds_the_run_and_reverses_nothing(
+    harness: Harness,
+) -> None:
+    execution, _ = _held(harness)
+    assert execution.failure_reason.startswith("ConnectionError: payment provider down")
+    charge = execution.step("charge")
+    assert charge.status is StepStatus.FAILED
+    assert charge.attempts == 2
+    assert execution.rollback_status is None
+    assert execution.step("reserve").compensation_status is None
+    assert not [e for e in harness.test_app.entries(execution.id) if e.direction == "compensate"]
+    kinds = [row.kind for row in _history(harness, execution.id)]
+    assert kinds[-1] == "held"
+
+
+def test_retry_runs_the_step_again_with_a_fresh_budget_and_the_same_key(harness: Harness) -> None:
+    execution, switch = _held(harness)
+    key = execution.step("charge").idempotency_key
+    harness.test_app.set_switch(switch, False)
+    harness.engine.retry(execution.id, actor="ops@example", reason="provider is back")
+    done = _wait_state(harness, execution.id, ExecutionState.COMPLETED)
+    assert [e.key for e in _rows(harness, done.id, "effect")] == [key], "charged exactly once"
+    assert len(_rows(harness, done.id, "forward")) == 3, "2 held attempts, then 1 that passed"
+    assert done.step("charge").idempotency_key == key
+    rows = [r for r in _history(harness, done.id) if r.kind == "hold-retried"]
+    assert [(r.actor, r.detail) for r in rows] == [("ops@example", "provider is back")]
+
+
+def test_a_retry_that_fails_again_holds_again_after_a_fresh_set_of_attempts(
+    harness: Harness,
+) -> None:
+    execution, _ = _held(harness)
+    harness.engine.retry(execution.id)
+    _wait_state(harness, execution.id, ExecutionState.RUNNING, within=5)
+    again = _wait_state(harness, execution.id, ExecutionState.HELD)
+    assert again.step("charge").attempts == 2
+    assert len(_rows(harness, again.id, "forward")) == 4
+
+
+def test_skip_records_the_result_by_hand_and_a_later_unwind_still_reverses_it(
+    harness: Harness,
+) -> None:
+    switch = _down(harness)
+    run = harness.start(
+        "held_order", {"order": 2, "down": switch, "plan": {"ship": {"fail": True}}}
+    )
+    execution = _wait_state(harness, run.id, ExecutionState.HELD)
+    harness.engine.skip(execution.id, result={"charged": 2, "by": "hand"}, actor="ops")
+    ended = _wait_state(harness, run.id, ExecutionState.FAILED)
+    assert ended.step("charge").status is StepStatus.COMPLETED
+    assert ended.step("charge").result == {"charged": 2, "by": "hand"}
+    assert ended.rollback_status is RollbackStatus.COMPLETED
+    # its failed attempts may have had effects (guarantee 6): its reversal runs
+    assert ended.step("charge").compensation_status is CompensationOutcome.COMPENSATED
+    undone = [e.step for e in harness.test_app.entries(run.id) if e.direction == "compensate"]
+    assert undone == ["ship", "charge", "reserve"]
+
+
+def test_skip_checks_the_result_against_the_output_schema_naming_the_field(
+    harness: Harness,
+) -> None:
+    execution, _ = _held(harness, "held_schema")
+    with pytest.raises(SchemaValidationError, match="'charged'"):
+        harness.engine.skip(execution.id, result={"charged": "lots"})
+    after = harness.engine.get(execution.id)
+    assert after.state is ExecutionState.HELD
+    assert after.record.version == execution.record.version, "nothing stored"
+    harness.engine.skip(execution.id, result={"charged": 5})
+    done = _wait_state(harness, execution.id, ExecutionState.COMPLETED)
+    assert done.step("charge").result == {"charged": 5}
+
+
+def test_unwind_begins_the_unwind_as_an_exhausted_unwind_step_would(harness: Harness) -> None:
+    execution, _ = _held(harness)
+    harness.engine.unwind(execution.id, actor="ops", reason="customer gave up")
+    ended = _wait_state(harness, execution.id, ExecutionState.FAILED)
+    assert ended.rollback_status is RollbackStatus.COMPLETED
+    assert ended.failure_reason.startswith("ConnectionError: payment provider down")
+    undone = [e.step for e in harness.test_app.entries(ended.id) if e.direction == "compensate"]
+    assert undone == ["charge", "reserve"]
+
+
+def test_unwind_past_the_pivot_is_refused_naming_it_and_stores_nothing(harness: Harness) -> None:
+    execution, switch = _held(harness, "held_pivoted")
+    with pytest.raises(InvalidStateError, match="pivot after step 'reserve'"):
+        harness.engine.unwind(execution.id)
+    assert harness.engine.get(execution.id).record.version == execution.record.version
+    harness.test_app.set_switch(switch, False)
+    harness.engine.retry(execution.id)
+    assert _wait_state(harness, execution.id, ExecutionState.COMPLETED)
+
+
+def test_a_cancel_applies_to_a_held_run(harness: Harness) -> None:
+    execution, _ = _held(harness)
+    harness.engine.cancel(execution.id, "order withdrawn", actor="ops")
+    ended = _wait_state(harness, execution.id, ExecutionState.CANCELLED)
+    undone = [e.step for e in harness.test_app.entries(ended.id) if e.direction == "compensate"]
+    assert undone == ["charge", "reserve"]
+
+
+def test_moves_on_a_run_that_is_not_held_are_refused_naming_its_state(harness: Harness) -> None:
+    run = harness.start("held_order", {"order": 3})
+    done = _wait_state(harness, run.id, ExecutionState.COMPLETED)
+    rows = len(_history(harness, run.id))
+    moves = (
+        lambda: harness.engine.retry(run.id),
+        lambda: harness.engine.skip(run.id, result={}),
+        lambda: harness.engine.unwind(run.id),
+    )
+    for move in moves:
+        with pytest.raises(InvalidStateError, match="to be held; it is completed"):
+            move()
+    after = harness.engine.get(run.id)
+    assert after.record.version == done.record.version
+    assert len(_history(harness, run.id)) == rows, "no history row either"
+
+
+def test_the_hold_timeout_unwinds_a_run_nobody_moved(harness: Harness) -> None:
+    execution, _ = _held(harness, "held_briefly")
+    assert execution.record.wake_at is not None
+    harness.engine.fire_timers()  # not due yet: nothing to fire
+    assert harness.engine.get(execution.id).state is ExecutionState.HELD
+    time.sleep(1.6)
+    assert harness.engine.fire_timers() >= 1
+    ended = _wait_state(harness, execution.id, ExecutionState.FAILED)
+    assert ended.rollback_status is RollbackStatus.COMPLETED
+    rows = [r for r in _history(harness, ended.id) if r.kind == "hold-unwound"]
+    assert [r.actor for r in rows] == ["hold timeout"]
+
+
+def test_a_saga_deadline_cancels_a_held_run(harness: Harness) -> None:
+    execution, _ = _held(harness, "held_deadline")
+    time.sleep(max(0.0, 3.1 - (time.time() - execution.record.created_at.timestamp())))
+    harness.engine.fire_timers()
+    ended = _wait_state(harness, execution.id, ExecutionState.CANCELLED)
+    assert ended.step("reserve").compensation_status is CompensationOutcome.COMPENSATED
