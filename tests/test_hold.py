@@ -4,6 +4,7 @@ stored on a run that is not held."""
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from typing import Any
@@ -186,3 +187,32 @@ def test_a_saga_deadline_cancels_a_held_run(harness: Harness) -> None:
     harness.engine.fire_timers()
     ended = _wait_state(harness, execution.id, ExecutionState.CANCELLED)
     assert ended.step("reserve").compensation_status is CompensationOutcome.COMPENSATED
+
+
+def test_two_operators_retrying_ten_held_runs_at_once_charge_each_once(harness: Harness) -> None:
+    """The real-worker side of tests/test_hold_races.py: the moves race in two threads, the
+    step runs in worker processes."""
+    switch = _down(harness)
+    runs = [harness.start("held_order", {"order": n, "down": switch}) for n in range(10)]
+    for run in runs:
+        _wait_state(harness, run.id, ExecutionState.HELD)
+    harness.test_app.set_switch(switch, False)
+    refused: list[str] = []
+
+    def operator() -> None:
+        for run in runs:
+            try:
+                harness.engine.retry(run.id, actor=threading.current_thread().name)
+            except InvalidStateError:
+                refused.append(run.id)
+
+    threads = [threading.Thread(target=operator, name=f"ops{i}") for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(refused) == len(runs), "one retry per run landed, the other was refused"
+    for run in runs:
+        done = _wait_state(harness, run.id, ExecutionState.COMPLETED)
+        assert len(_rows(harness, done.id, "effect")) == 1
+        assert [r.kind for r in _history(harness, done.id)].count("hold-retried") == 1

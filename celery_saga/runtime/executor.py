@@ -72,6 +72,7 @@ class Executor:
         self.fire_timers, self.cancel_overdue = calls.fire_timers, calls.cancel_overdue
         self.retry_held, self.skip_held = calls.retry_held, calls.skip_held
         self.unwind_held, self.unwind_expired_holds = calls.unwind_held, calls.unwind_expired_holds
+        self.expire_hold = calls.expire_hold
 
     @property
     def publisher(self) -> Publisher:
