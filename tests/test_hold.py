@@ -216,3 +216,27 @@ def test_two_operators_retrying_ten_held_runs_at_once_charge_each_once(harness: 
         done = _wait_state(harness, run.id, ExecutionState.COMPLETED)
         assert len(_rows(harness, done.id, "effect")) == 1
         assert [r.kind for r in _history(harness, done.id)].count("hold-retried") == 1
+
+
+def test_a_hold_is_announced_and_its_task_ends_as_a_failure_in_celery(harness: Harness) -> None:
+    """Events for monitors, and the held attempt's task FAILURE as Celery (and Flower) show
+    a failed task, with the hold logged at WARNING by the engine."""
+    if not harness.in_process:
+        pytest.skip("listens to the in-process worker's events")
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    def listen(event: str, fields: dict[str, Any]) -> None:
+        if event == "saga-held" or event.startswith("saga-hold-"):
+            seen.append((event, fields))
+
+    harness.engine.on("*", listen)
+    execution, switch = _held(harness)
+    harness.test_app.set_switch(switch, False)
+    harness.engine.retry(execution.id, actor="ops")
+    _wait_state(harness, execution.id, ExecutionState.COMPLETED)
+    mine = [(e, f) for e, f in seen if f.get("execution_id") == execution.id]
+    assert [e for e, _ in mine] == ["saga-held", "saga-hold-retried"]
+    assert mine[0][1]["step"] == "charge" and mine[0][1]["attempts"] == 2
+    holder = [r for r in _history(harness, execution.id) if r.kind == "step-failed"][-1].holder
+    task_id = holder.rsplit("/", 1)[-1]
+    assert harness.test_app.app.AsyncResult(task_id).state == "FAILURE"
