@@ -240,3 +240,29 @@ def test_a_hold_is_announced_and_its_task_ends_as_a_failure_in_celery(harness: H
     holder = [r for r in _history(harness, execution.id) if r.kind == "step-failed"][-1].holder
     task_id = holder.rsplit("/", 1)[-1]
     assert harness.test_app.app.AsyncResult(task_id).state == "FAILURE"
+
+
+def test_an_outage_holds_the_runs_it_meets_and_a_bulk_retry_completes_every_one(
+    harness: Harness,
+) -> None:
+    """The outage scenario, small (benchmarks/hold_outage.py runs 500 with a 60 s outage):
+    runs started before, during and after the provider is down; the held ones retried in
+    a loop over ``engine.list(state="held")``: none unwound, every charge once."""
+    switch = f"down-{uuid.uuid4().hex}"
+    runs = [harness.start("held_order", {"order": n, "down": switch}) for n in range(5)]
+    for run in runs:
+        _wait_state(harness, run.id, ExecutionState.COMPLETED)
+    harness.test_app.set_switch(switch, True)
+    runs += [harness.start("held_order", {"order": n, "down": switch}) for n in range(5, 25)]
+    held = [_wait_state(harness, run.id, ExecutionState.HELD).id for run in runs[-20:]]
+    harness.test_app.set_switch(switch, False)
+    runs += [harness.start("held_order", {"order": n, "down": switch}) for n in range(25, 30)]
+    listed = harness.engine.list(saga="held_order", state="held", limit=1000).items
+    to_retry = [record.id for record in listed if record.id in {r.id for r in runs}]
+    assert sorted(to_retry) == sorted(held)
+    for execution_id in to_retry:
+        harness.engine.retry(execution_id, actor="ops", reason="provider back")
+    for run in runs:
+        done = _wait_state(harness, run.id, ExecutionState.COMPLETED)
+        assert len(_rows(harness, done.id, "effect")) == 1
+        assert not [e for e in harness.test_app.entries(done.id) if e.direction == "compensate"]
