@@ -11,9 +11,11 @@ refused) for ``--outage`` seconds, then started again on the same port.
 With ``--policy hold`` the runs whose ``charge`` exhausts its attempts during the outage
 are held; once the provider is back the script retries every held run through the Python
 API (``engine.retry``, a loop over ``engine.list(state="held")``), as an operator would.
-With ``--policy unwind`` they unwind, as before issue 42. It prints, per policy: runs
-completed, unwound and held, charges per key (most and total), refunds, and the time the
-bulk retry took.
+With ``--policy unwind`` they unwind, as before issue 42; their refund calls the provider
+too, so while it is down their unwinds park (``compensation_stuck``) and the script
+resumes them once it is back. It prints, per policy: runs completed, unwound, held before
+the retry and parked before the resume, charges per key (most and total), refunds, and the
+time the operator's moves took to settle.
 
     python benchmarks/hold_outage.py --runs 500 --outage 60
     python benchmarks/hold_outage.py --runs 150 --rate 10 --outage 10 --policy unwind
@@ -109,10 +111,10 @@ def _states(engine: Any, saga: str) -> Counter[str]:
     return Counter({state: n for (name, state), n in counts.items() if name == saga})
 
 
-def _held_ids(engine: Any, saga: str) -> list[str]:
+def _ids(engine: Any, saga: str, state: str) -> list[str]:
     ids, cursor = [], None
     while True:
-        page = engine.list(saga=saga, state="held", limit=1000, cursor=cursor)
+        page = engine.list(saga=saga, state=state, limit=1000, cursor=cursor)
         ids += [record.id for record in page.items]
         cursor = page.next_cursor
         if cursor is None:
@@ -167,28 +169,31 @@ def scenario(args: argparse.Namespace, policy: str) -> dict[str, Any]:
         outage_seen = _states(engine, name)
         settled = {"completed", "failed", "held", "compensation_stuck"}
         _wait_settled(engine, name, args.runs, settled, args.settle_budget)
-        held_before = _states(engine, name)["held"]
-        retried_in = 0.0
-        if policy == "hold":
-            started = time.monotonic()
-            for execution_id in _held_ids(engine, name):
-                engine.retry(execution_id, actor="bench", reason="provider back")
-            _wait_settled(engine, name, args.runs, {"completed", "failed"}, args.settle_budget)
-            retried_in = time.monotonic() - started
+        before = _states(engine, name)
+        started = time.monotonic()
+        # What an operator does once the provider is back: retry the held runs; with
+        # "unwind", resume the unwinds whose refund failed while it was down.
+        for execution_id in _ids(engine, name, "held"):
+            engine.retry(execution_id, actor="bench", reason="provider back")
+        for execution_id in _ids(engine, name, "compensation_stuck"):
+            engine.resume_compensation(execution_id, actor="bench")
+        _wait_settled(engine, name, args.runs, {"completed", "failed"}, args.settle_budget)
+        moved_in = time.monotonic() - started
         final = _states(engine, name)
     return {
         "policy": policy,
         "runs": args.runs,
         "outage_s": args.outage,
         "held_or_unwound_at_outage_end": dict(outage_seen),
-        "held_before_retry": held_before,
+        "held_before_retry": before["held"],
+        "parked_before_resume": before["compensation_stuck"],
         "completed": final["completed"],
         "unwound": final["failed"],
         "still_held": final["held"],
         "charges_total": sum(provider.charges.values()),
         "most_charges_per_key": max(provider.charges.values(), default=0),
         "refunds": sum(provider.refunds.values()),
-        "bulk_retry_s": round(retried_in, 2),
+        "operator_moves_s": round(moved_in, 2),
         "wall_s": round(time.monotonic() - began, 1),
     }
 

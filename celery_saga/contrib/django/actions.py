@@ -31,13 +31,18 @@ class SignalForm(forms.Form):  # type: ignore[misc]
     )
 
     def clean_payload(self) -> Any:
-        text = str(self.cleaned_data["payload"]).strip()
-        if not text:
-            return None
-        try:
-            return json.loads(text)
-        except ValueError as error:
-            raise forms.ValidationError(f"not JSON: {error}") from None
+        return json_or_none(self.cleaned_data["payload"])
+
+
+def json_or_none(text: Any) -> Any:
+    """A form's JSON field: its value, None when left empty, a form error when not JSON."""
+    stripped = str(text).strip()
+    if not stripped:
+        return None
+    try:
+        return json.loads(stripped)
+    except ValueError as error:
+        raise forms.ValidationError(f"not JSON: {error}") from None
 
 
 class CancelForm(forms.Form):  # type: ignore[misc]
@@ -62,13 +67,7 @@ class SkipForm(HeldMoveForm):
     )
 
     def clean_result(self) -> Any:
-        text = str(self.cleaned_data["result"]).strip()
-        if not text:
-            return None
-        try:
-            return json.loads(text)
-        except ValueError as error:
-            raise forms.ValidationError(f"not JSON: {error}") from None
+        return json_or_none(self.cleaned_data["result"])
 
 
 def actor_of(request: HttpRequest) -> str:
