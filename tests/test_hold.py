@@ -266,3 +266,12 @@ def test_an_outage_holds_the_runs_it_meets_and_a_bulk_retry_completes_every_one(
         done = _wait_state(harness, run.id, ExecutionState.COMPLETED)
         assert len(_rows(harness, done.id, "effect")) == 1
         assert not [e for e in harness.test_app.entries(done.id) if e.direction == "compensate"]
+
+
+def test_a_hold_step_that_runs_past_its_timeout_holds_the_run(harness: Harness) -> None:
+    run = harness.start("held_slow", {"order": 31, "plan": {"slow": {"sleep": 3}}})
+    execution = _wait_state(harness, run.id, ExecutionState.HELD)
+    assert "StepTimeoutError" in execution.failure_reason or "TimeLimit" in (
+        execution.failure_reason
+    ), execution.failure_reason
+    assert execution.step("reserve").compensation_status is None
