@@ -22,6 +22,9 @@ class ExecutionState(str, Enum):
     CANCELLING = "cancelling"
     #: Cancelled, and what it had done unwound.
     CANCELLED = "cancelled"
+    #: A step with ``on_failure="hold"`` failed for good: the run waits for an operator's
+    #: move (retry, skip, unwind, cancel); nothing is reversed meanwhile.
+    HELD = "held"
 
     @property
     def is_terminal(self) -> bool:

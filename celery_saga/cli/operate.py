@@ -26,7 +26,8 @@ from celery_saga.worker.engine import SagaEngine
 from celery_saga.worker.run_commands import NO_OP
 
 
-def _live(engine: SagaEngine, execution_id: str) -> ExecutionRecord:
+def live_record(engine: SagaEngine, execution_id: str) -> ExecutionRecord:
+    """The run an operator's verb acts on, read fresh; refused when archived."""
     run = live_run(engine, execution_id, fresh=True)  # not a replica's older copy
     if run.archived_at is not None:
         raise InvalidStateError(
@@ -94,7 +95,7 @@ def signal(
     """Deliver EVENT to a run waiting for it (or about to)."""
     value = _payload(payload, payload_file)
     engine = engine_of(ctx)
-    _live(engine, execution_id)
+    live_record(engine, execution_id)
     resumed = engine.signal(execution_id, event, value, actor=shell_operator())
     click.echo(
         f"signal {event!r} recorded for {execution_id}; "
@@ -110,7 +111,7 @@ def signal(
 def resume(ctx: click.Context, execution_id: str, dry_run: bool) -> None:
     """Retry the failed reversal of a compensation_stuck run and continue its unwind."""
     engine = engine_of(ctx)
-    _live(engine, execution_id)
+    live_record(engine, execution_id)
     if dry_run:
         print_plan(engine, execution_id, "resume")
         return
@@ -129,7 +130,7 @@ def resolve(ctx: click.Context, execution_id: str, step: str, note: str, dry_run
     """Record the failed reversal of STEP in a compensation_stuck run as done by hand, and
     continue its unwind with the next step."""
     engine = engine_of(ctx)
-    _live(engine, execution_id)
+    live_record(engine, execution_id)
     if dry_run:
         print_plan(engine, execution_id, "resolve", step)
         return
@@ -152,7 +153,7 @@ def abandon(
 ) -> None:
     """Give up a parked unwind: the run ends failed, outstanding reversals skipped."""
     engine = engine_of(ctx)
-    record = _live(engine, execution_id)
+    record = live_record(engine, execution_id)
     if dry_run:
         print_plan(engine, execution_id, "abandon")
         return

@@ -29,7 +29,8 @@ class CancelVerdict(str, Enum):
     UNWINDING = "unwinding"
 
 
-_LIVE = (ExecutionState.RUNNING, ExecutionState.WAITING)
+#: The states a cancel acts on (a held run too: its operator may give it up).
+CANCELLABLE_STATES = (ExecutionState.RUNNING, ExecutionState.WAITING, ExecutionState.HELD)
 
 
 def decide_cancel(execution: ExecutionRecord) -> CancelVerdict:
@@ -39,7 +40,7 @@ def decide_cancel(execution: ExecutionRecord) -> CancelVerdict:
         return CancelVerdict.ALREADY_CANCELLED  # cancelling, its unwind, or done
     if state in (ExecutionState.COMPENSATING, ExecutionState.COMPENSATION_STUCK):
         return CancelVerdict.UNWINDING
-    if state not in _LIVE:
+    if state not in CANCELLABLE_STATES:
         return CancelVerdict.ENDED
     if execution.committed_at is not None:
         return CancelVerdict.PAST_PIVOT

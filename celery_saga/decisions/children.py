@@ -77,7 +77,7 @@ def decide_child_reversal(child: ExecutionRecord | None, child_id: str) -> Child
     if child is None:
         return ChildReversal(halt, f"child execution {child_id} no longer exists")
     what = f"child saga {child.saga_name!r} ({child.id})"
-    if child.state in (ExecutionState.RUNNING, ExecutionState.WAITING):
+    if child.state in (ExecutionState.RUNNING, ExecutionState.WAITING, ExecutionState.HELD):
         return ChildReversal(
             halt, f"{what} is still {child.state.value}; it cannot be unwound until it stops"
         )

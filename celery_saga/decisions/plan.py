@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from celery_saga.decisions.cancel import CancelVerdict, decide_cancel, interrupted_steps
+from celery_saga.decisions.holds import held_step_of
 from celery_saga.decisions.unwind import (
     SETTLED,
     UnwindKind,
@@ -163,8 +164,37 @@ def _not_parked(run: LoadedRun, move: str) -> Plan | None:
 
 def plan_unwind(run: LoadedRun, step: str | None = None) -> Plan:
     """An unwind from the records as they are (a held run's unwind, a compensating run's
-    remaining reversals)."""
-    return unwind_from(run, run.steps, "unwind")
+    remaining reversals); refused, as ``engine.unwind`` is, for a held run past its pivot."""
+    plan = unwind_from(run, run.steps, "unwind")
+    record = run.record
+    if record.state is ExecutionState.HELD and record.committed_at is not None:
+        return replace(plan, reversals=(), ends="", refused="the run has passed its pivot")
+    return plan
+
+
+def _forward(run: LoadedRun, move: str, *, including: bool) -> Plan:
+    """A held run moved forward: the path it takes next from its held step (that step again
+    when ``including``: a retry)."""
+    base = _base(run, move)
+    if run.record.state is not ExecutionState.HELD:
+        return replace(base, refused=f"{move} needs a held run; it is {run.record.state.value}")
+    held = held_step_of(run.record, run.steps)
+    if held is None or run.definition is None:
+        why = "no step is held" if held is None else "its version is not registered here"
+        return replace(base, refused=why)
+    path = path_from(run.definition, held.name, including=including)
+    return replace(base, step=held.name, path=path, ends="completed, if every step succeeds")
+
+
+def plan_retry(run: LoadedRun, step: str | None = None) -> Plan:
+    """The held step runs again (a fresh attempt budget, its idempotency key kept), then the
+    rest of the saga."""
+    return _forward(run, "retry", including=True)
+
+
+def plan_skip(run: LoadedRun, step: str | None = None) -> Plan:
+    """The held step recorded completed by hand; the run goes on after it."""
+    return _forward(run, "skip", including=False)
 
 
 def plan_cancel(run: LoadedRun, step: str | None = None) -> Plan:
@@ -244,6 +274,8 @@ Planner = Callable[[LoadedRun, "str | None"], Plan]
 #: Every move that can be planned; a new move is one entry (its name and its planner).
 PLANNERS: dict[str, Planner] = {
     "unwind": plan_unwind,
+    "retry": plan_retry,
+    "skip": plan_skip,
     "cancel": plan_cancel,
     "resume": plan_resume,
     "resolve": plan_resolve,

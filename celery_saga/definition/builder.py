@@ -8,6 +8,12 @@ from datetime import timedelta
 from functools import cached_property
 from typing import Any
 
+from celery_saga.definition.failure_policy import (
+    FailurePolicy,
+    check_policy,
+    positive_seconds,
+    resolve,
+)
 from celery_saga.definition.hashing import structural_hash
 from celery_saga.definition.nodes import (
     ArgsMapper,
@@ -81,8 +87,12 @@ def step(
     input_schema: Any = None,
     output_schema: Any = None,
     sensitive: bool = False,
+    on_failure: str | None = None,
+    hold_timeout: float | timedelta | None = None,
 ) -> StepSpec:
-    """Describe one step; ``step(task)`` names it after the task's last dotted component."""
+    """Describe one step; ``step(task)`` names it after the task's last dotted component.
+    ``on_failure``: "unwind" (the default) or "hold", and ``hold_timeout`` (seconds or a
+    timedelta): see ``definition/failure_policy.py``."""
     if action is None and not isinstance(name, str):
         name, action = _default_name(name), name
     if compensate is None:
@@ -102,6 +112,8 @@ def step(
         input_schema=input_schema,
         output_schema=output_schema,
         sensitive=sensitive,
+        on_failure=on_failure,
+        hold_timeout=check_policy(f"step {name!r}", on_failure, hold_timeout),
     )
 
 
@@ -141,6 +153,9 @@ class SagaDefinition:
     timeout: float | None = None
     #: What humans must not be shown (``sensitive=``); not part of ``hash``.
     sensitive: Sensitivity = field(default_factory=Sensitivity)
+    #: The saga's failure policy for its steps (``Saga(..., on_failure=, hold_timeout=)``).
+    on_failure: str | None = None
+    hold_timeout: float | None = None
     #: Each step by name, the first in node order where names repeat (a branch's paths):
     #: every reversal and retry looks its step up, so it is made once.
     _steps: dict[str, StepSpec] = field(init=False, repr=False, compare=False)
@@ -167,6 +182,12 @@ class SagaDefinition:
                 if spec.name == base:
                     return spec
         return None
+
+    def failure_policy(self, spec: StepSpec, node: int) -> FailurePolicy:
+        """What the final failure of ``spec`` (at node ``node``) does to the run."""
+        in_group = isinstance(self.nodes[node], ParallelNode)
+        own = (spec.on_failure, spec.hold_timeout)
+        return resolve(*own, self.on_failure, self.hold_timeout, in_group=in_group)
 
     def wait_position(self, event: str) -> int | None:
         """The index of the one ``wait_for`` gate of ``event`` (events are unique per saga)."""
@@ -223,6 +244,8 @@ class Saga:
         version: str | None = None,
         timeout: float | timedelta | None = None,
         sensitive: Any = None,
+        on_failure: str | None = None,
+        hold_timeout: float | timedelta | None = None,
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise DefinitionError(f"a saga needs a non-empty string name, got {name!r}")
@@ -237,6 +260,8 @@ class Saga:
         self.version = version
         self.timeout = run_timeout(f"saga {name!r}", timeout)
         self.sensitive = saga_sensitivity(name, sensitive)
+        self.on_failure = on_failure
+        self.hold_timeout = check_policy(f"saga {name!r}", on_failure, hold_timeout)
         self._nodes: list[Node] = []
         self._sealed: SagaDefinition | None = None
 
@@ -261,6 +286,11 @@ class Saga:
         _only_specs(f"saga {self.name!r}: parallel group {name!r}", steps)
         for spec in steps:
             validate_step(self.name, spec)
+            if spec.on_failure == "hold":
+                raise DefinitionError(
+                    f"saga {self.name!r}: step {spec.name!r} of parallel group {name!r} "
+                    "cannot hold (on_failure='hold'): a group settles together"
+                )
         return self._add(ParallelNode(name, tuple(steps)))
 
     def branch(self, name: str, selector: Callable[[Any], str], *paths: Path) -> Saga:
@@ -400,21 +430,21 @@ class Saga:
             marked = frozenset(s.name for node in nodes for s in node_steps(node) if s.sensitive)
             marks = replace(self.sensitive, steps=marked)
             self._sealed = SagaDefinition(
-                self.name, nodes, shape, self.version, self.timeout, marks
+                self.name,
+                nodes,
+                shape,
+                self.version,
+                self.timeout,
+                marks,
+                self.on_failure,
+                self.hold_timeout,
             )
         return self._sealed
 
 
 def run_timeout(what: str, timeout: float | timedelta | None) -> float | None:
     """A run's deadline in seconds (``timeout=``), checked: a positive number or None."""
-    if timeout is None:
-        return None
-    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
-        raise DefinitionError(
-            f"{what}: timeout= takes a positive number of seconds or a timedelta, got {timeout!r}"
-        )
-    return float(seconds)
+    return positive_seconds(what, "timeout", timeout)
 
 
 def _child_marker() -> None:

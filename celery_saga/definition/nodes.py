@@ -53,6 +53,10 @@ class StepSpec:
     is_transform: bool = False
     #: The step's whole result is sensitive (see ``definition/sensitivity.py``).
     sensitive: bool = False
+    #: What its final failure does ("unwind" or "hold"; None: its saga's policy), and after
+    #: how many seconds a hold with no move unwinds (see ``definition/failure_policy.py``).
+    on_failure: str | None = None
+    hold_timeout: float | None = None
 
     @property
     def compensatable(self) -> bool:

@@ -13,7 +13,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from celery_saga.decisions.cancel import CancelVerdict, bodies_in_flight, decide_cancel
+from celery_saga.decisions.cancel import (
+    CANCELLABLE_STATES,
+    CancelVerdict,
+    bodies_in_flight,
+    decide_cancel,
+)
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.errors import VersionNotDeployedError
 from celery_saga.records import ExecutionRecord, ExecutionState, StepRecord
@@ -104,7 +109,7 @@ class Cancellation:
         """Cancel a cancelled run's child if it still runs or waits (read now, as the
         cancel reaches it)."""
         child = queries.load_execution(self.parts.db, child_id)
-        if child is None or child.state not in (ExecutionState.RUNNING, ExecutionState.WAITING):
+        if child is None or child.state not in CANCELLABLE_STATES:
             return Stay()
         return self.cancel(child, reason, actor)[1]
 

@@ -10,10 +10,12 @@ from typing import Any
 
 from celery_saga.decisions.cancel import CancelVerdict
 from celery_saga.definition.builder import SagaDefinition
+from celery_saga.errors import SagaError
 from celery_saga.records import ExecutionRecord
 from celery_saga.runtime import forward_moves
 from celery_saga.runtime.cancel import DEADLINE
 from celery_saga.runtime.clock import get_clock
+from celery_saga.runtime.holds import HOLD_TIMEOUT_ACTOR, Holds
 from celery_saga.runtime.interpreter import Interpreter
 from celery_saga.runtime.moves import MoveOn, Stay
 from celery_saga.runtime.parts import Parts
@@ -29,6 +31,7 @@ class EngineCalls:
     def __init__(self, parts: Parts, interpreter: Interpreter, gates: Waits) -> None:
         self.parts, self.interpreter, self.waits = parts, interpreter, gates
         self.carry_out, self.cancellation = interpreter.carry_out, interpreter.cancellation
+        self.holds = Holds(parts)
         #: Store a new run (see ``forward_moves.create``).
         self.create = functools.partial(forward_moves.create, parts)
 
@@ -85,6 +88,50 @@ class EngineCalls:
                 break
             after = (rows[-1].wake_at, rows[-1].id)
         return acted
+
+    def retry_held(
+        self, definition: SagaDefinition, execution_id: str, actor: str | None, reason: str | None
+    ) -> None:
+        """Run a held run's step again (see ``Holds.retry``)."""
+        self.carry_out(self.holds.retry(definition, execution_id, actor, reason))
+
+    def skip_held(
+        self,
+        definition: SagaDefinition,
+        execution_id: str,
+        result: Any,
+        actor: str | None,
+        reason: str | None,
+    ) -> None:
+        """Complete a held run's step by hand and move on (see ``Holds.skip``)."""
+        self.carry_out(self.holds.skip(definition, execution_id, result, actor, reason))
+
+    def unwind_held(
+        self, definition: SagaDefinition, execution_id: str, actor: str | None, reason: str | None
+    ) -> None:
+        """Begin a held run's unwind (see ``Holds.unwind``)."""
+        self.carry_out(self.holds.unwind(definition, execution_id, actor, reason))
+
+    def unwind_expired_holds(self, page: int = 200) -> int:
+        """Unwind every held run whose hold timeout has passed (the timer sweep); returns how
+        many."""
+        return sum(self.expire_hold(execution_id) for execution_id in self.holds.expired(page))
+
+    def expire_hold(self, execution_id: str) -> bool:
+        """Unwind one held run whose hold timeout has passed; False: it was moved meanwhile
+        (an operator, a cancel) and is left as that move left it."""
+        execution = queries.load_execution(self.parts.db, execution_id)
+        if execution is None:
+            return False
+        try:
+            definition = self.parts.definition_of(execution)
+            why = "no operator moved it within its hold timeout"
+            move = self.holds.unwind(definition, execution_id, HOLD_TIMEOUT_ACTOR, why, due=True)
+        except SagaError as refused:
+            logger.info("execution %s: hold timeout not fired: %s", execution_id, refused)
+            return False
+        self.carry_out(move)
+        return True
 
     def signal(
         self,

@@ -70,6 +70,9 @@ class Executor:
         self.create, self.launch, self.signal = calls.create, calls.launch, calls.signal
         self.cancel, self.continue_cancel = calls.cancel, calls.continue_cancel
         self.fire_timers, self.cancel_overdue = calls.fire_timers, calls.cancel_overdue
+        self.retry_held, self.skip_held = calls.retry_held, calls.skip_held
+        self.unwind_held, self.unwind_expired_holds = calls.unwind_held, calls.unwind_expired_holds
+        self.expire_hold = calls.expire_hold
 
     @property
     def publisher(self) -> Publisher:

@@ -18,6 +18,7 @@ from celery_saga.definition.nodes import ParallelNode
 from celery_saga.records import Attempt, ExecutionState, StepRecord, StepStatus
 from celery_saga.redaction import scrub
 from celery_saga.runtime.clock import get_clock
+from celery_saga.runtime.holds import Holds
 from celery_saga.runtime.moves import (
     Announce,
     BeginUnwind,
@@ -180,7 +181,13 @@ class StepOutcomes:
         error: BaseException | None,
     ) -> Move:
         """Record ``step`` failed for good; the last member to settle fails the run and
-        begins its unwind. A store that stays unreachable re-raises ``error``."""
+        begins its unwind, or, a step whose policy is ``hold``, holds the run. A store that
+        stays unreachable re-raises ``error``."""
+        held = Holds(self.parts).hold(definition, step, reason, error)
+        if held is not None:
+            if isinstance(held, Stay):  # not live at the step: a cancel came first
+                return self.ended_while_cancelling(step) or held
+            return held
         stay = Advance(step.node, step.sub, False, False)
         members = members_of(definition, step)
         group = self.settle(definition, step, members, stay, error=reason, cause=error)

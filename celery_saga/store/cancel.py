@@ -15,7 +15,7 @@ from datetime import datetime
 
 from sqlalchemy import Connection, select, update
 
-from celery_saga.decisions.cancel import bodies_in_flight, interrupted_steps
+from celery_saga.decisions.cancel import CANCELLABLE_STATES, bodies_in_flight, interrupted_steps
 from celery_saga.decisions.unwind import UnwindKind, UnwindStep
 from celery_saga.records import ExecutionState, StepRecord, StepStatus
 from celery_saga.store import history
@@ -26,11 +26,12 @@ from celery_saga.store.history import HistoryEntry, Kind
 from celery_saga.store.queries import bump_and_load, bump_run, load_steps
 from celery_saga.store.tables import executions, step_records
 
-CANCELLABLE = (ExecutionState.RUNNING.value, ExecutionState.WAITING.value)
+CANCELLABLE = tuple(s.value for s in CANCELLABLE_STATES)
 #: A child of a cancelled run that has not ended yet: the parent's unwind waits for it.
 _CHILD_GOING = (
     ExecutionState.RUNNING.value,
     ExecutionState.WAITING.value,
+    ExecutionState.HELD.value,
     ExecutionState.COMPENSATING.value,
     ExecutionState.CANCELLING.value,
 )

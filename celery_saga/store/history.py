@@ -76,6 +76,13 @@ class Kind(str, Enum):
     GROUP_JOINED = "group-joined"
     #: A waiting run moved on by the timer sweep, which found its signal already stored.
     WAIT_RESUMED = "wait-resumed"
+    #: A step with ``on_failure="hold"`` failed for good: the run is held (``detail``: the
+    #: error; ``data``: attempts and the hold's timeout).
+    HELD = "held"
+    #: An operator's move on a held run (``actor``, ``detail``: the reason given).
+    HOLD_RETRIED = "hold-retried"
+    HOLD_SKIPPED = "hold-skipped"
+    HOLD_UNWOUND = "hold-unwound"
     #: The run moved to the archive tables (``saga cleanup --archive``, ``engine.archive``).
     ARCHIVED = "archived"
 

@@ -23,6 +23,7 @@ LIVE_STATES = tuple(
     for s in (
         ExecutionState.RUNNING,
         ExecutionState.WAITING,
+        ExecutionState.HELD,
         ExecutionState.COMPENSATING,
         ExecutionState.COMPENSATION_STUCK,
     )

@@ -1,6 +1,7 @@
-"""The view's operator actions: signal, resume, resolve, abandon and cancel, through the
-engine's public API, each recorded by the engine in the run's history as taken by
-``web:<user>``; ``plans`` says what each move open to a run would do (its confirmation)."""
+"""The view's operator actions: signal, resume, resolve, abandon, cancel, and retry, skip and
+unwind a held run, through the engine's public API, each recorded by the engine in the run's
+history as taken by ``web:<user>``; ``plans`` says what each move open to a run would do (its
+confirmation)."""
 
 from __future__ import annotations
 
@@ -63,6 +64,26 @@ def _signal(engine: SagaEngine, execution_id: str, form: Mapping[str, str], by: 
     return f"{FROM_WEB}: event {event!r}, {then}"
 
 
+def _why(form: Mapping[str, str]) -> str:
+    return form.get("reason", "").strip() or FROM_WEB
+
+
+def _retry(engine: SagaEngine, execution_id: str, form: Mapping[str, str], by: str) -> str:
+    engine.retry(execution_id, actor=by, reason=_why(form))
+    return FROM_WEB
+
+
+def _skip(engine: SagaEngine, execution_id: str, form: Mapping[str, str], by: str) -> str:
+    result = payload_of(form.get("result", ""))
+    engine.skip(execution_id, result=result, actor=by, reason=_why(form))
+    return FROM_WEB
+
+
+def _unwind(engine: SagaEngine, execution_id: str, form: Mapping[str, str], by: str) -> str:
+    engine.unwind(execution_id, actor=by, reason=_why(form))
+    return FROM_WEB
+
+
 #: action name in the URL -> (history kind, what it does)
 ACTIONS: dict[str, tuple[str, Act]] = {
     "resume": ("resumed", _resume),
@@ -70,6 +91,9 @@ ACTIONS: dict[str, tuple[str, Act]] = {
     "abandon": ("abandoned", _abandon),
     "cancel": ("cancelled", _cancel),
     "signal": ("signalled", _signal),
+    "retry": ("hold-retried", _retry),
+    "skip": ("hold-skipped", _skip),
+    "unwind": ("hold-unwound", _unwind),
 }
 
 
@@ -78,6 +102,7 @@ PLANNED = {
     "compensation_stuck": ("resume", "resolve", "abandon"),
     "running": ("cancel",),
     "waiting": ("cancel",),
+    "held": ("retry", "skip", "unwind", "cancel"),
 }
 
 

@@ -38,6 +38,7 @@ from celery_saga.store.versions import waiting_for_version
 from celery_saga.worker import (
     arrivals,
     hand_back_notes,
+    held_moves,
     holders,
     pool_loss,
     run_commands,
@@ -331,6 +332,33 @@ class SagaEngine:
         cancelled or unwinding is left as it is (the verdict says which). ``actor`` is
         recorded in the run's history."""
         return run_commands.cancel_run(self.parts, execution_id, reason, actor)
+
+    def retry(
+        self, execution_id: str, *, actor: str | None = None, reason: str | None = None
+    ) -> None:
+        """Run the held step of a ``held`` run again, with a fresh set of attempts and the
+        same idempotency key; the run then goes on. See ``worker/held_moves.py``."""
+        held_moves.retry_run(self.parts, execution_id, actor, reason)
+
+    def skip(
+        self,
+        execution_id: str,
+        *,
+        result: Any = None,
+        actor: str | None = None,
+        reason: str | None = None,
+    ) -> None:
+        """Record the held step of a ``held`` run completed by hand with ``result`` (checked
+        against its ``output_schema``); the run goes on, and a later unwind still reverses
+        the step. See ``worker/held_moves.py``."""
+        held_moves.skip_run(self.parts, execution_id, result, actor, reason)
+
+    def unwind(
+        self, execution_id: str, *, actor: str | None = None, reason: str | None = None
+    ) -> None:
+        """Begin the unwind of a ``held`` run now, as its step's failure would have; refused
+        past its pivot (naming it). See ``worker/held_moves.py``."""
+        held_moves.unwind_run(self.parts, execution_id, actor, reason)
 
     def signal(
         self, execution_id: str, event: str, payload: Any = None, *, actor: str | None = None

@@ -23,6 +23,7 @@ SETTLED_STATES = (
     ExecutionState.CANCELLED,
     ExecutionState.COMPENSATION_STUCK,
     ExecutionState.WAITING,
+    ExecutionState.HELD,
 )
 
 

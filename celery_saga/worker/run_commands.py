@@ -27,7 +27,6 @@ from sqlalchemy.exc import IntegrityError
 
 from celery_saga.decisions.cancel import CancelVerdict
 from celery_saga.definition.builder import SagaDefinition, run_timeout
-from celery_saga.definition.nodes import PivotNode, WaitNode, node_name
 from celery_saga.errors import (
     ExecutionNotFoundError,
     InvalidStateError,
@@ -41,8 +40,10 @@ from celery_saga.runtime.outcomes import NoBody
 from celery_saga.store import queries
 from celery_saga.store.codec import pack, unpack
 from celery_saga.store.operator_exits import require_resolvable, require_stuck
+from celery_saga.worker import held_moves
 from celery_saga.worker.arguments import check_actor, check_reason
 from celery_saga.worker.parts import WorkerParts
+from celery_saga.worker.run_lookup import definition_of, pivot_name
 from celery_saga.worker.sealed_commands import UnsealedCommand, open_arguments
 from celery_saga.worker.start_checks import refuse_before_start
 
@@ -55,20 +56,6 @@ NO_OP = {
         "is unwinding already; its compensations are never interrupted, nothing changed"
     ),
 }
-
-
-def definition_of(parts: WorkerParts, execution_id: str) -> SagaDefinition:
-    """The stored run's own version, never another: a process without it raises
-    ``VersionNotDeployedError``, storing nothing."""
-    check_lookup_id(execution_id)
-    parts.store.ensure_schema()
-    record = parts.store.run(
-        f"reading execution {execution_id!r}",
-        lambda: queries.load_execution(parts.db, execution_id),
-    )
-    if record is None or record.id != execution_id:  # MySQL finds 'a1' for 'A1 '
-        raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
-    return parts.catalog.for_run(record.saga_name, record.definition_hash, record.id)
 
 
 # -- start ------------------------------------------------------------------------------
@@ -185,20 +172,6 @@ def _refuse(
         )
 
 
-def pivot_name(definition: SagaDefinition) -> str:
-    """The pivot as an operator knows it: after which step it stands."""
-    before = None
-    for node in definition.nodes:
-        match node:
-            case PivotNode():
-                return f"the pivot after step {before!r}" if before else "the pivot"
-            case WaitNode():
-                continue
-            case _:  # every other node has a name of its own
-                before = node_name(node)
-    return "the pivot"
-
-
 # -- signal -----------------------------------------------------------------------------
 def signal_run(
     parts: WorkerParts, execution_id: str, event: str, payload: Any, actor: str | None = None
@@ -307,6 +280,7 @@ HANDED_ON: dict[str, Callable[[WorkerParts, str, dict[str, Any]], None]] = {
     "resume": _resume_handed_on,
     "resolve": _resolve_handed_on,
     "cancel": _cancel_handed_on,
+    **held_moves.HANDED_ON,
 }
 
 

@@ -40,7 +40,12 @@ class Sweeps:
         self.parts.store.ensure_schema()
         return self.parts.store.run(
             "the timer sweep",
-            lambda: executor.fire_timers() + executor.cancel_overdue() + self.recoverer.send_owed(),
+            lambda: (
+                executor.fire_timers()
+                + executor.cancel_overdue()
+                + executor.unwind_expired_holds()
+                + self.recoverer.send_owed()
+            ),
         )
 
     def retire(

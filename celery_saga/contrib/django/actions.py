@@ -1,11 +1,13 @@
-"""The admin's operator actions: resume, resolve, abandon, signal and cancel, through the
-engine's public API, each recorded in the run's history (by the engine) with the Django user
-who took it; ``plans`` says what a move would do, for its confirmation page."""
+"""The admin's operator actions: resume, resolve, abandon, signal, cancel, and retry, skip and
+unwind a held run, through the engine's public API, each recorded in the run's history (by the
+engine) with the Django user who took it; ``plans`` says what a move would do, for its
+confirmation page."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from django import forms
@@ -32,13 +34,18 @@ class SignalForm(forms.Form):  # type: ignore[misc]
     )
 
     def clean_payload(self) -> Any:
-        text = str(self.cleaned_data["payload"]).strip()
-        if not text:
-            return None
-        try:
-            return json.loads(text)
-        except ValueError as error:
-            raise forms.ValidationError(f"not JSON: {error}") from None
+        return json_or_none(self.cleaned_data["payload"])
+
+
+def json_or_none(text: Any) -> Any:
+    """A form's JSON field: its value, None when left empty, a form error when not JSON."""
+    stripped = str(text).strip()
+    if not stripped:
+        return None
+    try:
+        return json.loads(stripped)
+    except ValueError as error:
+        raise forms.ValidationError(f"not JSON: {error}") from None
 
 
 class CancelForm(forms.Form):  # type: ignore[misc]
@@ -54,6 +61,23 @@ class ResolveForm(forms.Form):  # type: ignore[misc]
         max_length=2000,
         help_text="What was done by hand in place of the failed reversal: the history keeps it.",
     )
+
+
+class HeldMoveForm(forms.Form):  # type: ignore[misc]
+    reason = forms.CharField(
+        required=False, max_length=500, help_text="Why (optional): the runs' history records it."
+    )
+
+
+class SkipForm(HeldMoveForm):
+    result = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 6, "cols": 60}),
+        help_text="The held step's result as JSON, checked against its output_schema; empty: none.",
+    )
+
+    def clean_result(self) -> Any:
+        return json_or_none(self.cleaned_data["result"])
 
 
 def actor_of(request: HttpRequest) -> str:
@@ -127,3 +151,68 @@ def cancel(reason: str) -> Act:
             raise SagaError(f"execution {execution_id} {NO_OP[verdict]}")
 
     return stop
+
+
+#: An engine call on a held run: (engine, run id, actor, reason, the form's data).
+HeldCall = Callable[[SagaEngine, str, str, str, dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class HeldMove:
+    """An admin action on held runs: its name, the question it asks first with ``form``,
+    the engine call it makes, and what the page says it did."""
+
+    name: str
+    question: str
+    form: type[HeldMoveForm]
+    call: HeldCall
+    done: str
+
+    def act(self, data: dict[str, Any]) -> Act:
+        """The call with the form's data (a blank reason: where it came from)."""
+        reason = str(data.get("reason") or "").strip() or FROM_ADMIN
+
+        def move(engine: SagaEngine, execution_id: str, actor: str) -> None:
+            self.call(engine, execution_id, actor, reason, data)
+
+        return move
+
+
+def _retry(engine: SagaEngine, run_id: str, actor: str, reason: str, _: dict[str, Any]) -> None:
+    engine.retry(run_id, actor=actor, reason=reason)
+
+
+def _skip(engine: SagaEngine, run_id: str, actor: str, reason: str, data: dict[str, Any]) -> None:
+    engine.skip(run_id, result=data.get("result"), actor=actor, reason=reason)
+
+
+def _unwind(engine: SagaEngine, run_id: str, actor: str, reason: str, _: dict[str, Any]) -> None:
+    engine.unwind(run_id, actor=actor, reason=reason)
+
+
+HELD_MOVES = {
+    move.name: move
+    for move in (
+        HeldMove(
+            "retry",
+            "Run the held step of these runs again, with a fresh set of attempts?",
+            HeldMoveForm,
+            _retry,
+            "retried",
+        ),
+        HeldMove(
+            "skip",
+            "Record the held step of these runs completed by hand, with this result?",
+            SkipForm,
+            _skip,
+            "skipped",
+        ),
+        HeldMove(
+            "unwind",
+            "Unwind these held runs? What each did is reversed and it ends failed.",
+            HeldMoveForm,
+            _unwind,
+            "unwound",
+        ),
+    )
+}

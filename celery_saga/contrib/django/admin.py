@@ -224,7 +224,7 @@ class RunAdmin(SaysStaleness, ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
     )
     fields = readonly_fields
     inlines = (StepInline, HistoryInline)
-    actions = ("resume", "resolve", "abandon", "signal", "cancel")
+    actions = ("resume", "resolve", "abandon", "signal", "cancel", "retry", "skip", "unwind")
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
@@ -274,6 +274,31 @@ class RunAdmin(SaysStaleness, ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
 
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm("celery_saga.cancel_run"))
+
+    def has_move_held_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm("celery_saga.move_held_run"))
+
+    @action(description="Retry the held step (asks first)", permissions=["move_held"])
+    def retry(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        return self._held_move(request, queryset, run_actions.HELD_MOVES["retry"])
+
+    @action(description="Skip the held step by hand (asks first)", permissions=["move_held"])
+    def skip(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        return self._held_move(request, queryset, run_actions.HELD_MOVES["skip"])
+
+    @action(description="Unwind the held run (asks first)", permissions=["move_held"])
+    def unwind(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        return self._held_move(request, queryset, run_actions.HELD_MOVES["unwind"])
+
+    def _held_move(
+        self, request: HttpRequest, queryset: QuerySet[Any], move: run_actions.HeldMove
+    ) -> HttpResponse | None:
+        """A move on held runs, asked first with its form (a reason; a skip's result)."""
+        form = move.form(request.POST if "apply" in request.POST else None)
+        if not form.is_valid():
+            return self._confirm(request, queryset, move.name, move.question, form)
+        self._act(request, queryset, move.act(form.cleaned_data), move.done)
+        return None
 
     @action(description="Resume the parked unwind", permissions=["resume"])
     def resume(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
