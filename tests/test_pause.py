@@ -172,7 +172,7 @@ def test_a_refused_pause_names_the_problem_and_stores_nothing(
 def test_a_second_pause_of_the_same_step_is_refused_naming_the_first(unpaused: Harness) -> None:
     harness = unpaused
     harness.engine.pause("paused_order", "charge", reason="first", actor="ann")
-    with pytest.raises(InvalidStateError, match="paused already .*by ann: first"):
+    with pytest.raises(InvalidStateError, match=r"paused already .*by ann: first"):
         harness.engine.pause("paused_order", "charge", reason="second")
     assert [p.reason for p in harness.engine.pauses()] == ["first"]
     with pytest.raises(SagaError, match="no step named 'nope'"):
