@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import time
 import uuid
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from click.testing import CliRunner, Result
 
 from celery_saga import ExecutionState, InvalidStateError, SagaError
+from celery_saga.cli import saga
 from celery_saga.errors import UnknownSagaError
 from celery_saga.store import history
 from celery_saga.worker import pause_moves
@@ -150,6 +153,38 @@ def _unpause_with(harness: Harness, progress: Any) -> Any:
     )
 
 
+def _invoke(harness: Harness, *args: str) -> Result:
+    obj = SimpleNamespace(app=harness.test_app.app)
+    return CliRunner().invoke(saga, list(args), obj=obj, catch_exceptions=False)
+
+
+def test_the_cli_pauses_lists_and_unpauses_and_show_says_why_a_run_is_held(
+    unpaused: Harness,
+) -> None:
+    harness = unpaused
+    paused = _invoke(harness, "pause", "paused_order", "--step", "charge", "--reason", "down")
+    assert paused.exit_code == 0, paused.output
+    assert "paused paused_order.charge" in paused.output
+    run = harness.start("paused_order", {"order": 7})
+    _wait(harness, [run.id], lambda r: r.state is ExecutionState.HELD)
+    listed = _invoke(harness, "pauses").output
+    assert "paused_order.charge" in listed and "down" in listed and "(1 held)" in listed
+    shown = _invoke(harness, "show", run.id).output
+    assert "held: paused (down) at the door of step 'charge'" in shown, shown
+    for refused, names in (
+        (("pause", "paused_order", "--step", "nope", "--reason", "x"), "no step named 'nope'"),
+        (("unpause", "paused_order", "--step", "charge", "--rate", "fast"), "not a rate"),
+        (("unpause", "paused_order", "--step", "charge", "--rate", "0/s"), "above zero"),
+    ):
+        result = _invoke(harness, *refused)
+        assert result.exit_code == 1 and names in result.output, result.output
+    assert [p.held for p in harness.engine.pauses()] == [1], "the refusals changed nothing"
+    released = _invoke(harness, "unpause", "paused_order", "--step", "charge", "--rate", "50/s")
+    assert "unpaused paused_order.charge; released 1 held run(s)" in released.output
+    _wait(harness, [run.id], lambda r: r.state is ExecutionState.COMPLETED)
+    assert _invoke(harness, "pauses").output.strip() == "nothing is paused"
+
+
 @pytest.mark.parametrize(
     ("saga", "step", "reason", "error", "names"),
     [
@@ -234,5 +269,7 @@ def test_pause_during_a_flood_starts_no_body_after_it_and_unpause_keeps_the_rate
     assert 16.0 <= measured <= 24.0, f"released at {measured:.1f}/s, asked 20/s"
     done = _wait(harness, ids, lambda r: r.state is ExecutionState.COMPLETED, within=120)
     assert [len(_charges(harness, run.id)) for run in done] == [1] * 200
-    print(f"\nflood: {len(held)} held, {len(late)} bodies began after the pause ({late}) "
-          f"of claims before it; released at {measured:.2f}/s")
+    print(
+        f"\nflood: {len(held)} held, {len(late)} bodies began after the pause ({late}) "
+        f"of claims before it; released at {measured:.2f}/s"
+    )

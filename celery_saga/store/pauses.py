@@ -13,7 +13,6 @@ it finds no row and releases nothing twice.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -21,7 +20,7 @@ from sqlalchemy import Connection, delete, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from celery_saga.errors import InvalidStateError
-from celery_saga.records import ExecutionRecord, ExecutionState
+from celery_saga.records import ExecutionRecord, ExecutionState, Pause
 from celery_saga.store import history
 from celery_saga.store.claims import Conflict
 from celery_saga.store.database import Database, from_db_time, to_db_time
@@ -32,25 +31,6 @@ from celery_saga.store.tables import executions, paused_runs, pauses
 
 #: The ``step_name`` of a pause of a whole saga.
 WHOLE_SAGA = ""
-#: The reason a run held at a paused step's door gives, before the pause's own.
-PAUSED = "paused"
-
-
-@dataclass(frozen=True)
-class Pause:
-    """A stored pause; ``step`` None: the whole saga. ``held``: runs held at its door."""
-
-    saga: str
-    step: str | None
-    reason: str
-    actor: str | None
-    paused_at: datetime
-    held: int = 0
-
-    @property
-    def held_reason(self) -> str:
-        """What a run held at its door says it is held for."""
-        return f"{PAUSED}: {self.reason}"
 
 
 def _pause_of(values: Mapping[Any, Any], held: int = 0) -> Pause:

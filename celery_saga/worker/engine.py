@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import builtins
 import functools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -22,7 +22,7 @@ from celery_saga.encryption import codec_from_conf
 from celery_saga.errors import DefinitionError, ExecutionNotFoundError, SagaError, UnknownSagaError
 from celery_saga.inspect.reads import Inspector
 from celery_saga.limits import check_lookup_id, listed_saga_names, storable_cursor_id
-from celery_saga.records import Execution, ExecutionState, RollbackStatus
+from celery_saga.records import Execution, ExecutionState, Pause, RollbackStatus
 from celery_saga.runtime import revocation, stopping
 from celery_saga.runtime.catalog import Catalog
 from celery_saga.runtime.executor import Executor
@@ -32,7 +32,6 @@ from celery_saga.store import queries
 from celery_saga.store.codec import use_codec
 from celery_saga.store.database import Database
 from celery_saga.store.identity import shown_store, store_identity
-from celery_saga.store.pauses import Pause
 from celery_saga.store.replica import open_replica
 from celery_saga.store.versions import waiting_for_version
 from celery_saga.worker import (
@@ -365,10 +364,14 @@ class SagaEngine:
         rate: float | None = None,
         actor: str | None = None,
         reason: str | None = None,
+        progress: Callable[[int], None] | None = None,
     ) -> Unpaused:
         """Lift a pause, then release the runs it held, at most ``rate`` a second (None: no
-        cap), each once, even when run again after an interruption."""
-        return pause_moves.unpause(self.parts, saga, step, rate=rate, actor=actor, reason=reason)
+        cap), each once, even when run again after an interruption; ``progress`` is told
+        each count released."""
+        return pause_moves.unpause(
+            self.parts, saga, step, rate=rate, actor=actor, reason=reason, progress=progress
+        )
 
     def pauses(self) -> builtins.list[Pause]:
         """Every paused step (and whole saga), with how many runs each holds."""

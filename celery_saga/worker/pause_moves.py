@@ -20,9 +20,9 @@ from typing import Any
 
 from celery_saga.definition.nodes import ParallelNode
 from celery_saga.errors import SagaError, UnknownSagaError, VersionNotDeployedError
+from celery_saga.records import Pause
 from celery_saga.runtime.clock import get_clock
 from celery_saga.store import pauses
-from celery_saga.store.pauses import Pause
 from celery_saga.worker.arguments import check_actor, check_reason
 from celery_saga.worker.parts import WorkerParts
 from celery_saga.worker.run_lookup import definition_of
