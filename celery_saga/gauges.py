@@ -1,6 +1,7 @@
 """Prometheus gauges read from the saga store, for alerts on what is stuck or piling up:
-unfinished runs by saga and state (``waiting`` and ``compensation_stuck`` above all) and the
-age of the oldest unfinished run of each saga (needs the ``prometheus`` extra).
+unfinished runs by saga and state (``waiting`` and ``compensation_stuck`` above all), the
+age of the oldest unfinished run of each saga, and the paused steps with the runs they hold
+(needs the ``prometheus`` extra).
 
 The counters of ``metrics`` say what happened in one process; these say what the store
 holds now, so every exporter reports the same values (aggregate them with ``max``, not
@@ -21,8 +22,9 @@ from datetime import datetime
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from celery_saga.records import Pause
 from celery_saga.runtime.clock import get_clock
-from celery_saga.store import inspection
+from celery_saga.store import inspection, pauses
 from celery_saga.store.database import Database
 
 logger = logging.getLogger("celery_saga")
@@ -35,6 +37,8 @@ class Reading:
     #: saga -> creation time of its oldest unfinished run
     oldest: dict[str, datetime] = field(default_factory=dict)
     at: datetime | None = None
+    #: the stored pauses (each with how many runs it holds at its door)
+    pauses: tuple[Pause, ...] = ()
 
 
 class StoreGauges(Collector):
@@ -61,12 +65,13 @@ class StoreGauges(Collector):
         try:
             runs = inspection.run_counts(self.db)
             oldest = inspection.oldest_unfinished_by_saga(self.db)
+            paused = tuple(pauses.list_pauses(self.db))
         except Exception as error:  # an outage must not end the thread
             if self.up:
                 logger.warning("saga gauges: the store could not be read (%s)", error)
             self.up = False
             return
-        self.reading = Reading(runs, oldest, get_clock().now())
+        self.reading = Reading(runs, oldest, get_clock().now(), paused)
         self.up = True
 
     def collect(self) -> Iterator[Metric]:
@@ -88,8 +93,30 @@ class StoreGauges(Collector):
             for saga, created in sorted(reading.oldest.items()):
                 age.add_metric([saga], max(0.0, (reading.at - created).total_seconds()))
         yield age
+        yield from _paused(reading.pauses, prefix)
         yield GaugeMetricFamily(
             f"{prefix}_store_up",
             "1 if the last reading of the store for these gauges succeeded",
             value=1.0 if self.up else 0.0,
         )
+
+
+def _paused(stored: tuple[Pause, ...], prefix: str) -> Iterator[Metric]:
+    """Paused steps by saga (an alert on one left paused), and the runs each holds at its
+    door (``step`` "*": a pause of the whole saga)."""
+    steps = GaugeMetricFamily(
+        f"{prefix}_paused_steps", "Paused steps (and whole sagas) of each saga", labels=["saga"]
+    )
+    held = GaugeMetricFamily(
+        f"{prefix}_paused_held_runs",
+        "Runs held at the door of each paused step",
+        labels=["saga", "step"],
+    )
+    counted: dict[str, int] = {}
+    for pause in stored:
+        counted[pause.saga] = counted.get(pause.saga, 0) + 1
+        held.add_metric([pause.saga, pause.step or "*"], pause.held)
+    for saga, count in sorted(counted.items()):
+        steps.add_metric([saga], count)
+    yield steps
+    yield held
