@@ -1,7 +1,8 @@
 """Prometheus gauges read from the saga store, for alerts on what is stuck or piling up:
 unfinished runs by saga and state (``waiting`` and ``compensation_stuck`` above all), the
-age of the oldest unfinished run of each saga, and the paused steps with the runs they hold
-(needs the ``prometheus`` extra).
+age of the oldest unfinished run of each saga, how long the longest held run of each saga
+has been held, and the paused steps with the runs they hold (needs the ``prometheus``
+extra).
 
 The counters of ``metrics`` say what happened in one process; these say what the store
 holds now, so every exporter reports the same values (aggregate them with ``max``, not
@@ -37,6 +38,8 @@ class Reading:
     #: saga -> creation time of its oldest unfinished run
     oldest: dict[str, datetime] = field(default_factory=dict)
     at: datetime | None = None
+    #: saga -> since when its longest held run has been held
+    held_since: dict[str, datetime] = field(default_factory=dict)
     #: the stored pauses (each with how many runs it holds at its door)
     pauses: tuple[Pause, ...] = ()
 
@@ -65,13 +68,14 @@ class StoreGauges(Collector):
         try:
             runs = inspection.run_counts(self.db)
             oldest = inspection.oldest_unfinished_by_saga(self.db)
+            held = inspection.longest_held_by_saga(self.db)
             paused = tuple(pauses.list_pauses(self.db))
         except Exception as error:  # an outage must not end the thread
             if self.up:
                 logger.warning("saga gauges: the store could not be read (%s)", error)
             self.up = False
             return
-        self.reading = Reading(runs, oldest, get_clock().now(), paused)
+        self.reading = Reading(runs, oldest, get_clock().now(), held, paused)
         self.up = True
 
     def collect(self) -> Iterator[Metric]:
@@ -93,6 +97,15 @@ class StoreGauges(Collector):
             for saga, created in sorted(reading.oldest.items()):
                 age.add_metric([saga], max(0.0, (reading.at - created).total_seconds()))
         yield age
+        held = GaugeMetricFamily(
+            f"{prefix}_oldest_held_run_age_seconds",
+            "How long the longest held run of each saga has waited for an operator",
+            labels=["saga"],
+        )
+        if reading.at is not None:
+            for saga, since in sorted(reading.held_since.items()):
+                held.add_metric([saga], max(0.0, (reading.at - since).total_seconds()))
+        yield held
         yield from _paused(reading.pauses, prefix)
         yield GaugeMetricFamily(
             f"{prefix}_store_up",

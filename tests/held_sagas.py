@@ -45,6 +45,9 @@ def define(test_app: Any) -> None:
         Saga("held_briefly", on_failure="hold", hold_timeout=1.5)
         .step("reserve", fwd, compensate=rev)
         .step("charge", charge, compensate=rev, retry=1),
+        Saga("held_slow")
+        .step("reserve", fwd, compensate=rev)
+        .step("slow", fwd, compensate=rev, timeout=1, retry=1, on_failure="hold"),
         Saga("held_deadline", on_failure="hold", timeout=3)
         .step("reserve", fwd, compensate=rev)
         .step("charge", charge, compensate=rev, retry=1),

@@ -4,6 +4,7 @@ stored on a run that is not held."""
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from typing import Any
@@ -186,3 +187,91 @@ def test_a_saga_deadline_cancels_a_held_run(harness: Harness) -> None:
     harness.engine.fire_timers()
     ended = _wait_state(harness, execution.id, ExecutionState.CANCELLED)
     assert ended.step("reserve").compensation_status is CompensationOutcome.COMPENSATED
+
+
+def test_two_operators_retrying_ten_held_runs_at_once_charge_each_once(harness: Harness) -> None:
+    """The real-worker side of tests/test_hold_races.py: the moves race in two threads, the
+    step runs in worker processes."""
+    switch = _down(harness)
+    runs = [harness.start("held_order", {"order": n, "down": switch}) for n in range(10)]
+    for run in runs:
+        _wait_state(harness, run.id, ExecutionState.HELD)
+    harness.test_app.set_switch(switch, False)
+    refused: list[str] = []
+
+    def operator() -> None:
+        for run in runs:
+            try:
+                harness.engine.retry(run.id, actor=threading.current_thread().name)
+            except InvalidStateError:
+                refused.append(run.id)
+
+    threads = [threading.Thread(target=operator, name=f"ops{i}") for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(refused) == len(runs), "one retry per run landed, the other was refused"
+    for run in runs:
+        done = _wait_state(harness, run.id, ExecutionState.COMPLETED)
+        assert len(_rows(harness, done.id, "effect")) == 1
+        assert [r.kind for r in _history(harness, done.id)].count("hold-retried") == 1
+
+
+def test_a_hold_is_announced_and_its_task_ends_as_a_failure_in_celery(harness: Harness) -> None:
+    """Events for monitors, and the held attempt's task FAILURE as Celery (and Flower) show
+    a failed task, with the hold logged at WARNING by the engine."""
+    if not harness.in_process:
+        pytest.skip("listens to the in-process worker's events")
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    def listen(event: str, fields: dict[str, Any]) -> None:
+        if event == "saga-held" or event.startswith("saga-hold-"):
+            seen.append((event, fields))
+
+    harness.engine.on("*", listen)
+    execution, switch = _held(harness)
+    harness.test_app.set_switch(switch, False)
+    harness.engine.retry(execution.id, actor="ops")
+    _wait_state(harness, execution.id, ExecutionState.COMPLETED)
+    mine = [(e, f) for e, f in seen if f.get("execution_id") == execution.id]
+    assert [e for e, _ in mine] == ["saga-held", "saga-hold-retried"]
+    assert mine[0][1]["step"] == "charge" and mine[0][1]["attempts"] == 2
+    holder = [r for r in _history(harness, execution.id) if r.kind == "step-failed"][-1].holder
+    task_id = holder.rsplit("/", 1)[-1]
+    assert harness.test_app.app.AsyncResult(task_id).state == "FAILURE"
+
+
+def test_an_outage_holds_the_runs_it_meets_and_a_bulk_retry_completes_every_one(
+    harness: Harness,
+) -> None:
+    """The outage scenario, small (benchmarks/hold_outage.py runs 500 with a 60 s outage):
+    runs started before, during and after the provider is down; the held ones retried in
+    a loop over ``engine.list(state="held")``: none unwound, every charge once."""
+    switch = f"down-{uuid.uuid4().hex}"
+    runs = [harness.start("held_order", {"order": n, "down": switch}) for n in range(5)]
+    for run in runs:
+        _wait_state(harness, run.id, ExecutionState.COMPLETED)
+    harness.test_app.set_switch(switch, True)
+    runs += [harness.start("held_order", {"order": n, "down": switch}) for n in range(5, 25)]
+    held = [_wait_state(harness, run.id, ExecutionState.HELD).id for run in runs[-20:]]
+    harness.test_app.set_switch(switch, False)
+    runs += [harness.start("held_order", {"order": n, "down": switch}) for n in range(25, 30)]
+    listed = harness.engine.list(saga="held_order", state="held", limit=1000).items
+    to_retry = [record.id for record in listed if record.id in {r.id for r in runs}]
+    assert sorted(to_retry) == sorted(held)
+    for execution_id in to_retry:
+        harness.engine.retry(execution_id, actor="ops", reason="provider back")
+    for run in runs:
+        done = _wait_state(harness, run.id, ExecutionState.COMPLETED)
+        assert len(_rows(harness, done.id, "effect")) == 1
+        assert not [e for e in harness.test_app.entries(done.id) if e.direction == "compensate"]
+
+
+def test_a_hold_step_that_runs_past_its_timeout_holds_the_run(harness: Harness) -> None:
+    run = harness.start("held_slow", {"order": 31, "plan": {"slow": {"sleep": 3}}})
+    execution = _wait_state(harness, run.id, ExecutionState.HELD)
+    assert "StepTimeoutError" in execution.failure_reason or "TimeLimit" in (
+        execution.failure_reason
+    ), execution.failure_reason
+    assert execution.step("reserve").compensation_status is None

@@ -22,7 +22,8 @@ from celery_saga.worker.engine import SagaEngine
 from celery_saga.worker.run_commands import NO_OP
 
 
-def _live(engine: SagaEngine, execution_id: str) -> ExecutionRecord:
+def live_record(engine: SagaEngine, execution_id: str) -> ExecutionRecord:
+    """The run an operator's verb acts on, read fresh; refused when archived."""
     run = live_run(engine, execution_id, fresh=True)  # not a replica's older copy
     if run.archived_at is not None:
         raise InvalidStateError(
@@ -61,7 +62,7 @@ def signal(
     """Deliver EVENT to a run waiting for it (or about to)."""
     value = _payload(payload, payload_file)
     engine = engine_of(ctx)
-    _live(engine, execution_id)
+    live_record(engine, execution_id)
     resumed = engine.signal(execution_id, event, value, actor=shell_operator())
     click.echo(
         f"signal {event!r} recorded for {execution_id}; "
@@ -76,7 +77,7 @@ def signal(
 def resume(ctx: click.Context, execution_id: str) -> None:
     """Retry the failed reversal of a compensation_stuck run and continue its unwind."""
     engine = engine_of(ctx)
-    _live(engine, execution_id)
+    live_record(engine, execution_id)
     engine.resume_compensation(execution_id, actor=shell_operator())
     click.echo(f"resumed the unwind of {execution_id}; the workers carry it on")
 
@@ -90,7 +91,7 @@ def resume(ctx: click.Context, execution_id: str) -> None:
 def abandon(ctx: click.Context, execution_id: str, yes: bool, reason: str | None) -> None:
     """Give up a parked unwind: the run ends failed, outstanding reversals skipped."""
     engine = engine_of(ctx)
-    record = _live(engine, execution_id)
+    record = live_record(engine, execution_id)
     if record.state is not ExecutionState.COMPENSATION_STUCK:
         raise InvalidStateError(
             f"abandon needs execution {execution_id!r} (saga {record.saga_name!r}) to be "

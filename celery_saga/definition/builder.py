@@ -8,7 +8,12 @@ from datetime import timedelta
 from functools import cached_property
 from typing import Any
 
-from celery_saga.definition.failure_policy import FailurePolicy, check_policy, resolve
+from celery_saga.definition.failure_policy import (
+    FailurePolicy,
+    check_policy,
+    positive_seconds,
+    resolve,
+)
 from celery_saga.definition.hashing import structural_hash
 from celery_saga.definition.nodes import (
     ArgsMapper,
@@ -439,14 +444,7 @@ class Saga:
 
 def run_timeout(what: str, timeout: float | timedelta | None) -> float | None:
     """A run's deadline in seconds (``timeout=``), checked: a positive number or None."""
-    if timeout is None:
-        return None
-    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
-        raise DefinitionError(
-            f"{what}: timeout= takes a positive number of seconds or a timedelta, got {timeout!r}"
-        )
-    return float(seconds)
+    return positive_seconds(what, "timeout", timeout)
 
 
 def _child_marker() -> None:

@@ -34,16 +34,21 @@ def check_policy(where: str, on_failure: Any, hold_timeout: Any) -> float | None
     not given there); returns the timeout in seconds."""
     if on_failure is not None and on_failure not in POLICIES:
         raise DefinitionError(f"{where}: on_failure= takes 'unwind' or 'hold', got {on_failure!r}")
-    if hold_timeout is None:
+    seconds = positive_seconds(where, "hold_timeout", hold_timeout)
+    if seconds is not None and on_failure == UNWIND:
+        raise DefinitionError(f"{where}: hold_timeout= applies only with on_failure='hold'")
+    return seconds
+
+
+def positive_seconds(where: str, option: str, value: Any) -> float | None:
+    """A duration option (seconds or a timedelta), checked: a positive number, or None."""
+    if value is None:
         return None
-    seconds = hold_timeout.total_seconds() if isinstance(hold_timeout, timedelta) else hold_timeout
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
         raise DefinitionError(
-            f"{where}: hold_timeout= takes a positive number of seconds or a timedelta, "
-            f"got {hold_timeout!r}"
+            f"{where}: {option}= takes a positive number of seconds or a timedelta, got {value!r}"
         )
-    if on_failure == UNWIND:
-        raise DefinitionError(f"{where}: hold_timeout= applies only with on_failure='hold'")
     return float(seconds)
 
 

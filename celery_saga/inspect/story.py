@@ -155,6 +155,7 @@ def describe(
     event = _waited_event(run, definition)
     running_child = waiting.running_child(steps, record.cursor)
     until = record.wake_at.isoformat() if record.wake_at is not None else None
+    hold = waiting.hold_of(record, steps)
     bars_of, waits = bars.timeline_bars(steps, run.history)
     return RunView(
         record=record,
@@ -171,8 +172,10 @@ def describe(
             until=until,
             version=waiting_for_version,
             child=running_child,
+            held=None if hold is None else hold.step,
             paused=_paused_at(run),
         ),
         graph=graph.build(definition, record, steps, signals, run.history),
         timeline=Timeline(chronology.entries(record, steps, signals, run.history), bars_of, waits),
+        hold=hold,
     )

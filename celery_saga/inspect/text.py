@@ -47,6 +47,20 @@ def _held(run: RunView) -> list[str]:
     return lines
 
 
+def hold_lines(run: RunView) -> list[str]:
+    """A held run's step, error, attempts and hold timeout, and the moves open to it."""
+    hold = run.hold
+    if hold is None:
+        return []
+    timeout = f"unwinds at {_time(hold.unwinds_at)}" if hold.unwinds_at else "none"
+    return [
+        f"held step: {hold.step}  attempts: {hold.attempts}  error: {hold.error or '-'}",
+        f"hold timeout: {timeout}",
+        "held: `saga retry ID` runs the step again, `saga skip ID --result JSON` completes "
+        "it by hand, `saga unwind ID` (before the pivot) or `saga cancel ID` gives the run up",
+    ]
+
+
 def run_lines(run: RunView) -> list[str]:
     """The run as text: a header, its graph as a tree, then its timeline."""
     record = run.record
@@ -78,6 +92,7 @@ def run_lines(run: RunView) -> list[str]:
             "`saga abandon ID` gives the unwind up"
         )
     lines.extend(_held(run))
+    lines.extend(hold_lines(run))
     lines.append("graph:")
     lines.extend(graph_lines(run.graph, "  "))
     lines.append("timeline:")

@@ -162,6 +162,17 @@ class Timeline:
 
 
 @dataclass(frozen=True)
+class HoldView:
+    """What a ``held`` run waits on: its step (record name), the error it failed with after
+    ``attempts`` attempts, and when its hold timeout unwinds it (None: never)."""
+
+    step: str
+    error: str | None
+    attempts: int
+    unwinds_at: datetime | None
+
+
+@dataclass(frozen=True)
 class RunView:
     """Everything stored about one run, with its child runs nested under their steps.
     ``definition_deployed``: this process has the run's version; ``waiting``: what holds
@@ -179,6 +190,8 @@ class RunView:
     waiting: str | None
     graph: tuple[GraphNode, ...]
     timeline: Timeline
+    #: Set while the run is ``held``.
+    hold: HoldView | None = None
 
     @property
     def id(self) -> str:

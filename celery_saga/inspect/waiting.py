@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from celery_saga.definition.nodes import SubSagaNode
 from celery_saga.definition.run_markings import FindDefinition
-from celery_saga.inspect.values import StepView
+from celery_saga.inspect.values import HoldView, StepView
 from celery_saga.records import ExecutionRecord, ExecutionState
 from celery_saga.runtime.children import child_execution_id
 
@@ -21,12 +21,14 @@ def reason(
     until: str | None = None,
     version: str | None = None,
     child: str | None = None,
+    held: str | None = None,
     paused: tuple[str, str] | None = None,
 ) -> str | None:
     """What a run in ``state`` waits for, or None. ``event``, ``until``: its gate's event and
-    deadline (as printed); ``version``: the version a worker without it handed the run's
-    message back for (what holds it first); ``child``: the run its sub-saga node started;
-    ``paused``: the step and reason of the pause a held run waits at."""
+    deadline (as printed; a held run's: its hold timeout); ``version``: the version a worker
+    without it handed the run's message back for (what holds it first); ``child``: the run
+    its sub-saga node started; ``held``: the step a held run waits on; ``paused``: the step
+    and reason of the pause a held run waits at the door of."""
     if paused and state == ExecutionState.HELD.value:
         step, why = paused
         return f"held: paused ({why}) at the door of step {step!r}; unpause releases it"
@@ -35,9 +37,24 @@ def reason(
     if state == ExecutionState.WAITING.value:
         what = f"waiting for signal {event!r}" if event else "waiting for a signal"
         return what + (f" until {until}" if until else " (no deadline)")
+    if state == ExecutionState.HELD.value:
+        what = f"held at step {held!r}" if held else "held"
+        then = f"; unwinds at {until} unless moved" if until else ""
+        return f"{what}: waiting for an operator to retry, skip, unwind or cancel it{then}"
     if child and state == ExecutionState.RUNNING.value:
         return f"waiting for child run {child}"
     return None
+
+
+def hold_of(record: ExecutionRecord, steps: Sequence[StepView]) -> HoldView | None:
+    """What a held run waits on: the failed step at its cursor."""
+    if record.state is not ExecutionState.HELD:
+        return None
+    at = [s for s in steps if s.node == record.cursor and s.status == "failed"]
+    if not at:
+        return None
+    step = at[-1]
+    return HoldView(step.name, step.error, step.attempts, record.wake_at)
 
 
 def running_child(steps: Sequence[StepView], cursor: int) -> str | None:

@@ -127,24 +127,24 @@ class EngineCalls:
 
     def unwind_expired_holds(self, page: int = 200) -> int:
         """Unwind every held run whose hold timeout has passed (the timer sweep); returns how
-        many. A run moved meanwhile (an operator, a cancel) is left as that move left it."""
-        acted = 0
-        for execution_id in self.holds.expired(page):
-            execution = queries.load_execution(self.parts.db, execution_id)
-            if execution is None:
-                continue
-            try:
-                definition = self.parts.definition_of(execution)
-                why = "no operator moved it within its hold timeout"
-                move = self.holds.unwind(
-                    definition, execution_id, HOLD_TIMEOUT_ACTOR, why, due=True
-                )
-            except SagaError as refused:
-                logger.info("execution %s: hold timeout not fired: %s", execution_id, refused)
-                continue
-            self.carry_out(move)
-            acted += 1
-        return acted
+        many."""
+        return sum(self.expire_hold(execution_id) for execution_id in self.holds.expired(page))
+
+    def expire_hold(self, execution_id: str) -> bool:
+        """Unwind one held run whose hold timeout has passed; False: it was moved meanwhile
+        (an operator, a cancel) and is left as that move left it."""
+        execution = queries.load_execution(self.parts.db, execution_id)
+        if execution is None:
+            return False
+        try:
+            definition = self.parts.definition_of(execution)
+            why = "no operator moved it within its hold timeout"
+            move = self.holds.unwind(definition, execution_id, HOLD_TIMEOUT_ACTOR, why, due=True)
+        except SagaError as refused:
+            logger.info("execution %s: hold timeout not fired: %s", execution_id, refused)
+            return False
+        self.carry_out(move)
+        return True
 
     def signal(
         self,

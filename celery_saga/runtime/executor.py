@@ -73,6 +73,7 @@ class Executor:
         self.retry_held, self.skip_held = calls.retry_held, calls.skip_held
         self.unwind_held, self.unwind_expired_holds = calls.unwind_held, calls.unwind_expired_holds
         self.pauses, self.release_paused = calls.pauses, calls.release_paused
+        self.expire_hold = calls.expire_hold
 
     @property
     def publisher(self) -> Publisher:

@@ -207,6 +207,19 @@ def oldest_unfinished_by_saga(db: Database) -> dict[str, datetime]:
     return {saga: oldest for saga, oldest in found.items() if oldest is not None}
 
 
+def longest_held_by_saga(db: Database) -> dict[str, datetime]:
+    """Since when each saga's longest held run has been held: a held run's row changes only
+    when it is moved, so its ``updated_at`` is when it was held. Read from the held runs
+    only (the index on state)."""
+    rows = reads(db).read(
+        select(executions.c.saga_name, func.min(executions.c.updated_at).label("since"))
+        .where(executions.c.state == ExecutionState.HELD.value)
+        .group_by(executions.c.saga_name)
+    )
+    found = {r["saga_name"]: from_db_time(r["since"]) for r in rows}
+    return {saga: since for saga, since in found.items() if since is not None}
+
+
 def _oldest(db: Database, state: ExecutionState) -> ExecutionRecord | None:
     """The run in ``state`` started first: one seek in the index on (state, created_at, id),
     where the longest unchanged would sort every run in that state (updated_at is in no

@@ -1,4 +1,5 @@
-"""The view's operator actions: signal, resume, abandon and cancel, through the engine's
+"""The view's operator actions: signal, resume, abandon, cancel, and retry, skip and
+unwind a held run, through the engine's
 public API, each recorded by the engine in the run's history as taken by ``web:<user>``."""
 
 from __future__ import annotations
@@ -55,12 +56,35 @@ def _signal(engine: SagaEngine, execution_id: str, form: Mapping[str, str], by: 
     return f"{FROM_WEB}: event {event!r}, {then}"
 
 
+def _why(form: Mapping[str, str]) -> str:
+    return form.get("reason", "").strip() or FROM_WEB
+
+
+def _retry(engine: SagaEngine, execution_id: str, form: Mapping[str, str], by: str) -> str:
+    engine.retry(execution_id, actor=by, reason=_why(form))
+    return FROM_WEB
+
+
+def _skip(engine: SagaEngine, execution_id: str, form: Mapping[str, str], by: str) -> str:
+    result = payload_of(form.get("result", ""))
+    engine.skip(execution_id, result=result, actor=by, reason=_why(form))
+    return FROM_WEB
+
+
+def _unwind(engine: SagaEngine, execution_id: str, form: Mapping[str, str], by: str) -> str:
+    engine.unwind(execution_id, actor=by, reason=_why(form))
+    return FROM_WEB
+
+
 #: action name in the URL -> (history kind, what it does)
 ACTIONS: dict[str, tuple[str, Act]] = {
     "resume": ("resumed", _resume),
     "abandon": ("abandoned", _abandon),
     "cancel": ("cancelled", _cancel),
     "signal": ("signalled", _signal),
+    "retry": ("hold-retried", _retry),
+    "skip": ("hold-skipped", _skip),
+    "unwind": ("hold-unwound", _unwind),
 }
 
 

@@ -31,6 +31,9 @@ DONE = {
     "abandon": "Abandoned: the steps not yet reversed are marked compensation_skipped.",
     "cancel": "Cancel stored: the workers stop the run and unwind what it did.",
     "signal": "Signal recorded.",
+    "retry": "Retry stored: the workers run the held step again.",
+    "skip": "Skip stored: the held step is recorded completed by hand; the run goes on.",
+    "unwind": "Unwind stored: the workers reverse what the run did.",
 }
 
 

@@ -42,6 +42,10 @@ EVENT_TYPES = frozenset(
         "saga-wait-expired",
         "saga-recovered",
         "saga-cancelled",
+        "saga-held",
+        "saga-hold-retried",
+        "saga-hold-skipped",
+        "saga-hold-unwound",
     }
 )
 

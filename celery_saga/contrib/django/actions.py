@@ -1,4 +1,5 @@
-"""The admin's operator actions: resume, abandon, signal and cancel, through the engine's
+"""The admin's operator actions: resume, abandon, signal, cancel, and retry, skip and
+unwind a held run, through the engine's
 public API, each recorded in the run's history (by the engine) with the Django user who took
 it."""
 
@@ -30,13 +31,18 @@ class SignalForm(forms.Form):  # type: ignore[misc]
     )
 
     def clean_payload(self) -> Any:
-        text = str(self.cleaned_data["payload"]).strip()
-        if not text:
-            return None
-        try:
-            return json.loads(text)
-        except ValueError as error:
-            raise forms.ValidationError(f"not JSON: {error}") from None
+        return json_or_none(self.cleaned_data["payload"])
+
+
+def json_or_none(text: Any) -> Any:
+    """A form's JSON field: its value, None when left empty, a form error when not JSON."""
+    stripped = str(text).strip()
+    if not stripped:
+        return None
+    try:
+        return json.loads(stripped)
+    except ValueError as error:
+        raise forms.ValidationError(f"not JSON: {error}") from None
 
 
 class CancelForm(forms.Form):  # type: ignore[misc]
@@ -45,6 +51,23 @@ class CancelForm(forms.Form):  # type: ignore[misc]
         max_length=500,
         help_text="Why (optional): the runs' failure reason and history record it.",
     )
+
+
+class HeldMoveForm(forms.Form):  # type: ignore[misc]
+    reason = forms.CharField(
+        required=False, max_length=500, help_text="Why (optional): the runs' history records it."
+    )
+
+
+class SkipForm(HeldMoveForm):
+    result = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 6, "cols": 60}),
+        help_text="The held step's result as JSON, checked against its output_schema; empty: none.",
+    )
+
+    def clean_result(self) -> Any:
+        return json_or_none(self.cleaned_data["result"])
 
 
 def actor_of(request: HttpRequest) -> str:
@@ -97,3 +120,24 @@ def cancel(reason: str) -> Act:
             raise SagaError(f"execution {execution_id} {NO_OP[verdict]}")
 
     return stop
+
+
+def retry(reason: str) -> Act:
+    def move(engine: SagaEngine, execution_id: str, actor: str) -> None:
+        engine.retry(execution_id, actor=actor, reason=reason.strip() or FROM_ADMIN)
+
+    return move
+
+
+def skip(result: Any, reason: str) -> Act:
+    def move(engine: SagaEngine, execution_id: str, actor: str) -> None:
+        engine.skip(execution_id, result=result, actor=actor, reason=reason.strip() or FROM_ADMIN)
+
+    return move
+
+
+def unwind(reason: str) -> Act:
+    def move(engine: SagaEngine, execution_id: str, actor: str) -> None:
+        engine.unwind(execution_id, actor=actor, reason=reason.strip() or FROM_ADMIN)
+
+    return move

@@ -223,7 +223,7 @@ class RunAdmin(SaysStaleness, ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
     )
     fields = readonly_fields
     inlines = (StepInline, HistoryInline)
-    actions = ("resume", "abandon", "signal", "cancel")
+    actions = ("resume", "abandon", "signal", "cancel", "retry", "skip", "unwind")
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
@@ -273,6 +273,47 @@ class RunAdmin(SaysStaleness, ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
 
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm("celery_saga.cancel_run"))
+
+    def has_move_held_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm("celery_saga.move_held_run"))
+
+    @action(description="Retry the held step (asks first)", permissions=["move_held"])
+    def retry(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        question = "Run the held step of these runs again, with a fresh set of attempts?"
+        return self._held_move(request, queryset, "retry", question, run_actions.HeldMoveForm)
+
+    @action(description="Skip the held step by hand (asks first)", permissions=["move_held"])
+    def skip(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        question = "Record the held step of these runs completed by hand, with this result?"
+        return self._held_move(request, queryset, "skip", question, run_actions.SkipForm)
+
+    @action(description="Unwind the held run (asks first)", permissions=["move_held"])
+    def unwind(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        question = "Unwind these held runs? What each did is reversed and it ends failed."
+        return self._held_move(request, queryset, "unwind", question, run_actions.HeldMoveForm)
+
+    def _held_move(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Any],
+        move: str,
+        question: str,
+        form_class: type[run_actions.HeldMoveForm],
+    ) -> HttpResponse | None:
+        """A move on held runs, asked first with its form (a reason; a skip's result)."""
+        form = form_class(request.POST if "apply" in request.POST else None)
+        if not form.is_valid():
+            return self._confirm(request, queryset, move, question, form)
+        reason = form.cleaned_data["reason"]
+        act = {
+            "retry": lambda: run_actions.retry(reason),
+            "skip": lambda: run_actions.skip(form.cleaned_data.get("result"), reason),
+            "unwind": lambda: run_actions.unwind(reason),
+        }[move]()
+        self._act(
+            request, queryset, act, {"retry": "retried", "skip": "skipped"}.get(move, "unwound")
+        )
+        return None
 
     @action(description="Resume the parked unwind", permissions=["resume"])
     def resume(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
@@ -330,7 +371,7 @@ class RunAdmin(SaysStaleness, ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
         queryset: QuerySet[Any],
         action: str,
         question: str,
-        form: run_actions.SignalForm | run_actions.CancelForm | None,
+        form: run_actions.SignalForm | run_actions.CancelForm | run_actions.HeldMoveForm | None,
     ) -> TemplateResponse:
         context = {
             **self.admin_site.each_context(request),

@@ -83,6 +83,7 @@ class Run(models.Model):  # type: ignore[misc]
             ("abandon_run", "Can abandon a parked unwind"),
             ("signal_run", "Can signal a run"),
             ("cancel_run", "Can cancel a run"),
+            ("move_held_run", "Can retry, skip or unwind a held run"),
         )
 
     def __str__(self) -> str:

@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):  # type: ignore[misc]
-    dependencies = [("celery_saga", "0003_every_store_column")]
+    dependencies = [("celery_saga", "0004_move_held_run_permission")]
 
     operations = [
         migrations.CreateModel(
