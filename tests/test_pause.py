@@ -273,3 +273,20 @@ def test_pause_during_a_flood_starts_no_body_after_it_and_unpause_keeps_the_rate
         f"\nflood: {len(held)} held, {len(late)} bodies began after the pause ({late}) "
         f"of claims before it; released at {measured:.2f}/s"
     )
+
+
+def test_a_run_held_at_a_paused_door_refuses_retry_and_can_be_cancelled(
+    unpaused: Harness,
+) -> None:
+    harness = unpaused
+    harness.engine.pause("paused_order", "charge", reason="provider down")
+    run = harness.start("paused_order", {"order": 9})
+    _wait(harness, [run.id], lambda r: r.state is ExecutionState.HELD)
+    with pytest.raises(InvalidStateError, match=r"paused step .*unpause releases it"):
+        harness.engine.retry(run.id)
+    assert harness.engine.get(run.id).state is ExecutionState.HELD, "the refusal stored nothing"
+    harness.engine.cancel(run.id, "order withdrawn")
+    (ended,) = _wait(harness, [run.id], lambda r: r.state is ExecutionState.CANCELLED)
+    assert harness.engine.unpause("paused_order", "charge").released == 0
+    assert _charges(harness, ended.id) == []
+    assert harness.engine.get(run.id).state is ExecutionState.CANCELLED
