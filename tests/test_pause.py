@@ -7,18 +7,19 @@ from __future__ import annotations
 
 import time
 import uuid
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
 
-from celery_saga import ExecutionState, InvalidStateError, SagaError
+from celery_saga import ExecutionState, InvalidStateError, Saga, SagaEngine, SagaError, get_clock
 from celery_saga.cli import saga
 from celery_saga.errors import UnknownSagaError
-from celery_saga.store import history
+from celery_saga.store import history, pauses
 from celery_saga.worker import pause_moves
-from tests.conftest import Harness
+from tests.conftest import Harness, unconsumed_app
 from tests.paused_sagas import started_at
 
 
@@ -290,3 +291,37 @@ def test_a_run_held_at_a_paused_door_refuses_retry_and_can_be_cancelled(
     assert harness.engine.unpause("paused_order", "charge").released == 0
     assert _charges(harness, ended.id) == []
     assert harness.engine.get(run.id).state is ExecutionState.CANCELLED
+
+
+def _store_only(tmp_path: Path) -> SagaEngine:
+    engine = SagaEngine(unconsumed_app("pauses"), store_url=f"sqlite:///{tmp_path}/p.sqlite3")
+    engine.register(Saga("order").step("a", lambda: None).step("b", lambda: None))
+    engine.ensure_schema()
+    return engine
+
+
+def test_a_pause_whose_reply_was_lost_is_not_refused_when_retried(tmp_path: Path) -> None:
+    engine = _store_only(tmp_path)
+    now = get_clock().now()
+    first = pauses.pause(engine.db, "order", "a", reason="down", actor="ann", now=now)
+    again = pauses.pause(engine.db, "order", "a", reason="down", actor="ann", now=now)
+    assert again == first, "the retry finds its own row"
+    with pytest.raises(InvalidStateError, match="paused already"):
+        pauses.pause(engine.db, "order", "a", reason="down", actor="ann", now=get_clock().now())
+
+
+def test_a_release_whose_reply_was_lost_still_owes_the_steps_message(tmp_path: Path) -> None:
+    engine = _store_only(tmp_path)
+    engine.pause("order", "a", reason="down")
+    run = engine.start("order", {})  # no worker: held as a worker would hold it
+    now = get_clock().now()
+    assert pauses.hold_at_door(engine.db, run.id, saga="order", step="a", node=0, sub=0, now=now)
+    released = pauses.release(engine.db, run.id, now=now, actor="ops", reason=None)
+    assert released is not None and released[1] is True
+    retried = pauses.release(engine.db, run.id, now=now, actor="ops", reason=None)
+    assert retried is not None and retried[1] is False, "landed: its message is sent again"
+    kinds = [r.kind for r in history.load(engine.db, run.id)]
+    assert kinds.count("unpaused") == 1, kinds
+    with engine.db.transaction() as connection:  # the run moved on since
+        history.note(connection, run.id, history.Kind.STEP_COMPLETED, get_clock().now())
+    assert pauses.release(engine.db, run.id, now=now, actor="ops", reason=None) is None

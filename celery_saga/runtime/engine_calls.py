@@ -119,11 +119,12 @@ class EngineCalls:
     ) -> bool:
         """Release a run held at a paused step's door (see ``Pauses.release``); False: it
         was released already, or moved meanwhile."""
-        move = self.pauses.release(definition, execution_id, actor, reason)
-        if move is None:
+        released = self.pauses.release(definition, execution_id, actor, reason)
+        if released is None:
             return False
+        move, fresh = released
         self.carry_out(move)
-        return True
+        return fresh
 
     def unwind_expired_holds(self, page: int = 200) -> int:
         """Unwind every held run whose hold timeout has passed (the timer sweep); returns how

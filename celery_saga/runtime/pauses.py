@@ -63,13 +63,16 @@ class Pauses:
         execution_id: str,
         actor: str | None,
         reason: str | None,
-    ) -> Move | None:
-        """Release a run held at a paused step's door (its step's message published again);
-        None: released already, or moved meanwhile (nothing to send)."""
+    ) -> tuple[Move, bool] | None:
+        """Release a run held at a paused step's door (its step's message published again)
+        and whether this call released it (False: a retry of a release whose reply was
+        lost: its message is sent all the same); None: released already, or moved
+        meanwhile (nothing to send)."""
         db, now = self.parts.db, get_clock().now()
-        run = pauses.release(db, execution_id, now=now, actor=actor, reason=reason)
-        if run is None:
+        released = pauses.release(db, execution_id, now=now, actor=actor, reason=reason)
+        if released is None:
             return None
+        run, fresh = released
         logger.info(
             "saga %r execution %s: released from a paused step's door by %s",
             definition.name,
@@ -77,7 +80,8 @@ class Pauses:
             actor or "an operator",
         )
         fields = {"execution_id": execution_id, "saga": definition.name, "actor": actor}
-        return then(
+        move = then(
             Announce("saga-unpaused", fields),
             PublishPosition(definition, execution_id, run.cursor, run.cursor_sub),
         )
+        return move, fresh

@@ -26,8 +26,9 @@ from celery_saga.store.claims import Conflict
 from celery_saga.store.database import Database, from_db_time, to_db_time
 from celery_saga.store.forward import lock_execution
 from celery_saga.store.history import Kind
-from celery_saga.store.queries import bump_and_load
+from celery_saga.store.queries import bump_and_load, load_execution_row
 from celery_saga.store.tables import executions, paused_runs, pauses
+from celery_saga.store.tables import history as history_rows
 
 #: The ``step_name`` of a pause of a whole saga.
 WHOLE_SAGA = ""
@@ -58,6 +59,9 @@ def pause(
             connection.execute(insert(pauses).values(**row))
     except IntegrityError:
         existing = find(db, saga, step)
+        ours = (reason, actor, from_db_time(to_db_time(now)))
+        if existing is not None and (existing.reason, existing.actor, existing.paused_at) == ours:
+            return existing  # its reply was lost and the call retried: the row is ours
         what = _named(saga, step)
         if existing is None:  # unpaused meanwhile: the operator may pause again
             raise InvalidStateError(
@@ -204,17 +208,18 @@ def held_by(db: Database, saga: str, step: str | None, *, limit: int) -> list[st
 
 def release(
     db: Database, execution_id: str, *, now: datetime, actor: str | None, reason: str | None
-) -> ExecutionRecord | None:
+) -> tuple[ExecutionRecord, bool] | None:
     """Release a run held at a paused step's door: its row deleted and, if it is still
-    held, the run ``running`` again at the same position, with an ``unpaused`` history row.
-    None: no row (released already) or the run moved meanwhile (a cancel): only the row
-    goes."""
+    held, the run ``running`` again at the same position, with an ``unpaused`` history row;
+    returns the run and True. With no row: the run and False when a release landed last
+    (its reply lost, the call retried: its message is owed again), else None, as when the
+    run moved meanwhile (a cancel: only the row goes)."""
     with db.transaction() as connection:
         gone = connection.execute(
             delete(paused_runs).where(paused_runs.c.execution_id == execution_id)
         )
         if gone.rowcount != 1:
-            return None
+            return _released_last(connection, execution_id)
         run = bump_and_load(
             connection,
             execution_id,
@@ -226,4 +231,20 @@ def release(
         if run is None:
             return None
         history.note(connection, execution_id, Kind.UNPAUSED, now, reason, actor=actor)
-        return run
+        return run, True
+
+
+def _released_last(
+    connection: Connection, execution_id: str
+) -> tuple[ExecutionRecord, bool] | None:
+    """The run, if the last thing that happened to it is a release (nothing ran since)."""
+    run = load_execution_row(connection, execution_id)
+    if run is None or run.state is not ExecutionState.RUNNING:
+        return None
+    last = connection.execute(
+        select(history_rows.c.kind)
+        .where(history_rows.c.execution_id == execution_id)
+        .order_by(history_rows.c.id.desc())
+        .limit(1)
+    ).scalar()
+    return (run, False) if last == Kind.UNPAUSED.value else None
