@@ -17,7 +17,8 @@ from click.testing import CliRunner, Result
 from celery_saga import ExecutionState, InvalidStateError, Saga, SagaEngine, SagaError, get_clock
 from celery_saga.cli import saga
 from celery_saga.errors import UnknownSagaError
-from celery_saga.store import history, pauses
+from celery_saga.records import Attempt
+from celery_saga.store import claims, forward, history, pauses
 from celery_saga.worker import pause_moves
 from tests.conftest import Harness, unconsumed_app
 from tests.paused_sagas import started_at
@@ -325,3 +326,60 @@ def test_a_release_whose_reply_was_lost_still_owes_the_steps_message(tmp_path: P
     with engine.db.transaction() as connection:  # the run moved on since
         history.note(connection, run.id, history.Kind.STEP_COMPLETED, get_clock().now())
     assert pauses.release(engine.db, run.id, now=now, actor="ops", reason=None) is None
+
+
+def test_the_claim_refuses_a_paused_step_and_passes_once_released_on_every_store(
+    store_url: str,
+) -> None:
+    """The claim's own statement reads the pause (PostgreSQL, MariaDB, SQLite): refused
+    while paused, the first claim and a retry's alike; held, released, claimed."""
+    name = f"order_{uuid.uuid4().hex[:8]}"
+    engine = SagaEngine(unconsumed_app("pause-claims"), store_url=store_url)
+    engine.register(Saga(name).step("a", lambda: None))
+    engine.ensure_schema()
+    definition = engine.catalog.known(name)
+    assert definition is not None
+    run = engine.start(name, {})  # no worker: the claims below are this test's
+
+    def claim(existing: Any = None) -> int | None:
+        return forward.claim_step(
+            engine.db,
+            execution_id=run.id,
+            name="a",
+            node=0,
+            sub=0,
+            definition_hash=definition.hash,
+            idempotency_key=f"{run.id}:a",
+            compensatable=False,
+            lease_expires_at=None,
+            now=get_clock().now(),
+            existing=existing,
+            pause_step="a",
+        )
+
+    engine.pause(name, reason="down")
+    try:
+        assert claim() is None, "the whole saga's pause refuses the first claim"
+        assert engine.get(run.id).steps == (), "and nothing was written"
+        now = get_clock().now()
+        held = pauses.hold_at_door(engine.db, run.id, saga=name, step="a", node=0, sub=0, now=now)
+        assert held is not None and held.step is None
+        assert engine.get(run.id).failure_reason == "paused: down"
+        assert pauses.held_by(engine.db, name, None, limit=10) == [run.id]
+    finally:
+        lifted = pauses.unpause(engine.db, name, None)
+    assert lifted is not None and lifted.reason == "down"
+    released = pauses.release(engine.db, run.id, now=get_clock().now(), actor=None, reason=None)
+    assert released is not None and released[1] is True
+    assert claim() == 1, "released, the step is claimed"
+    first = Attempt(run.id, "a", 0, 0, 1, get_clock().now())
+    assert claims.release(engine.db, first, reason="flaky", now=get_clock().now())
+    engine.pause(name, "a", reason="down again")
+    try:
+        record = engine.get(run.id).step("a")
+        assert claim(record) is None, "a retry's claim is refused alike"
+        assert engine.get(run.id).step("a").attempts == 1
+    finally:
+        pauses.unpause(engine.db, name, "a")
+    assert claim(record) == 2
+    engine.db.dispose()
