@@ -383,3 +383,25 @@ def test_the_claim_refuses_a_paused_step_and_passes_once_released_on_every_store
         pauses.unpause(engine.db, name, "a")
     assert claim(record) == 2
     engine.db.dispose()
+
+
+def test_a_hold_at_a_paused_door_and_its_release_are_announced(unpaused: Harness) -> None:
+    harness = unpaused
+    if not harness.in_process:
+        pytest.skip("listens to the in-process worker's events")
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    def listen(event: str, fields: dict[str, Any]) -> None:
+        if event in ("saga-held", "saga-unpaused"):
+            seen.append((event, fields))
+
+    harness.engine.on("*", listen)
+    harness.engine.pause("paused_order", "charge", reason="provider down")
+    run = harness.start("paused_order", {"order": 12})
+    _wait(harness, [run.id], lambda r: r.state is ExecutionState.HELD)
+    harness.engine.unpause("paused_order", "charge", actor="ops")
+    _wait(harness, [run.id], lambda r: r.state is ExecutionState.COMPLETED)
+    mine = [(e, f) for e, f in seen if f.get("execution_id") == run.id]
+    assert [e for e, _ in mine] == ["saga-held", "saga-unpaused"]
+    assert mine[0][1]["reason"] == "paused: provider down" and mine[0][1]["step"] == "charge"
+    assert mine[1][1]["actor"] == "ops"

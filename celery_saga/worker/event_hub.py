@@ -46,6 +46,7 @@ EVENT_TYPES = frozenset(
         "saga-hold-retried",
         "saga-hold-skipped",
         "saga-hold-unwound",
+        "saga-unpaused",
     }
 )
 
