@@ -143,7 +143,12 @@ def hold_at_door(
             found = _pause_holding(connection, saga, step)
             if found is None:
                 return None
-            changes = {"state": ExecutionState.HELD.value, "failure_reason": found.held_reason}
+            # No wake_at: a paused door has no timeout (the hold sweep reads wake_at).
+            changes = {
+                "state": ExecutionState.HELD.value,
+                "failure_reason": found.held_reason,
+                "wake_at": None,
+            }
             lock_execution(connection, execution_id, node, sub, now, **changes)
             connection.execute(
                 insert(paused_runs).values(
