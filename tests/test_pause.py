@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -405,3 +406,43 @@ def test_a_hold_at_a_paused_door_and_its_release_are_announced(unpaused: Harness
     assert [e for e, _ in mine] == ["saga-held", "saga-unpaused"]
     assert mine[0][1]["reason"] == "paused: provider down" and mine[0][1]["step"] == "charge"
     assert mine[1][1]["actor"] == "ops"
+
+
+def test_a_pause_never_holds_a_run_under_a_live_claim_of_its_step(store_url: str) -> None:
+    """A pause stored while the step's body runs: a late message's refused claim does not
+    hold the run under the body (whose outcome could then not be written); once the
+    claim's lease has run out (its worker died), the run is held."""
+    name = f"order_{uuid.uuid4().hex[:8]}"
+    engine = SagaEngine(unconsumed_app("pause-live"), store_url=store_url)
+    engine.register(Saga(name).step("a", lambda: None))
+    engine.ensure_schema()
+    definition = engine.catalog.known(name)
+    assert definition is not None
+    run = engine.start(name, {})
+    now = get_clock().now()
+    claimed = forward.claim_step(
+        engine.db,
+        execution_id=run.id,
+        name="a",
+        node=0,
+        sub=0,
+        definition_hash=definition.hash,
+        idempotency_key=f"{run.id}:a",
+        compensatable=False,
+        lease_expires_at=now + timedelta(seconds=60),
+        now=now,
+        existing=None,
+        pause_step="a",
+    )
+    assert claimed == 1
+    engine.pause(name, "a", reason="down")
+    try:
+        door = {"saga": name, "step": "a", "node": 0, "sub": 0}
+        assert pauses.hold_at_door(engine.db, run.id, **door, now=now) is None
+        assert engine.get(run.id).state is ExecutionState.RUNNING, "nothing written"
+        later = now + timedelta(seconds=61)
+        assert pauses.hold_at_door(engine.db, run.id, **door, now=later) is not None
+        assert engine.get(run.id).state is ExecutionState.HELD
+    finally:
+        pauses.unpause(engine.db, name, "a")
+    engine.db.dispose()

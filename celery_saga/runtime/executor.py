@@ -250,19 +250,19 @@ class Executor:
     ) -> Outcome:
         """A claim refused (``read_as``: the record, holder and snapshot it was made with):
         a pause of the step holds the run at its door; a pause lifted between the claim
-        and the hold lets the claim be tried again, so no run is left stranded."""
+        and the hold lets the claim be tried once more. (A pause lifted and stored again
+        in that instant leaves the run to the recovery sweep, which sends its message.)"""
         (record, holder, snapshot), spec = read_as, position.spec
         assert spec is not None
         if not isinstance(definition.nodes[message.node], ParallelNode):
-            for _ in range(3):
-                held = self.pauses.hold_at_door(definition, spec.name, message)
-                if held is not None:
-                    self.carry_out(held)
-                    return NoBody(f"step {spec.name!r} is paused")
-                attempt = claim_step(self.parts, definition, position, message, record, holder)
-                if attempt is not None:
-                    claimed = (attempt, holder)
-                    return self._run_claimed(definition, position, message, claimed, snapshot)
+            held = self.pauses.hold_at_door(definition, spec.name, position.record_name, message)
+            if held is not None:
+                self.carry_out(held)
+                return NoBody(f"step {spec.name!r} is paused")
+            attempt = claim_step(self.parts, definition, position, message, record, holder)
+            if attempt is not None:
+                claimed = (attempt, holder)
+                return self._run_claimed(definition, position, message, claimed, snapshot)
         return self._refused(message, Admission.REJECT_IN_FLIGHT)
 
     def _run_claimed(

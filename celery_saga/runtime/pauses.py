@@ -25,10 +25,11 @@ class Pauses:
     parts: Parts
 
     def hold_at_door(
-        self, definition: SagaDefinition, step: str, message: NodeMessage
+        self, definition: SagaDefinition, step: str, record: str, message: NodeMessage
     ) -> Move | None:
-        """Hold the run of ``message`` at ``step``'s door if a pause covers the step; None:
-        none does (any more), or the run is no longer live there (nothing written)."""
+        """Hold the run of ``message`` at ``step``'s door (its record there: ``record``) if a
+        pause covers the step; None: none does (any more), the run is no longer live there,
+        or a live claim of the step runs its body (nothing written)."""
         now = get_clock().now()
         held = pauses.hold_at_door(
             self.parts.db,
@@ -38,6 +39,7 @@ class Pauses:
             node=message.node,
             sub=message.sub,
             now=now,
+            record=record,
         )
         if held is None:
             return None

@@ -20,14 +20,14 @@ from sqlalchemy import Connection, delete, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from celery_saga.errors import InvalidStateError
-from celery_saga.records import ExecutionRecord, ExecutionState, Pause
+from celery_saga.records import ExecutionRecord, ExecutionState, Pause, StepStatus
 from celery_saga.store import history
 from celery_saga.store.claims import Conflict
 from celery_saga.store.database import Database, from_db_time, to_db_time
 from celery_saga.store.forward import lock_execution
 from celery_saga.store.history import Kind
 from celery_saga.store.queries import bump_and_load, load_execution_row
-from celery_saga.store.tables import executions, paused_runs, pauses
+from celery_saga.store.tables import executions, paused_runs, pauses, step_records
 from celery_saga.store.tables import history as history_rows
 
 #: The ``step_name`` of a pause of a whole saga.
@@ -133,11 +133,14 @@ def hold_at_door(
     node: int,
     sub: int,
     now: datetime,
+    record: str | None = None,
 ) -> Pause | None:
-    """Hold the run at the door of ``step`` (live at (``node``, ``sub``)) for the pause that
-    covers it: state ``held``, its reason ``paused: <the pause's reason>``, its
-    ``saga_paused_runs`` row and a ``paused`` history row. None: no pause covers the step
-    any more (unpaused meanwhile), or the run is no longer live there; nothing written."""
+    """Hold the run at the door of ``step`` (live at (``node``, ``sub``); ``record``: the
+    name its record there has, default ``step``) for the pause that covers it: state
+    ``held``, its reason ``paused: <the pause's reason>``, its ``saga_paused_runs`` row and a
+    ``paused`` history row. None: no pause covers the step any more (unpaused meanwhile),
+    the run is no longer live there, or another worker's claim of the step holds a live
+    lease (its body runs: the run is not held under it); nothing written."""
     try:
         with db.transaction() as connection:
             found = _pause_holding(connection, saga, step)
@@ -150,6 +153,8 @@ def hold_at_door(
                 "wake_at": None,
             }
             lock_execution(connection, execution_id, node, sub, now, **changes)
+            if _claimed_live(connection, execution_id, record or step, now):
+                raise Conflict(execution_id)  # the run's row locked first: no claim slips in
             connection.execute(
                 insert(paused_runs).values(
                     execution_id=execution_id,
@@ -173,6 +178,19 @@ def hold_at_door(
             return found
     except Conflict:
         return None
+
+
+def _claimed_live(connection: Connection, execution_id: str, record: str, now: datetime) -> bool:
+    """The step's record is claimed under a lease that has not run out (a body runs)."""
+    found = connection.execute(
+        select(step_records.c.id).where(
+            step_records.c.execution_id == execution_id,
+            step_records.c.name == record,
+            step_records.c.status == StepStatus.RUNNING.value,
+            step_records.c.lease_expires_at > to_db_time(now),
+        )
+    ).first()
+    return found is not None
 
 
 def unpause(db: Database, saga: str, step: str | None) -> Pause | None:
