@@ -1,6 +1,7 @@
-"""Run five order sagas and print their timelines: approved and completed; compensated after
-shipping fails; parked mid-unwind and resumed; never approved, so it times out; and cancelled
-by the customer while it waits for approval."""
+"""Run five order sagas and a courier booking and print their timelines: approved and
+completed; compensated after shipping fails; parked mid-unwind and resumed; never approved,
+so it times out; cancelled by the customer while it waits for approval; and a courier
+booking that holds while the courier's API is down until an operator retries it."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from celery_saga.worker.embedded import embedded_worker
 from example_project.app import app, engine
 from example_project.failures import FailureLog
 from example_project.sagas import APPROVAL_TIMEOUT
-from example_project.tasks import WAREHOUSE_DOWN
+from example_project.tasks import COURIER_DOWN, WAREHOUSE_DOWN
 
 #: Gate events seen in this process (the embedded worker runs here), per execution.
 GATE: dict[str, list[tuple[datetime, str]]] = defaultdict(list)
@@ -31,6 +32,8 @@ _SHOWN = {
     "saga-signal-received": "signal     'approved' received",
     "saga-wait-expired": "timed out  waiting for 'approved'",
     "saga-cancelled": "cancelled  by the customer",
+    "saga-held": "held       for an operator: the courier's API is down",
+    "saga-hold-retried": "retried    by the operator",
 }
 
 
@@ -137,6 +140,7 @@ def main() -> None:
     started = time.monotonic()
     items = ["book", "lamp"]
     WAREHOUSE_DOWN.unlink(missing_ok=True)  # left by an interrupted earlier demo
+    COURIER_DOWN.unlink(missing_ok=True)
     with worker(not options.no_worker):
         done = approved({"order_id": "A1", "items": items})
         timeline("1. approved: reserved item by item, paid in a nested saga, shipped", done)
@@ -166,6 +170,18 @@ def main() -> None:
         engine.cancel(withdrawn.id, "the customer withdrew order E5")
         cancelled = withdrawn.wait(20, states=[ExecutionState.CANCELLED])
         timeline("5. the customer cancels while it waits: what was done is unwound", cancelled)
+
+        COURIER_DOWN.touch()
+        try:
+            pickup = engine.start("courier", {"order_id": "F6"})
+            pickup.wait(20)  # held: booking failed for good while the courier is down
+        finally:
+            COURIER_DOWN.unlink(missing_ok=True)
+        engine.retry(pickup.id, actor="ops", reason="the courier's API is back")
+        booked = pickup.wait(20, states=[ExecutionState.COMPLETED])
+        timeline(
+            "6. the courier's API is down: the booking holds until the operator retries", booked
+        )
     print(f"\n{celery_view()}")
     print(f"finished in {time.monotonic() - started:.1f} s")
 

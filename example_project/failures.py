@@ -6,7 +6,8 @@ the log: an attempt that will be retried becomes a ``retry`` line of its timelin
 final one is already the timeline's ``failed`` or ``compensation_failed`` line. Any other
 error still reaches the log with its traceback. The engine's own WARNING lines about a
 park caused by such a failure, and about the resume that follows, are shown by the
-timelines (the run's state and reason) and left off the log too, as are Celery's own
+timelines (the run's state and reason) and left off the log too, as are its lines about a
+run held by such a failure and the operator's retry of it (timeline 6), as are Celery's own
 lines for the step tasks that raised them (each step is its own Celery task, so Celery logs
 its failure as it would for a plain call).
 """
@@ -22,7 +23,9 @@ from datetime import datetime, timezone
 #: resume re-runs its reversal: the timelines show both (``state=compensation_stuck``, 3b).
 _DECISION = re.compile(
     r"^(execution \S+ of saga '[^']*' parked compensation_stuck .*"
-    r"(WarehouseUnreachable|ShippingRefused)|resume_compensation \S+: the reversal of step )",
+    r"(WarehouseUnreachable|ShippingRefused)|resume_compensation \S+: the reversal of step "
+    r"|saga '[^']*' execution \S+: (step '[^']+' failed for good .* is held for an operator"
+    r".*CourierUnreachable|held step '[^']+' retried by ))",
     re.DOTALL,
 )
 _ATTEMPT = re.compile(
@@ -32,7 +35,7 @@ _ATTEMPT = re.compile(
 )
 
 
-_INTENTIONAL = re.compile(r"^(WarehouseUnreachable|ShippingRefused): ")
+_INTENTIONAL = re.compile(r"^(WarehouseUnreachable|ShippingRefused|CourierUnreachable): ")
 
 
 class IntentionalFailure(Exception):
@@ -44,6 +47,10 @@ class ShippingRefused(IntentionalFailure, RuntimeError):
 
 
 class WarehouseUnreachable(IntentionalFailure, ConnectionError):
+    pass
+
+
+class CourierUnreachable(IntentionalFailure, ConnectionError):
     pass
 
 

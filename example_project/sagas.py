@@ -1,5 +1,6 @@
 """The saga definitions of the example: an order with a batch reservation, a nested payment
-saga and a manager's approval gate."""
+saga and a manager's approval gate; a courier pickup that holds for an operator when the
+courier's API is down."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from celery_saga import Saga, SagaContext, step
 from example_project.app import engine
 from example_project.tasks import (
     authorize,
+    book_courier,
+    cancel_courier,
     capture,
     refund,
     reserve_item,
@@ -50,4 +53,10 @@ order = (
     .step("send_receipt", send_receipt)
 )
 
-engine.register(payment, order)
+# A courier that is down is not a reason to undo the order: the run holds until an operator
+# retries it (or skips or unwinds it), see docs/incidents.md.
+courier = Saga("courier").step(
+    book_courier, compensate=cancel_courier, retry=2, backoff=0.05, on_failure="hold"
+)
+
+engine.register(payment, order, courier)

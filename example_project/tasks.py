@@ -7,12 +7,14 @@ from typing import Any
 
 from celery_saga import SagaContext, compensated_by
 from example_project.app import app
-from example_project.failures import ShippingRefused, WarehouseUnreachable
+from example_project.failures import CourierUnreachable, ShippingRefused, WarehouseUnreachable
 
 #: The demo's warehouse outage: while this file exists in the working directory, releasing
 #: stock fails. A file, so that workers started from the same directory (``--no-worker``)
 #: see the outage too, not only the process that runs the demo.
 WAREHOUSE_DOWN = Path("example-warehouse-down")
+#: The demo's courier outage, the same way: while this file exists, booking a pickup fails.
+COURIER_DOWN = Path("example-courier-down")
 
 
 @app.task
@@ -53,3 +55,15 @@ def ship_order(order_id: str, fail_shipping: bool = False) -> str:
     if fail_shipping:
         raise ShippingRefused(f"carrier rejected order {order_id}")
     return f"SHIP-{order_id}"
+
+
+@app.task
+def book_courier(order_id: str) -> str:
+    if COURIER_DOWN.exists():
+        raise CourierUnreachable(f"courier API unreachable (booking a pickup for {order_id})")
+    return f"PICKUP-{order_id}"
+
+
+@app.task
+def cancel_courier(order_id: str) -> None:
+    return None

@@ -1,4 +1,4 @@
-"""``python -m example_project`` reads as a demo: five timelines, each intentional failure
+"""``python -m example_project`` reads as a demo: six timelines, each intentional failure
 one line under its timeline, and a traceback only for an error nobody planned."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from example_project.failures import FailureLog, ShippingRefused
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_the_example_project_runs_its_five_timelines_without_a_traceback(
+def test_the_example_project_runs_its_six_timelines_without_a_traceback(
     tmp_path: Path,
 ) -> None:
     done = subprocess.run(
@@ -36,10 +36,11 @@ def test_the_example_project_runs_its_five_timelines_without_a_traceback(
         "== 3b",
         "== 4",
         "== 5",
+        "== 6",
     ]
-    assert out.count("state=completed") == 1
+    assert out.count("state=completed") == 2
     # Each step is its own Celery task: Celery's signals name it, with its true outcome.
-    assert "5 task_failure (release_item x1, ship_order x4)" in out
+    assert "7 task_failure (book_courier x2, release_item x1, ship_order x4)" in out
     assert out.count("state=failed  rollback=completed") == 3
     assert "state=compensation_stuck  rollback=stuck" in out
     assert "WaitTimeoutError: saga 'order' waited 2 s" in out
@@ -51,6 +52,9 @@ def test_the_example_project_runs_its_five_timelines_without_a_traceback(
     retry = "retry      ship_order  (attempt 1: ShippingRefused: carrier rejected order B2)"
     assert out.count(retry) == 1
     assert out.count("failed     ship_order  (ShippingRefused: carrier rejected order B2)") == 1
+    # The courier's outage holds the booking; the operator's retry completes it.
+    assert "held       for an operator: the courier's API is down" in out
+    assert "retried    by the operator" in out
 
 
 def _record(error: BaseException, level: int = logging.WARNING) -> logging.LogRecord:

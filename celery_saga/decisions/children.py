@@ -11,7 +11,6 @@ from celery_saga.records import ExecutionRecord, ExecutionState, RollbackStatus,
 _LIVE = (
     ExecutionState.RUNNING,
     ExecutionState.WAITING,
-    ExecutionState.HELD,
     ExecutionState.COMPENSATING,
     ExecutionState.CANCELLING,
 )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from django import forms
@@ -122,22 +123,66 @@ def cancel(reason: str) -> Act:
     return stop
 
 
-def retry(reason: str) -> Act:
-    def move(engine: SagaEngine, execution_id: str, actor: str) -> None:
-        engine.retry(execution_id, actor=actor, reason=reason.strip() or FROM_ADMIN)
-
-    return move
+#: An engine call on a held run: (engine, run id, actor, reason, the form's data).
+HeldCall = Callable[[SagaEngine, str, str, str, dict[str, Any]], None]
 
 
-def skip(result: Any, reason: str) -> Act:
-    def move(engine: SagaEngine, execution_id: str, actor: str) -> None:
-        engine.skip(execution_id, result=result, actor=actor, reason=reason.strip() or FROM_ADMIN)
+@dataclass(frozen=True)
+class HeldMove:
+    """An admin action on held runs: its name, the question it asks first with ``form``,
+    the engine call it makes, and what the page says it did."""
 
-    return move
+    name: str
+    question: str
+    form: type[HeldMoveForm]
+    call: HeldCall
+    done: str
+
+    def act(self, data: dict[str, Any]) -> Act:
+        """The call with the form's data (a blank reason: where it came from)."""
+        reason = str(data.get("reason") or "").strip() or FROM_ADMIN
+
+        def move(engine: SagaEngine, execution_id: str, actor: str) -> None:
+            self.call(engine, execution_id, actor, reason, data)
+
+        return move
 
 
-def unwind(reason: str) -> Act:
-    def move(engine: SagaEngine, execution_id: str, actor: str) -> None:
-        engine.unwind(execution_id, actor=actor, reason=reason.strip() or FROM_ADMIN)
+def _retry(engine: SagaEngine, run_id: str, actor: str, reason: str, _: dict[str, Any]) -> None:
+    engine.retry(run_id, actor=actor, reason=reason)
 
-    return move
+
+def _skip(engine: SagaEngine, run_id: str, actor: str, reason: str, data: dict[str, Any]) -> None:
+    engine.skip(run_id, result=data.get("result"), actor=actor, reason=reason)
+
+
+def _unwind(engine: SagaEngine, run_id: str, actor: str, reason: str, _: dict[str, Any]) -> None:
+    engine.unwind(run_id, actor=actor, reason=reason)
+
+
+HELD_MOVES = {
+    move.name: move
+    for move in (
+        HeldMove(
+            "retry",
+            "Run the held step of these runs again, with a fresh set of attempts?",
+            HeldMoveForm,
+            _retry,
+            "retried",
+        ),
+        HeldMove(
+            "skip",
+            "Record the held step of these runs completed by hand, with this result?",
+            SkipForm,
+            _skip,
+            "skipped",
+        ),
+        HeldMove(
+            "unwind",
+            "Unwind these held runs? What each did is reversed and it ends failed.",
+            HeldMoveForm,
+            _unwind,
+            "unwound",
+        ),
+    )
+}

@@ -279,40 +279,24 @@ class RunAdmin(SaysStaleness, ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
 
     @action(description="Retry the held step (asks first)", permissions=["move_held"])
     def retry(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
-        question = "Run the held step of these runs again, with a fresh set of attempts?"
-        return self._held_move(request, queryset, "retry", question, run_actions.HeldMoveForm)
+        return self._held_move(request, queryset, run_actions.HELD_MOVES["retry"])
 
     @action(description="Skip the held step by hand (asks first)", permissions=["move_held"])
     def skip(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
-        question = "Record the held step of these runs completed by hand, with this result?"
-        return self._held_move(request, queryset, "skip", question, run_actions.SkipForm)
+        return self._held_move(request, queryset, run_actions.HELD_MOVES["skip"])
 
     @action(description="Unwind the held run (asks first)", permissions=["move_held"])
     def unwind(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
-        question = "Unwind these held runs? What each did is reversed and it ends failed."
-        return self._held_move(request, queryset, "unwind", question, run_actions.HeldMoveForm)
+        return self._held_move(request, queryset, run_actions.HELD_MOVES["unwind"])
 
     def _held_move(
-        self,
-        request: HttpRequest,
-        queryset: QuerySet[Any],
-        move: str,
-        question: str,
-        form_class: type[run_actions.HeldMoveForm],
+        self, request: HttpRequest, queryset: QuerySet[Any], move: run_actions.HeldMove
     ) -> HttpResponse | None:
         """A move on held runs, asked first with its form (a reason; a skip's result)."""
-        form = form_class(request.POST if "apply" in request.POST else None)
+        form = move.form(request.POST if "apply" in request.POST else None)
         if not form.is_valid():
-            return self._confirm(request, queryset, move, question, form)
-        reason = form.cleaned_data["reason"]
-        act = {
-            "retry": lambda: run_actions.retry(reason),
-            "skip": lambda: run_actions.skip(form.cleaned_data.get("result"), reason),
-            "unwind": lambda: run_actions.unwind(reason),
-        }[move]()
-        self._act(
-            request, queryset, act, {"retry": "retried", "skip": "skipped"}.get(move, "unwound")
-        )
+            return self._confirm(request, queryset, move.name, move.question, form)
+        self._act(request, queryset, move.act(form.cleaned_data), move.done)
         return None
 
     @action(description="Resume the parked unwind", permissions=["resume"])
