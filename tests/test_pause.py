@@ -20,7 +20,7 @@ from celery_saga.cli import saga
 from celery_saga.errors import UnknownSagaError
 from celery_saga.records import Attempt
 from celery_saga.store import claims, forward, history, pauses
-from celery_saga.worker import pause_moves
+from celery_saga.worker import pause_moves, run_commands
 from tests.conftest import Harness, unconsumed_app
 from tests.paused_sagas import started_at
 
@@ -446,3 +446,46 @@ def test_a_pause_never_holds_a_run_under_a_live_claim_of_its_step(store_url: str
     finally:
         pauses.unpause(engine.db, name, "a")
     engine.db.dispose()
+
+
+def test_an_unpause_without_the_runs_version_hands_each_release_on(tmp_path: Path) -> None:
+    """A process without a held run's version (a newer deploy) lifts the pause and hands
+    the run's release on to a worker that has the version, which releases it once."""
+    old_app, new_app = unconsumed_app("pause-hand-on"), unconsumed_app("pause-hand-on")
+    new_app.conf.task_default_queue = old_app.conf.task_default_queue
+    store = f"sqlite:///{tmp_path}/hand_on.sqlite3"
+    old, new = SagaEngine(old_app, store_url=store), SagaEngine(new_app, store_url=store)
+    old.register(Saga("order", version="1").step("a", lambda: None))
+    new.register(Saga("order", version="2").step("a", lambda: None).step("b", lambda: None))
+    run = old.start("order", {})
+    old.pause("order", "a", reason="down")
+    door = {"saga": "order", "step": "a", "node": 0, "sub": 0, "now": get_clock().now()}
+    assert pauses.hold_at_door(old.db, run.id, **door) is not None
+    _taken(old)
+    assert new.unpause("order", "a", actor="ops").released == 1
+    (message,) = _taken(new)
+    execution_id, command, arguments = message.decode()[0]
+    assert (execution_id, command) == (run.id, "release")
+    assert new.get(run.id).state is ExecutionState.HELD, "released by the worker, not here"
+    run_commands.carry_out(old.parts, execution_id, command, arguments)
+    assert old.get(run.id).state is ExecutionState.RUNNING
+    (sent,) = _taken(old)
+    assert sent.headers["task"] == "order.a", "the step's message, sent again"
+    run_commands.carry_out(old.parts, execution_id, command, arguments)
+    kinds = [row.kind for row in history.load(old.db, run.id)]
+    assert kinds.count("unpaused") == 1, "handed on twice, released once"
+    # Nothing ran since: the step's message is owed again (a duplicate, refused by its claim).
+    assert [m.headers["task"] for m in _taken(old)] == ["order.a"]
+
+
+def _taken(engine: SagaEngine) -> list[Any]:
+    """The messages waiting on the app's queue, taken off it."""
+    with engine.app.connection_for_write() as connection:
+        simple = connection.SimpleQueue(engine.app.conf.task_default_queue)
+        messages = []
+        while simple.qsize():
+            message = simple.get(timeout=1)
+            messages.append(message)
+            message.ack()
+        simple.close()
+    return messages
