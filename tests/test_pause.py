@@ -358,8 +358,10 @@ def test_the_claim_refuses_a_paused_step_and_passes_once_released_on_every_store
             pause_step="a",
         )
 
-    engine.pause(name, reason="down")
+    engine.pause(name, reason="down", actor="o" * 300)  # kept to the width history keeps
     try:
+        (stored,) = [p for p in engine.pauses() if p.saga == name]
+        assert stored.actor == "o" * 200
         assert claim() is None, "the whole saga's pause refuses the first claim"
         assert engine.get(run.id).steps == (), "and nothing was written"
         now = get_clock().now()

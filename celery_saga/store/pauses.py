@@ -46,7 +46,7 @@ def pause(
 ) -> Pause:
     """Store the pause; ``InvalidStateError`` when that step (or saga) is paused already,
     naming since when and why (nothing changed)."""
-    key = step or WHOLE_SAGA
+    key, actor = step or WHOLE_SAGA, actor[: history.ACTOR_WIDTH] if actor else actor
     row = {
         "saga_name": saga,
         "step_name": key,
