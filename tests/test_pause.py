@@ -290,6 +290,7 @@ def test_a_run_held_at_a_paused_door_refuses_retry_and_can_be_cancelled(
     assert harness.engine.get(run.id).state is ExecutionState.HELD, "the refusal stored nothing"
     harness.engine.cancel(run.id, "order withdrawn")
     (ended,) = _wait(harness, [run.id], lambda r: r.state is ExecutionState.CANCELLED)
+    assert [p.held for p in harness.engine.pauses()] == [0], "a cancelled run is not held"
     assert harness.engine.unpause("paused_order", "charge").released == 0
     assert _charges(harness, ended.id) == []
     assert harness.engine.get(run.id).state is ExecutionState.CANCELLED

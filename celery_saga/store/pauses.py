@@ -95,7 +95,10 @@ def list_pauses(db: Database) -> list[Pause]:
                 paused_runs.c.saga_name,
                 paused_runs.c.pause_step,
                 func.count().label("held"),
-            ).group_by(paused_runs.c.saga_name, paused_runs.c.pause_step)
+            )
+            .join(executions, executions.c.id == paused_runs.c.execution_id)
+            .where(executions.c.state == ExecutionState.HELD.value)  # a cancel moved it
+            .group_by(paused_runs.c.saga_name, paused_runs.c.pause_step)
         )
     }
     rows = db.read(select(pauses).order_by(pauses.c.saga_name, pauses.c.step_name))
