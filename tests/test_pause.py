@@ -23,6 +23,7 @@ from celery_saga.store import claims, forward, history, pauses
 from celery_saga.worker import pause_moves, run_commands
 from tests.conftest import Harness, unconsumed_app
 from tests.paused_sagas import started_at
+from tests.test_version_hand_on import _sent
 
 
 def _wait(harness: Harness, ids: list[str], done: Any, within: float = 60) -> list[Any]:
@@ -335,29 +336,10 @@ def test_the_claim_refuses_a_paused_step_and_passes_once_released_on_every_store
 ) -> None:
     """The claim's own statement reads the pause (PostgreSQL, MariaDB, SQLite): refused
     while paused, the first claim and a retry's alike; held, released, claimed."""
-    name = f"order_{uuid.uuid4().hex[:8]}"
-    engine = SagaEngine(unconsumed_app("pause-claims"), store_url=store_url)
-    engine.register(Saga(name).step("a", lambda: None))
-    engine.ensure_schema()
-    definition = engine.catalog.known(name)
-    assert definition is not None
-    run = engine.start(name, {})  # no worker: the claims below are this test's
+    engine, name, run = _one_step_run(store_url, "pause-claims")
 
     def claim(existing: Any = None) -> int | None:
-        return forward.claim_step(
-            engine.db,
-            execution_id=run.id,
-            name="a",
-            node=0,
-            sub=0,
-            definition_hash=definition.hash,
-            idempotency_key=f"{run.id}:a",
-            compensatable=False,
-            lease_expires_at=None,
-            now=get_clock().now(),
-            existing=existing,
-            pause_step="a",
-        )
+        return _claim(engine, run, existing)
 
     engine.pause(name, reason="down", actor="o" * 300)  # kept to the width history keeps
     try:
@@ -415,29 +397,9 @@ def test_a_pause_never_holds_a_run_under_a_live_claim_of_its_step(store_url: str
     """A pause stored while the step's body runs: a late message's refused claim does not
     hold the run under the body (whose outcome could then not be written); once the
     claim's lease has run out (its worker died), the run is held."""
-    name = f"order_{uuid.uuid4().hex[:8]}"
-    engine = SagaEngine(unconsumed_app("pause-live"), store_url=store_url)
-    engine.register(Saga(name).step("a", lambda: None))
-    engine.ensure_schema()
-    definition = engine.catalog.known(name)
-    assert definition is not None
-    run = engine.start(name, {})
+    engine, name, run = _one_step_run(store_url, "pause-live")
     now = get_clock().now()
-    claimed = forward.claim_step(
-        engine.db,
-        execution_id=run.id,
-        name="a",
-        node=0,
-        sub=0,
-        definition_hash=definition.hash,
-        idempotency_key=f"{run.id}:a",
-        compensatable=False,
-        lease_expires_at=now + timedelta(seconds=60),
-        now=now,
-        existing=None,
-        pause_step="a",
-    )
-    assert claimed == 1
+    assert _claim(engine, run, lease=now + timedelta(seconds=60)) == 1
     engine.pause(name, "a", reason="down")
     try:
         door = {"saga": name, "step": "a", "node": 0, "sub": 0}
@@ -464,31 +426,48 @@ def test_an_unpause_without_the_runs_version_hands_each_release_on(tmp_path: Pat
     old.pause("order", "a", reason="down")
     door = {"saga": "order", "step": "a", "node": 0, "sub": 0, "now": get_clock().now()}
     assert pauses.hold_at_door(old.db, run.id, **door) is not None
-    _taken(old)
+    _sent(old)
     assert new.unpause("order", "a", actor="ops").released == 1
-    (message,) = _taken(new)
+    (message,) = _sent(new)
     execution_id, command, arguments = message.decode()[0]
     assert (execution_id, command) == (run.id, "release")
     assert new.get(run.id).state is ExecutionState.HELD, "released by the worker, not here"
     run_commands.carry_out(old.parts, execution_id, command, arguments)
     assert old.get(run.id).state is ExecutionState.RUNNING
-    (sent,) = _taken(old)
+    (sent,) = _sent(old)
     assert sent.headers["task"] == "order.a", "the step's message, sent again"
     run_commands.carry_out(old.parts, execution_id, command, arguments)
     kinds = [row.kind for row in history.load(old.db, run.id)]
     assert kinds.count("unpaused") == 1, "handed on twice, released once"
     # Nothing ran since: the step's message is owed again (a duplicate, refused by its claim).
-    assert [m.headers["task"] for m in _taken(old)] == ["order.a"]
+    assert [m.headers["task"] for m in _sent(old)] == ["order.a"]
 
 
-def _taken(engine: SagaEngine) -> list[Any]:
-    """The messages waiting on the app's queue, taken off it."""
-    with engine.app.connection_for_write() as connection:
-        simple = connection.SimpleQueue(engine.app.conf.task_default_queue)
-        messages = []
-        while simple.qsize():
-            message = simple.get(timeout=1)
-            messages.append(message)
-            message.ack()
-        simple.close()
-    return messages
+def _one_step_run(store_url: str, prefix: str) -> tuple[SagaEngine, str, Any]:
+    """A store-only engine with a one-step saga of its own name, and a run of it that no
+    worker moves (the claims are the test's)."""
+    name = f"order_{uuid.uuid4().hex[:8]}"
+    engine = SagaEngine(unconsumed_app(prefix), store_url=store_url)
+    engine.register(Saga(name).step("a", lambda: None))
+    engine.ensure_schema()
+    return engine, name, engine.start(name, {})
+
+
+def _claim(engine: SagaEngine, run: Any, existing: Any = None, lease: Any = None) -> int | None:
+    """Claim step ``a`` of ``run`` as a worker does (``pause_step`` named)."""
+    definition = engine.catalog.known(engine.get(run.id).record.saga_name)
+    assert definition is not None
+    return forward.claim_step(
+        engine.db,
+        execution_id=run.id,
+        name="a",
+        node=0,
+        sub=0,
+        definition_hash=definition.hash,
+        idempotency_key=f"{run.id}:a",
+        compensatable=False,
+        lease_expires_at=lease,
+        now=get_clock().now(),
+        existing=existing,
+        pause_step="a",
+    )
