@@ -1,7 +1,8 @@
 """Prometheus gauges read from the saga store, for alerts on what is stuck or piling up:
-unfinished runs by saga and state (``waiting`` and ``compensation_stuck`` above all) and the
-age of the oldest unfinished run of each saga, and how long the longest held run of each
-saga has been held (needs the ``prometheus`` extra).
+unfinished runs by saga and state (``waiting`` and ``compensation_stuck`` above all), the
+age of the oldest unfinished run of each saga, how long the longest held run of each saga
+has been held, and the paused steps with the runs they hold (needs the ``prometheus``
+extra).
 
 The counters of ``metrics`` say what happened in one process; these say what the store
 holds now, so every exporter reports the same values (aggregate them with ``max``, not
@@ -22,8 +23,9 @@ from datetime import datetime
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from celery_saga.records import Pause
 from celery_saga.runtime.clock import get_clock
-from celery_saga.store import inspection
+from celery_saga.store import inspection, pauses
 from celery_saga.store.database import Database
 
 logger = logging.getLogger("celery_saga")
@@ -38,6 +40,8 @@ class Reading:
     at: datetime | None = None
     #: saga -> since when its longest held run has been held
     held_since: dict[str, datetime] = field(default_factory=dict)
+    #: the stored pauses (each with how many runs it holds at its door)
+    pauses: tuple[Pause, ...] = ()
 
 
 class StoreGauges(Collector):
@@ -65,12 +69,13 @@ class StoreGauges(Collector):
             runs = inspection.run_counts(self.db)
             oldest = inspection.oldest_unfinished_by_saga(self.db)
             held = inspection.longest_held_by_saga(self.db)
+            paused = tuple(pauses.list_pauses(self.db))
         except Exception as error:  # an outage must not end the thread
             if self.up:
                 logger.warning("saga gauges: the store could not be read (%s)", error)
             self.up = False
             return
-        self.reading = Reading(runs, oldest, get_clock().now(), held)
+        self.reading = Reading(runs, oldest, get_clock().now(), held, paused)
         self.up = True
 
     def collect(self) -> Iterator[Metric]:
@@ -101,8 +106,30 @@ class StoreGauges(Collector):
             for saga, since in sorted(reading.held_since.items()):
                 held.add_metric([saga], max(0.0, (reading.at - since).total_seconds()))
         yield held
+        yield from _paused(reading.pauses, prefix)
         yield GaugeMetricFamily(
             f"{prefix}_store_up",
             "1 if the last reading of the store for these gauges succeeded",
             value=1.0 if self.up else 0.0,
         )
+
+
+def _paused(stored: tuple[Pause, ...], prefix: str) -> Iterator[Metric]:
+    """Paused steps by saga (an alert on one left paused), and the runs each holds at its
+    door (``step`` "*": a pause of the whole saga)."""
+    steps = GaugeMetricFamily(
+        f"{prefix}_paused_steps", "Paused steps (and whole sagas) of each saga", labels=["saga"]
+    )
+    held = GaugeMetricFamily(
+        f"{prefix}_paused_held_runs",
+        "Runs held at the door of each paused step",
+        labels=["saga", "step"],
+    )
+    counted: dict[str, int] = {}
+    for pause in stored:
+        counted[pause.saga] = counted.get(pause.saga, 0) + 1
+        held.add_metric([pause.saga, pause.step or "*"], pause.held)
+    for saga, count in sorted(counted.items()):
+        steps.add_metric([saga], count)
+    yield steps
+    yield held

@@ -196,3 +196,20 @@ class Execution:
             if record.name == name:
                 return record
         raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class Pause:
+    """A stored pause; ``step`` None: the whole saga. ``held``: runs held at its door."""
+
+    saga: str
+    step: str | None
+    reason: str
+    actor: str | None
+    paused_at: datetime
+    held: int = 0
+
+    @property
+    def held_reason(self) -> str:
+        """What a run held at its door says it is held for."""
+        return f"paused: {self.reason}"

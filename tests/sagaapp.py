@@ -19,7 +19,7 @@ from celery_saga import Saga, SagaContext, SagaEngine, compensated_by, fencing_t
 from celery_saga.decisions.admission import NodeMessage
 from celery_saga.definition.nodes import StepSpec
 from celery_saga.worker.publisher import CeleryPublisher
-from tests import async_steps, celery_features, held_sagas, redaction_sagas
+from tests import async_steps, celery_features, held_sagas, paused_sagas, redaction_sagas
 from tests.faults import request_cut
 
 RESULTS_URL = os.environ.get("SAGA_TEST_RESULTS", "redis://127.0.0.1:6379/5")
@@ -342,6 +342,7 @@ class TestApp:
         self._define_control_flow()
         celery_features.define(self)
         held_sagas.define(self)
+        paused_sagas.define(self)
         async_steps.define(self)
 
     def _define_control_flow(self) -> None:

@@ -141,3 +141,10 @@ def test_an_action_the_engine_refuses_shows_why_and_records_nothing(seen: dict[s
 def test_check_names_a_saga_database_that_is_not_configured(seen: dict[str, Any]) -> None:
     assert "celery_saga.E001" in seen["check"]
     assert "celery_saga.E001" not in seen["check_now"]
+
+
+def test_the_admin_lists_the_paused_steps_and_the_runs_held_at_their_doors(
+    seen: dict[str, Any],
+) -> None:
+    assert seen["paused_steps"] == [200, True, True]
+    assert seen["paused_runs"] == [200, True, "held"]

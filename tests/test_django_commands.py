@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from typing import Any
 
@@ -118,3 +119,25 @@ def test_call_command_runs_the_same_commands_and_refusals_raise_command_error(
         call_command("saga", "resume", run.id)
     with pytest.raises(CommandError, match="no saga execution with id 'nope'"):
         call_command("saga", "show", "nope")
+
+
+def test_manage_py_saga_pauses_lists_and_unpauses_a_step(harness: Harness) -> None:
+    if harness.in_process:
+        pytest.skip("a separate process cannot reach the in-memory broker")
+    paused = _manage(harness, "pause", "paused_order", "--step", "charge", "--reason", "down")
+    assert paused.returncode == 0, paused.stderr
+    try:
+        run = harness.start("paused_order", {"order": 22})
+        ends = time.monotonic() + 30
+        while harness.engine.get(run.id).state is not ExecutionState.HELD:
+            assert time.monotonic() < ends, harness.worker_logs()
+            time.sleep(0.05)
+        listed = _manage(harness, "pauses")
+        assert "paused_order.charge" in listed.stdout and "(1 held)" in listed.stdout
+        refused = _manage(harness, "pause", "paused_order", "--step", "charge", "--reason", "x")
+        assert refused.returncode == 1 and "paused already" in refused.stderr
+    finally:
+        unpaused = _manage(harness, "unpause", "paused_order", "--step", "charge", "--rate", "5/s")
+    assert unpaused.returncode == 0, unpaused.stderr
+    assert "unpaused paused_order.charge" in unpaused.stdout
+    assert run.wait(30).state is ExecutionState.COMPLETED, harness.worker_logs()

@@ -27,11 +27,11 @@ from sqlalchemy import (
     Text,
 )
 
-from celery_saga.store.tables import executions, history, step_records
+from celery_saga.store.tables import executions, history, paused_runs, pauses, step_records
 from tests.conftest import ROOT
 
 #: The tables the admin shows, each by one model.
-MODELLED = (executions, step_records, history)
+MODELLED = (executions, step_records, history, pauses, paused_runs)
 
 #: SQLAlchemy type -> the Django field type that reads it (subclasses first).
 KINDS = (

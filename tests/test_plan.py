@@ -232,5 +232,5 @@ def test_the_plan_of_a_stored_run_redacts_what_its_saga_marks(
     ]
     assert plan.input == {"card": "[redacted]"}
     assert "4111" not in "\n".join(plan_lines(plan)) + plan_json(plan)
-    with pytest.raises(SagaError, match="no plan for move 'retry'; moves: unwind, cancel"):
-        saga_engine.plan(run.execution.id, "retry")
+    with pytest.raises(SagaError, match="no plan for move 'bounce'; moves: unwind, retry, skip"):
+        saga_engine.plan(run.execution.id, "bounce")

@@ -57,3 +57,21 @@ def test_a_store_that_cannot_be_read_keeps_the_last_reading_and_says_so(
     found = _scraped(gauges)
     assert value(found, "saga_store_up") == 0
     assert value(found, "saga_runs", saga="order", state="running") == 1, "the last reading"
+
+
+def test_the_gauges_count_paused_steps_and_the_runs_held_at_their_doors(tmp_path: Path) -> None:
+    engine = SagaEngine(unconsumed_app("gauges"), store_url=f"sqlite:///{tmp_path}/g.sqlite3")
+    engine.register(Saga("order").step("a", lambda: None).step("b", lambda: None))
+    gauges = StoreGauges(engine.db)
+    gauges.refresh()
+    assert value(_scraped(gauges), "saga_paused_steps", saga="order") == 0
+    engine.pause("order", "a", reason="provider down")
+    engine.pause("order", reason="maintenance")
+    gauges.refresh()
+    found = _scraped(gauges)
+    assert value(found, "saga_paused_steps", saga="order") == 2
+    assert value(found, "saga_paused_held_runs", saga="order", step="a") == 0
+    assert value(found, "saga_paused_held_runs", saga="order", step="*") == 0
+    engine.unpause("order", "a")
+    gauges.refresh()
+    assert value(_scraped(gauges), "saga_paused_steps", saga="order") == 1

@@ -14,7 +14,7 @@ import pytest
 
 from celery_saga import Saga, SagaEngine, get_clock, set_clock
 from celery_saga.encryption import new_key
-from celery_saga.store import history
+from celery_saga.store import history, pauses
 from celery_saga.store.codec import use_codec
 from celery_saga.testing import ControlledClock
 from celery_saga.web import Credentials, WebSettings, create_app, csrf
@@ -342,3 +342,23 @@ def test_a_failed_step_that_was_compensated_is_drawn_apart_from_a_completed_one(
     assert "st-compensated" in boxes["hold"] and "st-compensated" in boxes["charge"]
     assert "fw-failed" in boxes["charge"] and "fw-failed" not in boxes["hold"]
     assert "failed -> compensated" in graph and "completed -> compensated" in graph
+
+
+def test_the_runs_page_lists_the_paused_steps_and_a_held_run_says_it_waits_at_one(
+    store: str,
+) -> None:
+    engine = _engine(store)
+    client = create_app(engine, WebSettings(Credentials(*AUTH))).test_client()
+    assert 'id="pauses"' not in client.get("/", auth=AUTH).get_data(as_text=True)
+    engine.pause("vaulted", "reserve", reason="vault <offline>", actor="ann")
+    run = engine.start("vaulted", {"card": "x"})  # no worker: held as a worker would hold it
+    assert pauses.hold_at_door(
+        engine.db, run.id, saga="vaulted", step="reserve", node=0, sub=0, now=get_clock().now()
+    )
+    listing = client.get("/", auth=AUTH).get_data(as_text=True)
+    row = re.search(r'<table id="pauses">.*?</table>', listing, re.S)
+    assert row is not None, listing
+    assert "vault &lt;offline&gt;" in row.group(0) and ">ann<" in row.group(0)
+    assert "<td>1</td>" in row.group(0), "one run held at its door"
+    page = html.unescape(client.get(f"/runs/{run.id}", auth=AUTH).get_data(as_text=True))
+    assert "held: paused (vault <offline>) at the door of step 'reserve'" in page

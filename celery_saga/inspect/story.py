@@ -28,6 +28,7 @@ from celery_saga.inspect.values import (
     Within,
 )
 from celery_saga.records import ExecutionRecord, ExecutionState, StepRecord
+from celery_saga.store.history import Kind
 from celery_saga.store.inspection import StoredRun
 
 #: How deep a run's child runs are followed; sub-sagas may nest, a cycle cannot be registered.
@@ -118,6 +119,17 @@ def _waited_event(run: StoredRun, definition: SagaDefinition | None) -> str | No
     return str(entered[-1]["event"]) if entered and isinstance(entered[-1], dict) else None
 
 
+def _paused_at(run: StoredRun) -> tuple[str, str] | None:
+    """The step and reason of the pause a held run was last held at, from its history."""
+    if run.record.state is not ExecutionState.HELD:
+        return None
+    for row in reversed(run.history):
+        if row.kind in (Kind.PAUSED.value, Kind.UNPAUSED.value, Kind.HELD.value):
+            paused = row.kind == Kind.PAUSED.value and row.step is not None
+            return (row.step or "", row.detail or "") if paused else None
+    return None
+
+
 def describe(
     run: StoredRun,
     load: LoadRun,
@@ -161,6 +173,7 @@ def describe(
             version=waiting_for_version,
             child=running_child,
             held=None if hold is None else hold.step,
+            paused=_paused_at(run),
         ),
         graph=graph.build(definition, record, steps, signals, run.history),
         timeline=Timeline(chronology.entries(record, steps, signals, run.history), bars_of, waits),

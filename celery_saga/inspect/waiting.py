@@ -1,5 +1,5 @@
 """What a run that does not move on its own waits for, in one sentence: a signal at its gate
-(until its deadline), a worker that has its version, or its child run. ``saga show``,
+(until its deadline), a worker that has its version, its child run, or a paused step. ``saga show``,
 ``saga list``, the web view and the Django admin all say it through ``reason``, so they say
 it alike."""
 
@@ -22,11 +22,16 @@ def reason(
     version: str | None = None,
     child: str | None = None,
     held: str | None = None,
+    paused: tuple[str, str] | None = None,
 ) -> str | None:
     """What a run in ``state`` waits for, or None. ``event``, ``until``: its gate's event and
     deadline (as printed; a held run's: its hold timeout); ``version``: the version a worker
     without it handed the run's message back for (what holds it first); ``child``: the run
-    its sub-saga node started; ``held``: the step a held run waits on."""
+    its sub-saga node started; ``held``: the step a held run waits on; ``paused``: the step
+    and reason of the pause a held run waits at the door of."""
+    if paused and state == ExecutionState.HELD.value:
+        step, why = paused
+        return f"held: paused ({why}) at the door of step {step!r}; unpause releases it"
     if version:
         return f"waiting for version {version}: a worker without it handed its message back"
     if state == ExecutionState.WAITING.value:

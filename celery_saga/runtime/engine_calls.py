@@ -19,6 +19,7 @@ from celery_saga.runtime.holds import HOLD_TIMEOUT_ACTOR, Holds
 from celery_saga.runtime.interpreter import Interpreter
 from celery_saga.runtime.moves import MoveOn, Stay
 from celery_saga.runtime.parts import Parts
+from celery_saga.runtime.pauses import Pauses
 from celery_saga.runtime.waits import Waits
 from celery_saga.store import queries, waits
 
@@ -32,6 +33,7 @@ class EngineCalls:
         self.parts, self.interpreter, self.waits = parts, interpreter, gates
         self.carry_out, self.cancellation = interpreter.carry_out, interpreter.cancellation
         self.holds = Holds(parts)
+        self.pauses = Pauses(parts)
         #: Store a new run (see ``forward_moves.create``).
         self.create = functools.partial(forward_moves.create, parts)
 
@@ -111,6 +113,18 @@ class EngineCalls:
     ) -> None:
         """Begin a held run's unwind (see ``Holds.unwind``)."""
         self.carry_out(self.holds.unwind(definition, execution_id, actor, reason))
+
+    def release_paused(
+        self, definition: SagaDefinition, execution_id: str, actor: str | None, reason: str | None
+    ) -> bool:
+        """Release a run held at a paused step's door (see ``Pauses.release``); False: it
+        was released already, or moved meanwhile."""
+        released = self.pauses.release(definition, execution_id, actor, reason)
+        if released is None:
+            return False
+        move, fresh = released
+        self.carry_out(move)
+        return fresh
 
     def unwind_expired_holds(self, page: int = 200) -> int:
         """Unwind every held run whose hold timeout has passed (the timer sweep); returns how

@@ -72,6 +72,7 @@ class Executor:
         self.fire_timers, self.cancel_overdue = calls.fire_timers, calls.cancel_overdue
         self.retry_held, self.skip_held = calls.retry_held, calls.skip_held
         self.unwind_held, self.unwind_expired_holds = calls.unwind_held, calls.unwind_expired_holds
+        self.pauses, self.release_paused = calls.pauses, calls.release_paused
         self.expire_hold = calls.expire_hold
 
     @property
@@ -234,10 +235,35 @@ class Executor:
                 return NoBody("no attempt left after lost ones")
         attempt = claim_step(self.parts, definition, position, message, record, holder)
         if attempt is None:
-            return self._refused(message, Admission.REJECT_IN_FLIGHT)
+            read_as = (record, holder, snapshot)
+            return self._claim_refused(definition, position, message, read_as)
         if asked is not None:
             taken_over(*asked)
         return self._run_claimed(definition, position, message, (attempt, holder), snapshot)
+
+    def _claim_refused(
+        self,
+        definition: SagaDefinition,
+        position: Position,
+        message: NodeMessage,
+        read_as: tuple[StepRecord | None, str, Snapshot | None],
+    ) -> Outcome:
+        """A claim refused (``read_as``: the record, holder and snapshot it was made with):
+        a pause of the step holds the run at its door; a pause lifted between the claim
+        and the hold lets the claim be tried once more. (A pause lifted and stored again
+        in that instant leaves the run to the recovery sweep, which sends its message.)"""
+        (record, holder, snapshot), spec = read_as, position.spec
+        assert spec is not None
+        if not isinstance(definition.nodes[message.node], ParallelNode):
+            held = self.pauses.hold_at_door(definition, spec.name, position.record_name, message)
+            if held is not None:
+                self.carry_out(held)
+                return NoBody(f"step {spec.name!r} is paused")
+            attempt = claim_step(self.parts, definition, position, message, record, holder)
+            if attempt is not None:
+                claimed = (attempt, holder)
+                return self._run_claimed(definition, position, message, claimed, snapshot)
+        return self._refused(message, Admission.REJECT_IN_FLIGHT)
 
     def _run_claimed(
         self,

@@ -16,7 +16,7 @@ from celery_saga.decisions.cursor import advance
 from celery_saga.decisions.lost_claims import ClaimState
 from celery_saga.decisions.retry import plan_retry
 from celery_saga.definition.builder import SagaDefinition
-from celery_saga.definition.nodes import StepSpec
+from celery_saga.definition.nodes import ParallelNode, StepSpec
 from celery_saga.errors import (
     PayloadError,
     SchemaValidationError,
@@ -72,6 +72,7 @@ def claim_step(
     spec = position.spec
     assert spec is not None
     now = get_clock().now()
+    parallel = isinstance(definition.nodes[message.node], ParallelNode)
     return forward.claim_step(
         parts.db,
         execution_id=message.execution_id,
@@ -85,6 +86,9 @@ def claim_step(
         now=now,
         existing=record,
         holder=holder,
+        # A group settles together: its members are never held alone (a pause holds the
+        # run at the next step that is not a member).
+        pause_step=None if parallel else spec.name,
     )
 
 

@@ -38,6 +38,7 @@ def claim_step(
     child_execution_id: str | None = None,
     holder: str | None = None,
     restored_at: datetime | None = None,
+    pause_step: str | None = None,
 ) -> int | None:
     """Claim the step for this worker; returns the attempt number, or None if not ours.
 
@@ -48,9 +49,12 @@ def claim_step(
     ``holder`` names the claiming process (``runtime/holders.py``). ``restored_at``: the
     holder writes back a claim the store lost (``decisions/lost_claims.py``), begun at
     ``now``; it waits for its flush, with its ``claim-restored`` history row.
+    ``pause_step``: the step's name, to refuse the claim while it (or its saga) is paused.
     """
     lease = None if lease_expires_at is None else to_db_time(lease_expires_at)
     at = {"run_id": execution_id, "run_node": node, "run_sub": sub, "run_hash": definition_hash}
+    if pause_step is not None:
+        at["pause_step"] = pause_step
     restored = None if restored_at is None else history.claim_restored(name, holder, restored_at)
     if existing is not None:
         return _claim_again(db, existing, lease, holder, at, now, restored)
@@ -74,7 +78,7 @@ def claim_step(
     durable = db.durable_claims or restored is not None
     with db.single_statement() if restored is None else db.transaction() as connection:
         try:
-            if not _inserted_one(db, connection, params, durable):
+            if not _inserted_one(db, connection, params, durable, pause_step is not None):
                 return None
         except IntegrityError:
             return None
@@ -109,7 +113,7 @@ def _claim_again(
     with db.transaction() if lost or restored else db.single_statement() as connection:
         result = connection.execute(
             update(step_records)
-            .where(guard, prepared.run_live_here_locked())
+            .where(guard, prepared.run_live_here_locked("pause_step" in at))
             .values(claimed(FORWARD, lease, holder)),
             at,
         )
@@ -129,16 +133,16 @@ def _claim_again(
 
 
 def _inserted_one(
-    db: Database, connection: Connection, params: dict[str, Any], durable: bool
+    db: Database, connection: Connection, params: dict[str, Any], durable: bool, paused: bool
 ) -> bool:
     # PostgreSQL reports no rowcount for INSERT ... SELECT once SQLAlchemy adds its implicit
     # RETURNING; count the returned rows wherever SQLAlchemy runs it there (or on MySQL's
     # kin that return). SQLite's rowcount is exact and costs no result to fetch.
     returning = connection.dialect.insert_returning and db.dialect != "sqlite"
     if returning and not db.driver.direct(connection):
-        statement = prepared.first_claim(returning=True, durable=durable)
+        statement = prepared.first_claim(returning=True, durable=durable, paused_check=paused)
         return len(connection.execute(statement, params).all()) == 1
-    statement = prepared.first_claim(returning=False, durable=durable)
+    statement = prepared.first_claim(returning=False, durable=durable, paused_check=paused)
     return drivers.rowcount(connection, statement, params) == 1
 
 

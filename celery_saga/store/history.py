@@ -83,6 +83,10 @@ class Kind(str, Enum):
     HOLD_RETRIED = "hold-retried"
     HOLD_SKIPPED = "hold-skipped"
     HOLD_UNWOUND = "hold-unwound"
+    #: The run reached a paused step and is held at its door (``detail``: the pause's
+    #: reason, ``actor``: who paused it); ``unpaused``: an unpause released it.
+    PAUSED = "paused"
+    UNPAUSED = "unpaused"
     #: The run moved to the archive tables (``saga cleanup --archive``, ``engine.archive``).
     ARCHIVED = "archived"
 

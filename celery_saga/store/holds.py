@@ -93,8 +93,11 @@ def _held(connection: Connection, execution_id: str, move: str) -> HeldRun:
             f"it is {record.state.value}"
         )
     step = held_step_of(record, load_steps(connection, execution_id))
-    if step is None:  # a hold always settles its step: a store edited by hand
-        raise InvalidStateError(f"execution {execution_id!r} is held but no step is held")
+    if step is None:  # held at a paused step's door (store/pauses.py): no step failed
+        raise InvalidStateError(
+            f"{move} needs execution {execution_id!r} to be held by a failed step; it is held "
+            f"at the door of a paused step ({record.failure_reason}): unpause releases it"
+        )
     return HeldRun(record, step)
 
 

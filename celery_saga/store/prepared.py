@@ -25,7 +25,7 @@ from sqlalchemy import (
 from celery_saga.records import ExecutionState, StepStatus
 from celery_saga.store.directions import FORWARD, held_params
 from celery_saga.store.history import Kind
-from celery_saga.store.tables import executions, history, step_records
+from celery_saga.store.tables import executions, history, pauses, step_records
 
 FIRST_CLAIM_COLUMNS = (
     "execution_id",
@@ -78,14 +78,23 @@ def run_on_graph() -> Any:
     return executions.c.definition_hash == param("run_hash", executions.c.definition_hash)
 
 
-def run_live_here_locked() -> Any:
-    """EXISTS over the run row at this position, taking a share lock on it (see first_claim)."""
-    return (
-        select(executions.c.id)
-        .where(run_at_cursor(), run_on_graph())
-        .with_for_update(read=True)
-        .exists()
+def run_live_here_locked(paused_check: bool = False) -> Any:
+    """EXISTS over the run row at this position, taking a share lock on it (see first_claim);
+    ``paused_check``: and its step not paused (``not_paused``)."""
+    here = select(executions.c.id).where(run_at_cursor(), run_on_graph())
+    if paused_check:
+        here = here.where(not_paused())
+    return here.with_for_update(read=True).exists()
+
+
+def not_paused() -> Any:
+    """Param ``pause_step``: no pause of the run's saga as a whole ('') or of that step
+    (``tables.pauses``), read in the claim's own statement: a claim that begins after a
+    pause is stored is refused (tests/test_pause.py), at no statement of its own."""
+    match = (pauses.c.saga_name == executions.c.saga_name) & pauses.c.step_name.in_(
+        [literal(""), param("pause_step", pauses.c.step_name)]
     )
+    return ~select(pauses.c.step_name).where(match).exists()
 
 
 def commit_without_flush_wait() -> Any:
@@ -105,8 +114,9 @@ def step_held() -> Any:
 
 
 @functools.cache
-def first_claim(returning: bool, durable: bool = True) -> Any:
-    """INSERT the START record only while the run is live here on the deployed graph.
+def first_claim(returning: bool, durable: bool = True, paused_check: bool = False) -> Any:
+    """INSERT the START record only while the run is live here on the deployed graph (and,
+    ``paused_check``, its step not paused: param ``pause_step``).
 
     Params: ``new_<column>`` for each of FIRST_CLAIM_COLUMNS, the ``run_at_cursor`` ones and
     ``run_hash``.
@@ -120,6 +130,8 @@ def first_claim(returning: bool, durable: bool = True) -> Any:
         .where(run_at_cursor(), run_on_graph())
         .with_for_update(read=True)
     )
+    if paused_check:
+        values = values.where(not_paused())
     if not durable:
         values = values.where(commit_without_flush_wait())
     statement = insert(step_records).from_select(list(FIRST_CLAIM_COLUMNS), values)

@@ -265,3 +265,36 @@ version_shapes = Table(
     Column("recorded_at", Timestamp, nullable=False),
     PrimaryKeyConstraint("saga_name", "definition_hash", name="pk_saga_version_shapes"),
 )
+
+#: A step (``step_name``), or a whole saga (``step_name`` ''), paused by an operator: a run
+#: that reaches it is held at its door. The step claim's statement refuses while a row here
+#: matches (``prepared.not_paused``): a tiny table, read by its primary key.
+pauses = Table(
+    "saga_pauses",
+    metadata,
+    Column("saga_name", String(200), nullable=False),
+    Column("step_name", String(200), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("actor", String(200)),
+    Column("paused_at", Timestamp, nullable=False),
+    PrimaryKeyConstraint("saga_name", "step_name", name="pk_saga_pauses"),
+)
+
+#: A run held at the door of a paused step, until ``unpause`` releases it: written with
+#: the hold, deleted with the release (both conditional), so a release interrupted and run
+#: again never releases a run twice. ``pause_step`` names the pause that held it.
+paused_runs = Table(
+    "saga_paused_runs",
+    metadata,
+    Column(
+        "execution_id",
+        String(64),
+        ForeignKey("saga_executions.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("saga_name", String(200), nullable=False),
+    Column("pause_step", String(200), nullable=False),
+    Column("step_name", String(200), nullable=False),
+    Column("held_at", Timestamp, nullable=False),
+    Index("ix_saga_paused_runs_pause", "saga_name", "pause_step", "held_at"),
+)

@@ -1,4 +1,4 @@
-"""The pages: runs (filters, counts per state, parked runs first), one run (graph,
+"""The pages: runs (filters, counts per state, paused steps and parked runs first), one run (graph,
 timeline, history, input and results, what its saga marks sensitive redacted as ``celery
 saga show`` redacts it), and the action forms' targets."""
 
@@ -17,7 +17,7 @@ from celery_saga.inspect import RunList, RunView
 from celery_saga.inspect.jsonable import as_json
 from celery_saga.inspect.plan_text import plan_lines
 from celery_saga.inspect.text import run_lines
-from celery_saga.records import ExecutionState
+from celery_saga.records import ExecutionState, Pause
 from celery_saga.runtime.clock import get_clock
 from celery_saga.web import actions, timeline_bars, timeline_svg
 from celery_saga.web.listing import SORTS, ListQuery, filters_of, matches_text
@@ -65,8 +65,10 @@ def runs() -> ResponseReturnValue:
     page = parked = RunList((), None)
     counts: dict[str, int] = {}
     known: list[Any] = []
+    paused: list[Pause] = []
     try:
         counts = reads.counts()
+        paused = engine.pauses()
         known = engine.versions()
         parked = reads.parked(limit)
         hashes = reads.version_hashes([query.version] if query.version else [])
@@ -91,6 +93,7 @@ def runs() -> ResponseReturnValue:
         versions=[(v.saga, v.hash, v.label) for v in known],
         counts=sorted(counts.items()),
         parked=[r.record for r in parked.items],
+        paused=paused,
         runs=[r.record for r in listed],
         reasons={r.record.id: r.reason for r in listed},
         sorts=SORTS,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import builtins
 import functools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -23,7 +23,7 @@ from celery_saga.encryption import codec_from_conf
 from celery_saga.errors import DefinitionError, ExecutionNotFoundError, SagaError, UnknownSagaError
 from celery_saga.inspect.reads import Inspector
 from celery_saga.limits import check_lookup_id, listed_saga_names, storable_cursor_id
-from celery_saga.records import Execution, ExecutionState, RollbackStatus
+from celery_saga.records import Execution, ExecutionState, Pause, RollbackStatus
 from celery_saga.runtime import revocation, stopping
 from celery_saga.runtime.catalog import Catalog
 from celery_saga.runtime.executor import Executor
@@ -40,6 +40,7 @@ from celery_saga.worker import (
     hand_back_notes,
     held_moves,
     holders,
+    pause_moves,
     pool_loss,
     run_commands,
     version_check,
@@ -54,6 +55,7 @@ from celery_saga.worker.hand_back import HandBacks
 from celery_saga.worker.hand_back_notes import HandBackNotes
 from celery_saga.worker.handle import SagaHandle
 from celery_saga.worker.parts import WorkerParts
+from celery_saga.worker.pause_moves import Unpaused
 from celery_saga.worker.publisher import CeleryPublisher
 from celery_saga.worker.revocation import remember_worker_process, revoke_announced
 from celery_saga.worker.shape_book import ShapeBook
@@ -359,6 +361,35 @@ class SagaEngine:
         """Begin the unwind of a ``held`` run now, as its step's failure would have; refused
         past its pivot (naming it). See ``worker/held_moves.py``."""
         held_moves.unwind_run(self.parts, execution_id, actor, reason)
+
+    def pause(
+        self, saga: str, step: str | None = None, *, reason: str, actor: str | None = None
+    ) -> Pause:
+        """Pause ``step`` of ``saga`` (None: every step) for every run: a run that reaches it
+        is held at its door (state ``held``, reason ``paused: <reason>``) before its body
+        starts, a message already queued included. See ``worker/pause_moves.py``."""
+        return pause_moves.pause(self.parts, saga, step, reason, actor)
+
+    def unpause(
+        self,
+        saga: str,
+        step: str | None = None,
+        *,
+        rate: float | None = None,
+        actor: str | None = None,
+        reason: str | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> Unpaused:
+        """Lift a pause, then release the runs it held, at most ``rate`` a second (None: no
+        cap), each once, even when run again after an interruption; ``progress`` is told
+        each count released."""
+        return pause_moves.unpause(
+            self.parts, saga, step, rate=rate, actor=actor, reason=reason, progress=progress
+        )
+
+    def pauses(self) -> builtins.list[Pause]:
+        """Every paused step (and whole saga), with how many runs each holds."""
+        return pause_moves.list_pauses(self.parts)
 
     def signal(
         self, execution_id: str, event: str, payload: Any = None, *, actor: str | None = None

@@ -47,6 +47,7 @@ EVENT_TYPES = frozenset(
         "saga-hold-retried",
         "saga-hold-skipped",
         "saga-hold-unwound",
+        "saga-unpaused",
     }
 )
 

@@ -40,7 +40,7 @@ from celery_saga.runtime.outcomes import NoBody
 from celery_saga.store import queries
 from celery_saga.store.codec import pack, unpack
 from celery_saga.store.operator_exits import require_resolvable, require_stuck
-from celery_saga.worker import held_moves
+from celery_saga.worker import held_moves, pause_moves
 from celery_saga.worker.arguments import check_actor, check_reason
 from celery_saga.worker.parts import WorkerParts
 from celery_saga.worker.run_lookup import definition_of, pivot_name
@@ -281,6 +281,7 @@ HANDED_ON: dict[str, Callable[[WorkerParts, str, dict[str, Any]], None]] = {
     "resolve": _resolve_handed_on,
     "cancel": _cancel_handed_on,
     **held_moves.HANDED_ON,
+    **pause_moves.HANDED_ON,
 }
 
 

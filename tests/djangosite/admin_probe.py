@@ -241,6 +241,14 @@ seen["history_list"] = [status, parked.id in body and waiting.id in body]
 status, body = page(root, f"/admin/celery_saga/step/?q={parked.id}")
 seen["step_list"] = [status, body.count(parked.id) >= 2, done.id in body]
 
+engine.pause("shop-order", "charge", reason="provider <down>", actor="ops")
+paused = engine.start("shop-order", {"order_id": "P1"}).id
+status, body = page(root, "/admin/celery_saga/pausedstep/")
+seen["paused_steps"] = [status, "provider &lt;down&gt;" in body, "shop-order" in body]
+status, body = page(root, "/admin/celery_saga/pausedrun/")
+seen["paused_runs"] = [status, paused in body, engine.get(paused).state.value]
+engine.unpause("shop-order", "charge")
+
 with override_settings(SAGA_DATABASE="nowhere"):
     seen["check"] = [message.id for message in run_checks()]
 seen["check_now"] = [message.id for message in run_checks()]

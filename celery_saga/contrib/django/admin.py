@@ -20,7 +20,7 @@ from celery_saga.contrib.django import actions as run_actions
 from celery_saga.contrib.django import staleness
 from celery_saga.contrib.django.app import project_engine
 from celery_saga.contrib.django.lookups import only_filter_lookups
-from celery_saga.contrib.django.models import HistoryRow, Run, Step
+from celery_saga.contrib.django.models import HistoryRow, PausedRun, PausedStep, Run, Step
 from celery_saga.contrib.django.payloads import shown
 from celery_saga.contrib.django.story import graph_html, timeline_html
 from celery_saga.definition.run_markings import UNREGISTERED, run_markings
@@ -427,3 +427,26 @@ class HistoryAdmin(SaysStaleness, ReadOnly, admin.ModelAdmin):  # type: ignore[m
     data_shown = HistoryInline.data_shown
     get_search_results = StepAdmin.get_search_results
     run_link = StepAdmin.run_link
+
+
+@admin.register(PausedStep)
+class PausedStepAdmin(SaysStaleness, ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
+    """Paused steps, listed (``saga pause`` and ``saga unpause`` change them): a saga with
+    two paused steps shares its key column, so no row links to a page."""
+
+    list_display = ("saga_name", "step", "reason", "actor", "paused_at")
+    list_display_links = None
+
+    @display(description="step", ordering="step_name")
+    def step(self, paused: PausedStep) -> str:
+        return paused.step_name or "(every step)"
+
+
+@admin.register(PausedRun)
+class PausedRunAdmin(SaysStaleness, ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
+    list_display = ("run_link", "saga_name", "step_name", "pause_step", "held_at")
+    list_display_links = None
+
+    @display(description="run", ordering="run_id")
+    def run_link(self, paused: PausedRun) -> str:
+        return _run_link(paused.run_id)

@@ -166,3 +166,56 @@ class HistoryRow(models.Model):  # type: ignore[misc]
 
     def __str__(self) -> str:
         return f"{self.kind} of {self.run_id}"
+
+
+class PausedStep(models.Model):  # type: ignore[misc]
+    """A paused step (``step_name`` '': the whole saga). The store keys it by saga and
+    step; Django (before 5.2) takes one key column, so the admin lists these rows and links
+    to none (``PausedStepAdmin``)."""
+
+    saga_name = models.CharField("saga", max_length=200, primary_key=True)
+    step_name = models.CharField("step", max_length=200)
+    reason = models.TextField()
+    actor = models.CharField(max_length=200, null=True)
+    paused_at = StoredTime()
+
+    objects = SagaManager()
+
+    class Meta:
+        managed = False
+        db_table = "saga_pauses"
+        verbose_name = "paused step"
+        ordering = ("saga_name", "step_name")
+        default_permissions = ("view",)
+
+    def __str__(self) -> str:
+        return f"{self.saga_name}.{self.step_name or '*'}"
+
+
+class PausedRun(models.Model):  # type: ignore[misc]
+    """A run held at the door of a paused step, until an unpause releases it."""
+
+    run = models.OneToOneField(
+        Run,
+        on_delete=models.DO_NOTHING,
+        db_column="execution_id",
+        db_constraint=False,
+        primary_key=True,
+        related_name="paused",
+    )
+    saga_name = models.CharField("saga", max_length=200)
+    pause_step = models.CharField("held by the pause of", max_length=200)
+    step_name = models.CharField("step", max_length=200)
+    held_at = StoredTime()
+
+    objects = SagaManager()
+
+    class Meta:
+        managed = False
+        db_table = "saga_paused_runs"
+        verbose_name = "run held at a paused step"
+        ordering = ("held_at",)
+        default_permissions = ("view",)
+
+    def __str__(self) -> str:
+        return f"{self.run_id} at {self.step_name}"
