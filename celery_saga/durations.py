@@ -27,3 +27,19 @@ def parse_duration(text: str) -> timedelta:
     if seconds > LONGEST.total_seconds():  # inf included: timedelta would overflow
         raise SagaError(f"{text!r:.40} is longer than {LONGEST.days // 365} years")
     return timedelta(seconds=seconds)
+
+
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:/\s*([smh]))?\s*$")
+
+
+def parse_rate(text: str) -> float:
+    """A rate as operators type it: ``50/s``, ``600/m``, ``1000/h`` or a bare number per
+    second; returns actions per second, more than 0."""
+    match = _RATE.match(text.lower())
+    if match is None:
+        raise SagaError(f"{text!r:.40} is not a rate; use a number per s, m or h, e.g. 50/s")
+    number, unit = match.groups()
+    rate = float(number) / _UNITS[unit or "s"]
+    if rate <= 0:
+        raise SagaError(f"{text!r:.40}: a rate must be more than 0")
+    return rate

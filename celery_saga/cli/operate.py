@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from celery_saga.cli.bulk import bulk_capable
 from celery_saga.cli.commands import engine_of, live_run, operator_command, saga
 from celery_saga.cli.follow import shell_operator
 from celery_saga.decisions.cancel import CancelVerdict
@@ -70,7 +71,8 @@ def signal(
 
 
 @saga.command()
-@click.argument("execution_id")
+@click.argument("execution_id", required=False)
+@bulk_capable("resume")
 @click.pass_context
 @operator_command
 def resume(ctx: click.Context, execution_id: str) -> None:
@@ -82,7 +84,8 @@ def resume(ctx: click.Context, execution_id: str) -> None:
 
 
 @saga.command()
-@click.argument("execution_id")
+@click.argument("execution_id", required=False)
+@bulk_capable("abandon")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--reason", help="Why: recorded in the run's history and shown by show.")
 @click.pass_context
@@ -107,7 +110,8 @@ def abandon(ctx: click.Context, execution_id: str, yes: bool, reason: str | None
 
 
 @saga.command()
-@click.argument("execution_id")
+@click.argument("execution_id", required=False)
+@bulk_capable("cancel")
 @click.option("--reason", help="Why: recorded as the run's failure reason and shown by show.")
 @click.pass_context
 @operator_command

@@ -1,0 +1,145 @@
+"""The runs a ``RunFilter`` selects, a page at a time: one query builder, keyset-paginated
+(never OFFSET), each page starting where the last one stopped on an index.
+
+With a label term the page walks ``ix_saga_run_labels_key_value`` (key, value, execution
+id) from the last id; without one it walks runs in listing order (created_at, id) on the
+index of the saga or state named, or on the listing index. Every other term is checked on
+the rows the index yields. ``benchmarks/run_selection.py`` EXPLAINs it on a filled store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, exists, func, or_, select
+
+from celery_saga.records import StepStatus
+from celery_saga.run_filter import RunFilter
+from celery_saga.store.database import Database, from_db_time, to_db_time
+from celery_saga.store.queries import keyset_after
+from celery_saga.store.tables import executions, run_labels, step_records, version_shapes
+
+#: The step statuses of a run's current or failed step.
+_OPEN_STEP = (StepStatus.PENDING.value, StepStatus.RUNNING.value, StepStatus.FAILED.value)
+
+
+@dataclass(frozen=True)
+class SelectedPage:
+    """The ids of one page, in page order, and where the next page starts (None: none)."""
+
+    ids: tuple[str, ...]
+    cursor: str | None
+
+
+def _label(key: str, value: str) -> Any:
+    return exists().where(
+        run_labels.c.execution_id == executions.c.id,
+        run_labels.c.key == key,
+        run_labels.c.value == value,
+    )
+
+
+def _contains(column: Any, text: str) -> Any:
+    return func.lower(column).contains(text.lower(), autoescape=True)
+
+
+def _conditions(run_filter: RunFilter, now: datetime) -> list[Any]:
+    """Every term but the label that drives a label-ordered page."""
+    found: list[Any] = []
+    if run_filter.sagas:
+        found.append(executions.c.saga_name.in_(run_filter.sagas))
+    if run_filter.states:
+        found.append(executions.c.state.in_([s.value for s in run_filter.states]))
+    if run_filter.versions:
+        found.append(or_(*(_version(v) for v in run_filter.versions)))
+    for name in run_filter.steps:
+        found.append(
+            exists().where(
+                step_records.c.execution_id == executions.c.id,
+                step_records.c.name == name,
+                step_records.c.status.in_(_OPEN_STEP),
+            )
+        )
+    for text in run_filter.errors:
+        step_error = exists().where(
+            step_records.c.execution_id == executions.c.id, _contains(step_records.c.error, text)
+        )
+        found.append(
+            or_(
+                _contains(executions.c.failure_reason, text),
+                _contains(executions.c.rollback_reason, text),
+                step_error,
+            )
+        )
+    if run_filter.older_than is not None:
+        found.append(executions.c.created_at < to_db_time(now - run_filter.older_than))
+    return found
+
+
+def _version(value: str) -> Any:
+    """A version as an operator names it: its hash, the hash's first characters, or its
+    label (``saga_version_shapes`` knows each label's hash)."""
+    labelled = select(version_shapes.c.definition_hash).where(version_shapes.c.label == value)
+    return or_(
+        executions.c.definition_hash == value,
+        executions.c.definition_hash.startswith(value, autoescape=True),
+        executions.c.definition_hash.in_(labelled),
+    )
+
+
+def select_page(
+    db: Database, run_filter: RunFilter, *, now: datetime, after: str | None, limit: int
+) -> SelectedPage:
+    """The next ``limit`` runs ``run_filter`` selects after cursor ``after``."""
+    conditions = _conditions(run_filter, now)
+    if run_filter.labels:
+        (key, value), *others = run_filter.labels
+        conditions += [_label(k, v) for k, v in others]
+        query = (
+            select(run_labels.c.execution_id.label("id"))
+            .join(executions, executions.c.id == run_labels.c.execution_id)
+            .where(run_labels.c.key == key, run_labels.c.value == value, *conditions)
+            .order_by(run_labels.c.execution_id)
+            .limit(limit)
+        )
+        if after is not None:
+            query = query.where(run_labels.c.execution_id > _decode(after)[1])
+        ids = [row["id"] for row in db.read(query)]
+        more = len(ids) == limit
+        return SelectedPage(tuple(ids), _encode(None, ids[-1]) if more else None)
+    query = (
+        select(executions.c.id, executions.c.created_at)
+        .where(*conditions)
+        .order_by(executions.c.created_at, executions.c.id)
+        .limit(limit)
+    )
+    if after is not None:
+        stamp, last = _decode(after)
+        if stamp is not None:
+            query = query.where(keyset_after(executions.c.created_at, (to_db_time(stamp), last)))
+    rows: Sequence[Any] = db.read(query)
+    if len(rows) < limit:
+        return SelectedPage(tuple(r["id"] for r in rows), None)
+    last_row = rows[-1]
+    stamp = from_db_time(last_row["created_at"])
+    return SelectedPage(tuple(r["id"] for r in rows), _encode(stamp, last_row["id"]))
+
+
+def count(db: Database, run_filter: RunFilter, *, now: datetime) -> int:
+    """How many runs ``run_filter`` selects now."""
+    conditions = _conditions(run_filter, now)
+    conditions += [_label(k, v) for k, v in run_filter.labels]
+    query = select(func.count().label("n")).select_from(executions).where(and_(*conditions))
+    return int(db.read(query)[0]["n"])
+
+
+def _encode(stamp: datetime | None, execution_id: str) -> str:
+    return f"{'' if stamp is None else stamp.isoformat()}|{execution_id}"
+
+
+def _decode(cursor: str) -> tuple[datetime | None, str]:
+    stamp, _, execution_id = cursor.partition("|")
+    return (datetime.fromisoformat(stamp) if stamp else None), execution_id
