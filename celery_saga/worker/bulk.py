@@ -18,28 +18,48 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from celery_saga.decisions.cancel import CancelVerdict
+from celery_saga.definition.builder import SagaDefinition
 from celery_saga.errors import SagaError, StoreUnavailableError
-from celery_saga.records import ExecutionState
+from celery_saga.records import Execution, ExecutionState
 from celery_saga.run_filter import FilterError, RunFilter, filter_from_text, parse_where
 from celery_saga.runtime.clock import get_clock
 from celery_saga.store import bulk_operations, run_selection
 from celery_saga.store.bulk_operations import BulkOperation, marked_actor
+from celery_saga.store.database import Database
 from celery_saga.store.transient import is_transient
 from celery_saga.worker.arguments import check_actor, check_reason
-
-if TYPE_CHECKING:
-    from celery_saga.worker.engine import SagaEngine
+from celery_saga.worker.parts import WorkerParts
 
 logger = logging.getLogger("celery_saga")
 
+
+class SagaEngine(Protocol):
+    """What a bulk operation uses of the engine: its store and its calls on one run."""
+
+    db: Database
+    parts: WorkerParts
+
+    def get(self, execution_id: str) -> Execution: ...
+    def cancel(
+        self, execution_id: str, reason: str | None = None, *, actor: str | None = None
+    ) -> CancelVerdict: ...
+    def resume_compensation(self, execution_id: str, *, actor: str | None = None) -> None: ...
+    def abandon_compensation(
+        self, execution_id: str, *, actor: str | None = None, reason: str | None = None
+    ) -> int: ...
+    def upgrade(
+        self, execution_id: str, to: str | None = None, *, actor: str | None = None
+    ) -> SagaDefinition: ...
+
+
 #: The engine call that makes a move on one run: (engine, run id, actor, reason, options)
 #: -> True if it moved the run, False if the run needed nothing; raises its refusal.
-Act = Callable[["SagaEngine", str, str, "str | None", Mapping[str, Any]], bool]
+Act = Callable[[SagaEngine, str, str, "str | None", Mapping[str, Any]], bool]
 
 _LIVE = (ExecutionState.RUNNING, ExecutionState.WAITING)
 _PARKED = (ExecutionState.COMPENSATION_STUCK,)
