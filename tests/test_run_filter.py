@@ -17,7 +17,8 @@ from celery_saga import ExecutionState, Saga, SagaEngine, SagaError, compensated
 from celery_saga.run_filter import FilterError, parse_where
 from celery_saga.store import labels as run_labels
 from celery_saga.store import run_selection
-from celery_saga.store.tables import executions, run_labels as labels_table
+from celery_saga.store.tables import executions
+from celery_saga.store.tables import run_labels as labels_table
 from tests.conftest import _test_database_url, require_services, unconsumed_app
 
 PG_PORT = 5432
@@ -55,8 +56,10 @@ def test_terms_given_twice_that_cannot_both_hold_are_refused() -> None:
 
 def test_terms_read_into_one_filter() -> None:
     parsed = parse_where(
-        ["saga=order", "saga=refund", "state=waiting", "older=90m", "label.customer=42"]
-        + ["error~card declined", "step=charge", "version=abc123"]
+        [
+            *("saga=order", "saga=refund", "state=waiting", "older=90m", "label.customer=42"),
+            *("error~card declined", "step=charge", "version=abc123"),
+        ]
     )
     assert parsed.sagas == ("order", "refund")
     assert parsed.states == (ExecutionState.WAITING,)
