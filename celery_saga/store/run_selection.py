@@ -35,10 +35,10 @@ class SelectedPage:
 
 
 def _label(key: str, value: str) -> Any:
+    # An alias: a page driven by one label has ``run_labels`` in its FROM already.
+    other = run_labels.alias("other_label")
     return exists().where(
-        run_labels.c.execution_id == executions.c.id,
-        run_labels.c.key == key,
-        run_labels.c.value == value,
+        other.c.execution_id == executions.c.id, other.c.key == key, other.c.value == value
     )
 
 
