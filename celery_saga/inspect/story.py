@@ -162,4 +162,5 @@ def describe(
         ),
         graph=graph.build(definition, record, steps, signals, run.history),
         timeline=Timeline(chronology.entries(record, steps, signals, run.history), bars_of, waits),
+        labels=run.labels,
     )

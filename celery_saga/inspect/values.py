@@ -179,6 +179,8 @@ class RunView:
     waiting: str | None
     graph: tuple[GraphNode, ...]
     timeline: Timeline
+    #: The labels it was started with, by key.
+    labels: tuple[tuple[str, str], ...] = ()
 
     @property
     def id(self) -> str:

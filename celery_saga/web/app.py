@@ -13,6 +13,7 @@ from flask import Flask, Response, g, request
 from celery_saga.inspect import vocabulary
 from celery_saga.runtime.clock import get_clock
 from celery_saga.web import auth, csrf, hosts
+from celery_saga.web import bulk_pages as _bulk_pages  # noqa: F401  (its routes: /bulk)
 from celery_saga.web.pages import pages
 from celery_saga.web.settings import WebSettings, refusal
 from celery_saga.worker.engine import SagaEngine

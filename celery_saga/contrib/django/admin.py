@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from django.contrib import admin, messages
+from django.db import connections
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -19,13 +20,15 @@ from celery_saga.contrib.django import actions as run_actions
 from celery_saga.contrib.django import staleness
 from celery_saga.contrib.django.app import project_engine
 from celery_saga.contrib.django.lookups import only_filter_lookups
-from celery_saga.contrib.django.models import HistoryRow, Run, Step
+from celery_saga.contrib.django.models import HistoryRow, Run, Step, saga_read_database
 from celery_saga.contrib.django.payloads import shown
 from celery_saga.contrib.django.story import graph_html, timeline_html
 from celery_saga.definition.run_markings import UNREGISTERED, run_markings
 from celery_saga.definition.sensitivity import Sensitivity
+from celery_saga.errors import SagaError
 from celery_saga.inspect import RunView
 from celery_saga.records import ExecutionState, RollbackStatus
+from celery_saga.run_filter import parse_where
 
 _CONFIRM = "admin/celery_saga/run/action.html"
 #: Where a run's page keeps the read model it drew its fields from.
@@ -191,13 +194,31 @@ class HistoryInline(ReadOnly, admin.TabularInline):  # type: ignore[misc]
         return _pre(row.data, row.run, "results", row.step or "")
 
 
+def _labelled(queryset: QuerySet[Any], term: str) -> QuerySet[Any]:
+    """The runs carrying the label ``term`` names (``label.KEY=VALUE``), a seek on the
+    labels' (key, value) index; none for a term that names no storable label."""
+    try:
+        ((key, value),) = parse_where([term]).labels
+    except SagaError:
+        return queryset.none()
+    quote = connections[saga_read_database()].ops.quote_name  # MySQL reserves KEY
+    labelled = (
+        f"id IN (SELECT execution_id FROM saga_run_labels WHERE {quote('key')} = %s "
+        f"AND {quote('value')} = %s)"
+    )
+    return queryset.extra(where=[labelled], params=[key, value])
+
+
 @admin.register(Run)
 class RunAdmin(SaysStaleness, ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
     list_display = ("id", "saga_name", "state", "rollback_status", "created_at", "updated_at")
     list_filter = (SagaFilter, StateFilter, RollbackFilter)
     lookup_allowed = only_filter_lookups
     search_fields = ("id",)
-    search_help_text = "A run's id, or its parent's: the whole id."
+    search_help_text = (
+        "A run's id, or its parent's: the whole id; or label.KEY=VALUE: the runs started "
+        "with that label (select them all, then act on them)."
+    )
     # Counting every run on each page is a scan of the table: show the filtered count only.
     show_full_result_count = False
     readonly_fields = (
@@ -210,6 +231,7 @@ class RunAdmin(SaysStaleness, ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
         "graph",
         "timeline",
         "input_shown",
+        "labels",
         "failure_reason",
         "rollback_status",
         "rollback_reason",
@@ -233,6 +255,8 @@ class RunAdmin(SaysStaleness, ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
         term = search_term.strip()
         if not term:
             return queryset, False
+        if term.startswith("label.") and "=" in term:
+            return _labelled(queryset, term), False
         return queryset.filter(Q(id=term) | Q(parent_execution_id=term)), False
 
     @display(description="at node")
@@ -253,6 +277,12 @@ class RunAdmin(SaysStaleness, ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
     def timeline(self, run: Run) -> str:
         view = _view(run)
         return "-" if view is None else mark_safe(timeline_html(view))
+
+    @display(description="labels")
+    def labels(self, run: Run) -> str:
+        view = _view(run)
+        shown = view.labels if view is not None else ()
+        return "  ".join(f"{key}={value}" for key, value in shown) or "-"
 
     @display(description="input")
     def input_shown(self, run: Run) -> str:
