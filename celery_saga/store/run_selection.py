@@ -90,42 +90,46 @@ def _version(value: str) -> Any:
     )
 
 
-def select_page(
-    db: Database, run_filter: RunFilter, *, now: datetime, after: str | None, limit: int
-) -> SelectedPage:
-    """The next ``limit`` runs ``run_filter`` selects after cursor ``after``."""
+def page_query(run_filter: RunFilter, *, now: datetime, after: str | None, limit: int) -> Any:
+    """The SELECT of the next ``limit`` runs after cursor ``after`` (its columns: ``id``,
+    and ``created_at`` unless a label drives the page)."""
     conditions = _conditions(run_filter, now)
     if run_filter.labels:
         (key, value), *others = run_filter.labels
         conditions += [_label(k, v) for k, v in others]
-        query = (
+        if after is not None:
+            conditions.append(run_labels.c.execution_id > _decode(after)[1])
+        return (
             select(run_labels.c.execution_id.label("id"))
             .join(executions, executions.c.id == run_labels.c.execution_id)
             .where(run_labels.c.key == key, run_labels.c.value == value, *conditions)
             .order_by(run_labels.c.execution_id)
             .limit(limit)
         )
-        if after is not None:
-            query = query.where(run_labels.c.execution_id > _decode(after)[1])
-        ids = [row["id"] for row in db.read(query)]
-        more = len(ids) == limit
-        return SelectedPage(tuple(ids), _encode(None, ids[-1]) if more else None)
-    query = (
+    if after is not None:
+        stamp, last = _decode(after)
+        if stamp is not None:
+            conditions.append(keyset_after(executions.c.created_at, (to_db_time(stamp), last)))
+    return (
         select(executions.c.id, executions.c.created_at)
         .where(*conditions)
         .order_by(executions.c.created_at, executions.c.id)
         .limit(limit)
     )
-    if after is not None:
-        stamp, last = _decode(after)
-        if stamp is not None:
-            query = query.where(keyset_after(executions.c.created_at, (to_db_time(stamp), last)))
-    rows: Sequence[Any] = db.read(query)
+
+
+def select_page(
+    db: Database, run_filter: RunFilter, *, now: datetime, after: str | None, limit: int
+) -> SelectedPage:
+    """The next ``limit`` runs ``run_filter`` selects after cursor ``after``."""
+    query = page_query(run_filter, now=now, after=after, limit=limit)
+    rows: Sequence[Any] = db.read(query, in_order=True)
+    ids = tuple(row["id"] for row in rows)
     if len(rows) < limit:
-        return SelectedPage(tuple(r["id"] for r in rows), None)
-    last_row = rows[-1]
-    stamp = from_db_time(last_row["created_at"])
-    return SelectedPage(tuple(r["id"] for r in rows), _encode(stamp, last_row["id"]))
+        return SelectedPage(ids, None)
+    last = rows[-1]
+    stamp = None if run_filter.labels else from_db_time(last["created_at"])
+    return SelectedPage(ids, _encode(stamp, last["id"]))
 
 
 def count(db: Database, run_filter: RunFilter, *, now: datetime) -> int:
