@@ -159,14 +159,7 @@ def test_a_dry_run_counts_and_shows_a_sample_and_changes_nothing(harness: Harnes
 
 
 def _cli(harness: Harness, *args: str) -> subprocess.Popen[str]:
-    conf = harness.test_app.app.conf
-    env = {
-        **os.environ,
-        "SAGA_TEST_BROKER": conf.broker_url,
-        "SAGA_TEST_STORE": conf.saga_store_url,
-        "SAGA_TEST_QUEUE": conf.task_default_queue,
-        "PYTHONPATH": str(ROOT),
-    }
+    env = harness.process_env()
     command = [sys.executable, "-m", "celery", "-A", "tests.sagaapp:app", "saga", *args]
     return subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
