@@ -263,3 +263,57 @@ def test_a_store_outage_during_a_bulk_cancel_is_waited_out_and_no_run_is_acted_o
             assert all(len(actors) == 1 for actors in rows.values()), rows
             _until(lambda: _in_state(engine, runs, ExecutionState.CANCELLED) == len(runs))
             assert cut.cuts, "the store was never cut"
+
+
+def _parked_batch(harness: Harness, batch: str, count: int) -> tuple[list[str], str]:
+    """``count`` runs of ``five`` parked at the reversal of s2 (a switch keeps it failing)."""
+    switch = f"undo-{uuid.uuid4().hex}"
+    harness.test_app.set_switch(switch, True)
+    plan = {"s4": {"fail": True}, "s2": {"undo_switch": switch}}
+    runs = [
+        harness.engine.start("five", {"order": n, "plan": plan}, labels={"batch": batch}).id
+        for n in range(count)
+    ]
+    _until(
+        lambda: _in_state(harness.engine, runs, ExecutionState.COMPENSATION_STUCK) == count,
+        what=f"{count} runs parked",
+    )
+    return runs, switch
+
+
+def _resumed_rows(engine: SagaEngine, ids: list[str]) -> dict[str, int]:
+    query = select(history.c.execution_id, func.count().label("n")).where(
+        history.c.execution_id.in_(ids), history.c.kind == Kind.RESUMED.value
+    )
+    rows = engine.db.read(query.group_by(history.c.execution_id))
+    return {run: next((r["n"] for r in rows if r["execution_id"] == run), 0) for run in ids}
+
+
+@ON_POSTGRES
+def test_a_resumed_bulk_resume_never_resumes_a_run_that_parked_again(harness: Harness) -> None:
+    """A resume can be made twice on a run that parks again; the operation's own history
+    rows are what keep an operation carried on from its last stored cursor from doing so."""
+    engine, batch = harness.engine, uuid.uuid4().hex[:10]
+    runs, _switch = _parked_batch(harness, batch, 3)
+    done = engine.bulk("resume", [f"label.batch={batch}"], actor="ops", rate=20.0)
+    assert (done.acted, done.refused, done.finished) == (3, 0, True)
+    # The reversal still fails: each run parks again, as it was before the operation.
+    _until(lambda: _in_state(engine, runs, ExecutionState.COMPENSATION_STUCK) == 3)
+    # As if its process had died after its moves and before it stored its cursor.
+    from sqlalchemy import update
+
+    with engine.db.transaction() as connection:
+        connection.execute(
+            update(bulk_operations)
+            .where(bulk_operations.c.id == done.operation_id)
+            .values(cursor=None, finished_at=None)
+        )
+    again = engine.bulk("resume", resume=done.operation_id)
+    assert (again.already, again.refused, again.finished) == (3, 0, True)
+    assert _resumed_rows(engine, runs) == {run: 1 for run in runs}
+    with pytest.raises(Exception, match="there is nothing left to resume"):
+        engine.bulk("resume", resume=done.operation_id)
+    # Another operation is another operation: it resumes them again.
+    other = engine.bulk("resume", [f"label.batch={batch}"], actor="ops")
+    assert other.acted == 3
+    assert _resumed_rows(engine, runs) == {run: 2 for run in runs}

@@ -142,3 +142,18 @@ def test_a_bulk_move_without_a_term_is_refused(engine: SagaEngine) -> None:
         engine.bulk("cancel", [])
     result = _cli(engine, "cancel")
     assert result.exit_code != 0 and "give an EXECUTION_ID, or --where" in result.output
+
+
+def test_a_bulk_move_keeps_to_its_rate(engine: SagaEngine) -> None:
+    import time
+
+    for _ in range(12):
+        engine.start("shop", {}, labels={"customer": "42"})
+    began = time.monotonic()
+    done = engine.bulk("cancel", ["label.customer=42"], rate=10.0)
+    took = time.monotonic() - began
+    assert done.acted == 12
+    # The 12th move is due 1.1 s after the first: at most 10 a second.
+    assert 1.1 <= took < 3.0, took
+    with pytest.raises(Exception, match="rate is a number of runs per second > 0"):
+        engine.bulk("cancel", ["label.customer=42"], rate=0)
