@@ -127,3 +127,17 @@ def test_an_action_the_engine_refuses_shows_why_and_records_nothing(seen: dict[s
 def test_check_names_a_saga_database_that_is_not_configured(seen: dict[str, Any]) -> None:
     assert "celery_saga.E001" in seen["check"]
     assert "celery_saga.E001" not in seen["check_now"]
+
+
+def test_labels_are_shown_searched_and_a_bulk_cancel_acts_on_what_the_search_selects(
+    seen: dict[str, Any],
+) -> None:
+    assert seen["label_search"] == [200, [True, True, False]]
+    assert seen["label_shown"] == [200, True]
+    assert seen["bulk_asks"] == [200, True]
+    assert seen["bulk_asks_states"] == ["waiting"] * 3
+    status, said, actors = seen["bulk_cancel"]
+    assert (status, said) == (200, True)
+    assert len(actors[0]) == len(actors[1]) == 1 and actors[2] == []
+    assert actors[0][0] == actors[1][0] and actors[0][0].startswith("root (bulk bulk-")
+    assert seen["bulk_unfiltered"] == [200, True]

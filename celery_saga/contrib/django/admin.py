@@ -4,11 +4,11 @@ read from a replica behind the store say so (``staleness``)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from django.contrib import admin, messages
-from django.db import connections
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -17,18 +17,16 @@ from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
 from celery_saga.contrib.django import actions as run_actions
-from celery_saga.contrib.django import staleness
+from celery_saga.contrib.django import labels, staleness
 from celery_saga.contrib.django.app import project_engine
 from celery_saga.contrib.django.lookups import only_filter_lookups
-from celery_saga.contrib.django.models import HistoryRow, Run, Step, saga_read_database
+from celery_saga.contrib.django.models import HistoryRow, Run, Step
 from celery_saga.contrib.django.payloads import shown
 from celery_saga.contrib.django.story import graph_html, timeline_html
 from celery_saga.definition.run_markings import UNREGISTERED, run_markings
 from celery_saga.definition.sensitivity import Sensitivity
-from celery_saga.errors import SagaError
 from celery_saga.inspect import RunView
 from celery_saga.records import ExecutionState, RollbackStatus
-from celery_saga.run_filter import parse_where
 
 _CONFIRM = "admin/celery_saga/run/action.html"
 #: Where a run's page keeps the read model it drew its fields from.
@@ -194,21 +192,6 @@ class HistoryInline(ReadOnly, admin.TabularInline):  # type: ignore[misc]
         return _pre(row.data, row.run, "results", row.step or "")
 
 
-def _labelled(queryset: QuerySet[Any], term: str) -> QuerySet[Any]:
-    """The runs carrying the label ``term`` names (``label.KEY=VALUE``), a seek on the
-    labels' (key, value) index; none for a term that names no storable label."""
-    try:
-        ((key, value),) = parse_where([term]).labels
-    except SagaError:
-        return queryset.none()
-    quote = connections[saga_read_database()].ops.quote_name  # MySQL reserves KEY
-    labelled = (
-        f"id IN (SELECT execution_id FROM saga_run_labels WHERE {quote('key')} = %s "
-        f"AND {quote('value')} = %s)"
-    )
-    return queryset.extra(where=[labelled], params=[key, value])
-
-
 @admin.register(Run)
 class RunAdmin(SaysStaleness, ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
     list_display = ("id", "saga_name", "state", "rollback_status", "created_at", "updated_at")
@@ -245,7 +228,7 @@ class RunAdmin(SaysStaleness, ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
     )
     fields = readonly_fields
     inlines = (StepInline, HistoryInline)
-    actions = ("resume", "abandon", "signal", "cancel")
+    actions = ("resume", "abandon", "signal", "cancel", "bulk_cancel", "bulk_resume")
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
@@ -256,7 +239,7 @@ class RunAdmin(SaysStaleness, ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
         if not term:
             return queryset, False
         if term.startswith("label.") and "=" in term:
-            return _labelled(queryset, term), False
+            return labels.labelled(queryset, term), False
         return queryset.filter(Q(id=term) | Q(parent_execution_id=term)), False
 
     @display(description="at node")
@@ -339,6 +322,30 @@ class RunAdmin(SaysStaleness, ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
             return self._confirm(request, queryset, "cancel", question, form)
         self._act(request, queryset, run_actions.cancel(form.cleaned_data["reason"]), "cancelled")
         return None
+
+    @action(
+        description="Cancel every run the search and filters select, as one operation",
+        permissions=["cancel"],
+    )
+    def bulk_cancel(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        return self._bulk(request, queryset, "cancel")
+
+    @action(
+        description="Resume every parked run the search and filters select, as one operation",
+        permissions=["resume"],
+    )
+    def bulk_resume(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        return self._bulk(request, queryset, "resume")
+
+    def _bulk(
+        self, request: HttpRequest, queryset: QuerySet[Any], move: str
+    ) -> HttpResponse | None:
+        """``move`` on every run the changelist's search and filters select."""
+        confirm = functools.partial(self._confirm, request, queryset[:20], f"bulk_{move}")
+        done, said = run_actions.bulk_from_changelist(request, move, confirm)
+        for text, level in said:
+            self.message_user(request, text, level)
+        return done
 
     def _act(
         self,
