@@ -157,3 +157,14 @@ def test_a_bulk_move_keeps_to_its_rate(engine: SagaEngine) -> None:
     assert 1.1 <= took < 3.0, took
     with pytest.raises(Exception, match="rate is a number of runs per second > 0"):
         engine.bulk("cancel", ["label.customer=42"], rate=0)
+
+
+def test_a_bulk_flag_on_one_run_is_refused_not_ignored(engine: SagaEngine) -> None:
+    run = engine.start("shop", {}).id
+    for flags in (["--dry-run"], ["--rate", "5/s"]):
+        result = _cli(engine, "cancel", run, *flags)
+        assert result.exit_code != 0 and "goes with --where" in result.output, result.output
+    both = _cli(engine, "cancel", "--where", "saga=shop", "--resume", "bulk-x", "--yes")
+    assert both.exit_code != 0 and "--resume carries on an operation" in both.output
+    assert engine.get(run).state.value == "running"
+    assert _cancel_rows(engine) == []

@@ -56,11 +56,17 @@ def bulk_capable(move: str) -> Callable[[F], F]:
             if not where and resume_op is None:
                 if execution_id is None:
                     raise click.UsageError("give an EXECUTION_ID, or --where terms for many runs")
-                for name in added:
-                    kwargs.pop(name)
+                # A flag only a bulk move reads must not be dropped silently on one run.
+                for name in ("rate", *added):
+                    flag = rate if name == "rate" else kwargs.pop(name)
+                    if flag:
+                        option = "--" + name.replace("_", "-")
+                        raise click.UsageError(f"{option} goes with --where (many runs)")
                 return command(execution_id=execution_id, **kwargs)
             if execution_id is not None:
                 raise click.UsageError("give an EXECUTION_ID or --where, not both")
+            if where and resume_op is not None:
+                raise click.UsageError("--resume carries on an operation with its own --where")
             options = {**kwargs, "rate": None if rate is None else parse_rate(rate)}
             operator_command(_run)(click.get_current_context(), move, where, resume_op, **options)
             return None
