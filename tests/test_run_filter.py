@@ -84,9 +84,10 @@ def _gate_saga() -> Saga:
 
 
 @pytest.fixture
-def quiet(tmp_path: Path) -> Iterator[SagaEngine]:
-    """An engine on SQLite whose messages no worker takes: runs stay where they start."""
-    engine = SagaEngine(unconsumed_app("labels"), store_url=f"sqlite:///{tmp_path}/l.sqlite3")
+def quiet(own_store: str) -> Iterator[SagaEngine]:
+    """An engine on a store of its own (each kind of database) whose messages no worker
+    takes: runs stay where they start."""
+    engine = SagaEngine(unconsumed_app("labels"), store_url=own_store)
     engine.register(_gate_saga(), Saga("other").wait_for("go"))
     engine.ensure_schema()
     yield engine
