@@ -168,3 +168,26 @@ def test_a_bulk_flag_on_one_run_is_refused_not_ignored(engine: SagaEngine) -> No
     assert both.exit_code != 0 and "--resume carries on an operation" in both.output
     assert engine.get(run).state.value == "running"
     assert _cancel_rows(engine) == []
+
+
+def _ship(ctx: Any) -> None:
+    return None
+
+
+def test_a_bulk_upgrade_moves_the_selected_runs_to_the_newest_version(
+    engine: SagaEngine,
+) -> None:
+    old = [engine.start("shop", {}, labels={"batch": "b"}).id for _ in range(3)]
+    other = engine.start("shop", {}).id
+    engine.register(Saga("shop").step("reserve", _reserve).wait_for("go").step("ship", _ship))
+    newest = engine.definition("shop").hash
+    shown = _cli(engine, "upgrade", "--where", "label.batch=b", "--dry-run")
+    assert "3 run(s) match" in shown.output
+    done = _cli(engine, "upgrade", "--where", "label.batch=b", "--yes")
+    assert "3 acted on, 0 refused" in done.output, done.output
+    assert [engine.get(run).record.definition_hash for run in old] == [newest] * 3
+    assert engine.get(other).record.definition_hash != newest
+    upgraded = engine.db.read(
+        select(history.c.actor).where(history.c.execution_id.in_(old), history.c.kind == "upgraded")
+    )
+    assert len(upgraded) == 3 and all("(bulk bulk-" in row["actor"] for row in upgraded)
