@@ -290,7 +290,7 @@ def _resumed_rows(engine: SagaEngine, ids: list[str]) -> dict[str, int]:
 
 
 @ON_POSTGRES
-def test_a_resumed_bulk_resume_never_resumes_a_run_that_parked_again(harness: Harness) -> None:
+def test_a_carried_on_bulk_resume_never_resumes_a_run_that_parked_again(harness: Harness) -> None:
     """A resume can be made twice on a run that parks again; the operation's own history
     rows are what keep an operation carried on from its last stored cursor from doing so."""
     engine, batch = harness.engine, uuid.uuid4().hex[:10]
@@ -317,3 +317,8 @@ def test_a_resumed_bulk_resume_never_resumes_a_run_that_parked_again(harness: Ha
     other = engine.bulk("resume", [f"label.batch={batch}"], actor="ops")
     assert other.acted == 3
     assert _resumed_rows(engine, runs) == {run: 2 for run in runs}
+    # Given up for good: abandon them all, as one more operation.
+    _until(lambda: _in_state(engine, runs, ExecutionState.COMPENSATION_STUCK) == 3)
+    gave_up = engine.bulk("abandon", [f"label.batch={batch}"], actor="ops", reason="by hand")
+    assert (gave_up.acted, gave_up.refused) == (3, 0)
+    assert _in_state(engine, runs, ExecutionState.FAILED) == 3

@@ -209,7 +209,16 @@ class BulkRun:
                     type(error).__name__,
                 )
                 time.sleep(1.0)
-        return self.report
+        report = self.report
+        logger.info(
+            "bulk %s %s finished: %d acted on, %d refused or unchanged, %d already acted on",
+            self.move.name,
+            self.operation.id,
+            report.acted,
+            report.refused,
+            report.already,
+        )
+        return report
 
     def _page(self) -> None:
         db, now = self.engine.db, get_clock().now()
