@@ -115,6 +115,11 @@ def test_the_web_bulk_page_previews_without_changing_and_moves_with_its_token(
     assert refused.status_code == 403 and _cancel_rows(engine) == []
     token = re.search(r'name="csrf_token" value="([^"]+)"', preview)
     assert token is not None
+    # The token is for the terms it was shown with: it moves no other runs.
+    elsewhere = client.post(
+        "/bulk/cancel", data={"where": "label.customer=7", "csrf_token": token.group(1)}, auth=AUTH
+    )
+    assert elsewhere.status_code == 403 and _cancel_rows(engine) == []
     done = client.post(
         "/bulk/cancel",
         data={"where": "label.customer=42", "csrf_token": token.group(1)},

@@ -6,6 +6,8 @@ The terms are ``--where``'s, one a line."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from flask import abort, g, render_template, request
 from flask.typing import ResponseReturnValue
 from sqlalchemy.exc import SQLAlchemyError
@@ -17,15 +19,22 @@ from celery_saga.web.pages import _engine, _store_failure, pages
 from celery_saga.worker.bulk import MOVES, BulkReport
 
 
-def _terms() -> list[str]:
-    text = request.values.get("where", "")
+def _terms(values: Mapping[str, str] | None = None) -> list[str]:
+    text = (request.values if values is None else values).get("where", "")
     return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def form_terms(form: Mapping[str, str]) -> str:
+    """What a bulk form's CSRF token is for: its terms, so that a token shown with one
+    filter moves no other runs."""
+    return "where:" + "\n".join(_terms(form))
 
 
 def _page(
     move: str, preview: BulkReport | None, done: BulkReport | None, problem: str | None
 ) -> str:
-    token = g.forms.token(move, "", get_clock().now()) if move in MOVES else ""
+    terms = form_terms({"where": "\n".join(_terms())})
+    token = g.forms.token(move, terms, get_clock().now()) if move in MOVES else ""
     return render_template(
         "saga_web/bulk.html",
         moves=list(MOVES),
