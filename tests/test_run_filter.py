@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event, func, select, update
+from sqlalchemy import event, func, insert, select, update
 
 from celery_saga import ExecutionState, Saga, SagaEngine, SagaError, compensated_by, get_clock
 from celery_saga.run_filter import FilterError, parse_where
 from celery_saga.store import labels as run_labels
 from celery_saga.store import run_selection
-from celery_saga.store.tables import executions
+from celery_saga.store.tables import executions, step_records
 from celery_saga.store.tables import run_labels as labels_table
 from tests.conftest import _test_database_url, require_services, unconsumed_app
 
@@ -174,6 +174,31 @@ def test_state_step_and_error_terms_select_on_what_the_run_stands_at(quiet: Saga
     assert _select_all(quiet, ["state=failed"]) == [runs[0]]
     assert set(_select_all(quiet, ["state=running", "saga=labelled"])) == set(runs[1:])
     assert _select_all(quiet, ["error~50%"]) == []  # a LIKE wildcard is text here
+
+
+def test_a_step_term_selects_runs_whose_current_or_failed_step_it_is(quiet: SagaEngine) -> None:
+    failed, running, done = (quiet.start("labelled", {}).id for _ in range(3))
+    now = get_clock().now().replace(tzinfo=None)
+    for run, status in ((failed, "failed"), (running, "running"), (done, "completed")):
+        with quiet.db.transaction() as connection:
+            connection.execute(
+                insert(step_records).values(
+                    execution_id=run,
+                    name="reserve",
+                    node=0,
+                    sub=0,
+                    status=status,
+                    attempts=1,
+                    idempotency_key=f"{run}:reserve",
+                    compensatable=True,
+                    started_at=now,
+                    compensation_attempts=0,
+                    error="TimeoutError: read timed out" if status == "failed" else None,
+                )
+            )
+    assert set(_select_all(quiet, ["step=reserve"])) == {failed, running}
+    assert _select_all(quiet, ["step=reserve", "error~timed out"]) == [failed]
+    assert _select_all(quiet, ["step=charge"]) == []
 
 
 # -- cost of a start -------------------------------------------------------------------
