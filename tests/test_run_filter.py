@@ -231,3 +231,21 @@ def test_a_start_with_labels_costs_one_insert_more_and_without_none(
     assert plain == ["WITH"], plain
     assert with_labels == ["WITH", "INSERT"], with_labels
     assert len(rows) == 2
+
+
+def test_a_version_term_takes_a_hash_its_first_characters_or_its_label(
+    quiet: SagaEngine,
+) -> None:
+    def extra(ctx: Any) -> None:
+        return None
+
+    first = quiet.definition("labelled")
+    old = quiet.start("labelled", {}).id
+    quiet.register(
+        Saga("labelled", version="v2").step("reserve", lambda ctx: "ok").step("more", extra)
+    )
+    new = quiet.start("labelled", {}).id
+    assert _select_all(quiet, [f"version={first.hash}"]) == [old]
+    assert _select_all(quiet, [f"version={first.hash[:10]}"]) == [old]
+    assert _select_all(quiet, ["version=v2", "saga=labelled"]) == [new]
+    assert _select_all(quiet, ["version=v3"]) == []
