@@ -82,6 +82,12 @@ class SagaMetrics:
         self.parked = Counter(
             f"{prefix}_runs_parked", "Unwinds parked as compensation_stuck", by_saga, **options
         )
+        self.resolved = Counter(
+            f"{prefix}_reversals_resolved",
+            "Parked reversals recorded as done by hand (resolve)",
+            ["saga", "step"],
+            **options,
+        )
         self.steps = Histogram(
             f"{prefix}_step_duration_seconds",
             "Step attempts by outcome (completed, failed, retry)",
@@ -116,6 +122,8 @@ class SagaMetrics:
             self.failed.labels(saga, str(fields.get("rollback_status"))).inc()
         elif event == "saga-compensation-stuck":
             self.parked.labels(saga).inc()
+        elif event == "saga-compensation-resolved":
+            self.resolved.labels(saga, str(fields.get("step"))).inc()
         elif event == "saga-recovered":
             self.recovered.labels(saga).inc()
         elif event == "saga-cancelled":

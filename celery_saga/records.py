@@ -45,6 +45,8 @@ class CompensationOutcome(str, Enum):
     COMPENSATED = "compensated"
     FAILED = "compensation_failed"
     SKIPPED = "compensation_skipped"
+    #: An operator did the reversal by hand after it failed for good (``engine.resolve``).
+    RESOLVED = "compensation_resolved"
 
 
 @dataclass(frozen=True)

@@ -303,6 +303,12 @@ class TestApp:
             .step("s4", fwd)
             .step("s5", fwd, compensate=rev),
             Saga("failed_eligible").step("a", fwd, compensate=rev).step("b", fwd, compensate=rev),
+            Saga("four_back")
+            .step("a", fwd, compensate=rev)
+            .step("b", fwd, compensate=rev)
+            .step("c", fwd, compensate=rev, compensation_retry=1)
+            .step("d", fwd, compensate=rev)
+            .step("e", fwd),
             Saga("fanout")
             .step("first", fwd, compensate=rev)
             .parallel(

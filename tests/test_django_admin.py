@@ -96,6 +96,20 @@ def test_abandon_asks_first_then_ends_the_run_and_records_the_user(seen: dict[st
     assert [row[:2] for row in rows] == [["abandoned", "root"]]
 
 
+def test_resolve_shows_its_plan_first_then_goes_on_and_shows_done_by_hand_with_note_and_user(
+    seen: dict[str, Any],
+) -> None:
+    status, plan, state = seen["resolve_asks"]
+    assert (status, state) == (200, "compensation_stuck")
+    assert plan[0].startswith("plan: resolve of ") and plan[1] == (
+        "step: reserve (its reversal recorded as done by hand)"
+    )
+    status, state, rollback, rows = seen["resolve"]
+    assert (status, state, rollback) == (200, "failed", "completed")
+    assert rows == [["resolved", "root", "released in the shop UI"]]
+    assert seen["resolve_detail"] == [True, True]
+
+
 def test_signal_takes_an_event_and_a_json_payload_and_records_the_user(
     seen: dict[str, Any],
 ) -> None:

@@ -38,15 +38,21 @@ def _manage(harness: Harness, *args: str, without: str = "") -> subprocess.Compl
     )
 
 
-def test_manage_py_saga_finds_shows_and_resumes_a_parked_run(harness: Harness) -> None:
+def _parked(harness: Harness, order: int) -> tuple[Any, str]:
+    """A run of ``five`` parked at the reversal of s2 (while its switch is on)."""
     if harness.in_process:
         pytest.skip("a separate process cannot reach the in-memory broker")
     switch = f"undo-{uuid.uuid4().hex}"
     harness.test_app.set_switch(switch, True)
     run = harness.start(
-        "five", {"order": 21, "plan": {"s4": {"fail": True}, "s2": {"undo_switch": switch}}}
+        "five", {"order": order, "plan": {"s4": {"fail": True}, "s2": {"undo_switch": switch}}}
     )
     assert run.wait(30).state is ExecutionState.COMPENSATION_STUCK, harness.worker_logs()
+    return run, switch
+
+
+def test_manage_py_saga_finds_shows_and_resumes_a_parked_run(harness: Harness) -> None:
+    run, switch = _parked(harness, 21)
     listed = _manage(harness, "list", "--state", "compensation_stuck", "--json", "--limit", "1000")
     assert listed.returncode == 0, listed.stderr
     assert run.id in {item["id"] for item in json.loads(listed.stdout)["items"]}
@@ -60,6 +66,18 @@ def test_manage_py_saga_finds_shows_and_resumes_a_parked_run(harness: Harness) -
     refused = _manage(harness, "abandon", run.id, "--yes")
     assert refused.returncode == 1
     assert refused.stderr.strip().splitlines()[-1].startswith("Error: abandon needs execution")
+
+
+def test_manage_py_saga_plans_then_resolves_a_parked_reversal(harness: Harness) -> None:
+    run, _ = _parked(harness, 22)
+    planned = _manage(harness, "plan", run.id, "--move", "resolve", "--json")
+    assert planned.returncode == 0, planned.stderr
+    assert [r["step"] for r in json.loads(planned.stdout)["reversals"]] == ["s1"]
+    resolved = _manage(harness, "resolve", run.id, "--step", "s2", "--note", "undone by hand")
+    assert resolved.returncode == 0, resolved.stderr
+    settled = run.wait(30)
+    assert (settled.state, settled.rollback_status.value) == (ExecutionState.FAILED, "completed")
+    assert settled.step("s2").compensation_status.value == "compensation_resolved"
 
 
 @pytest.mark.parametrize("harness", ["postgres-rabbitmq"], indirect=True)

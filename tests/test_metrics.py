@@ -71,9 +71,8 @@ def test_metrics_count_runs_steps_and_reversals_of_real_runs(
     )
     assert saga_kit.run("metered").state is ExecutionState.COMPLETED
     assert saga_kit.run("metered", {"fail": True}).state is ExecutionState.FAILED
-    assert saga_kit.run("metered", {"fail": True, "stuck": True}).state is (
-        ExecutionState.COMPENSATION_STUCK
-    )
+    stuck = saga_kit.run("metered", {"fail": True, "stuck": True})
+    assert stuck.state is ExecutionState.COMPENSATION_STUCK
     # The run is parked in the store before its event is counted: wait for the count.
     deadline = time.monotonic() + 10
     found = samples(generate_latest(registry).decode())
@@ -100,6 +99,11 @@ def test_metrics_count_runs_steps_and_reversals_of_real_runs(
         )
         > 0
     )
+    resolved = "saga_reversals_resolved_total"
+    assert value(found, resolved, saga="metered", step="book") == 0
+    saga_engine.resolve(stuck.execution.id, step="book", note="released by hand")
+    found = samples(generate_latest(registry).decode())
+    assert value(found, resolved, saga="metered", step="book") == 1
 
 
 def _scrape(port: int, wanted: str, deadline: float) -> str:

@@ -94,6 +94,13 @@ def _parked(h: Harness) -> str:
     return str(run.id)
 
 
+def _resolved(h: Harness) -> str:
+    parked = _parked(h)
+    h.engine.resolve(parked, step="s2", note="undone at the desk", actor="ops@desk")
+    assert h.engine.handle(parked).wait(30).state is ExecutionState.FAILED, h.worker_logs()
+    return parked
+
+
 def _cancelled(h: Harness) -> str:
     run = h.start("gate_last", {"order": 6})
     assert run.wait(30).state is ExecutionState.WAITING, h.worker_logs()
@@ -118,6 +125,7 @@ SHAPES: dict[str, Callable[[Harness], str]] = {
     "wait waiting": _still_waiting,
     "wait timed out": _timed_out,
     "parked": _parked,
+    "resolved": _resolved,
     "cancelled": _cancelled,
     "retried": _retried,
 }
@@ -228,6 +236,7 @@ def test_the_shapes_say_each_word_of_the_vocabulary(harness: Harness, runs: dict
         "not run",
         "completed -> compensated",
         "completed -> compensation_failed",
+        "completed -> compensation_resolved",
         "failed",
     }
     assert wanted <= said, sorted(said)

@@ -15,7 +15,14 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from celery_saga import ExecutionState, RollbackStatus, SagaError, UpgradeRefusedError
+from celery_saga import (
+    CompensationOutcome,
+    ExecutionState,
+    InvalidStateError,
+    RollbackStatus,
+    SagaError,
+    UpgradeRefusedError,
+)
 from celery_saga.cli import saga as saga_cli
 from celery_saga.cli.follow import shell_operator
 from celery_saga.decisions.cancel import CancelVerdict
@@ -147,6 +154,14 @@ def test_upgrade_moves_a_parked_run_whose_passed_nodes_are_unchanged_and_refuses
     assert refused.exit_code == 1
     assert refused.output.count("\n") == 1 and "'reserve'" in refused.output
 
+    before = rig.client.get(movable).record
+    dry = CliRunner().invoke(saga_cli, ["upgrade", movable, "--dry-run"], obj=ctx)
+    assert dry.exit_code == 0, dry.output
+    assert "allowed" in dry.output and "runs next, on that version: " in dry.output
+    assert "notify" in dry.output, "the nodes it would run next there"
+    assert rig.client.get(movable).record == before, "a dry run stores nothing"
+    refused = CliRunner().invoke(saga_cli, ["upgrade", fixed, "--to", "2", "--dry-run"], obj=ctx)
+    assert refused.exit_code == 1 and "'reserve'" in refused.output
     moved = CliRunner().invoke(saga_cli, ["upgrade", movable], obj=ctx)
     assert moved.exit_code == 0, moved.output
     (upgraded,) = [r for r in history.load(rig.client.db, movable) if r.kind == "upgraded"]
@@ -196,6 +211,29 @@ def test_a_process_without_the_version_hands_signals_and_cancels_on_to_a_worker_
     assert ("signalled", "web:maria") in actors, "the actor travels with the handed-on call"
     actors = {(r.kind, r.actor) for r in history.load(rig.client.db, cancelled)}
     assert ("cancelled", "web:tom") in actors
+
+
+def test_a_process_without_the_version_hands_a_resolve_on_to_a_worker_with_it(
+    rig: DeployRig,
+) -> None:
+    old, newest = rig.clients["1"], rig.clients["2"]
+    rig.start_worker("old", "1")
+    run = old.start("approve", {"stuck_at": "hold"}).id
+    wait_for(lambda: rig.client.get(run).state is ExecutionState.WAITING, 30)
+    old.cancel(run)  # its unwind parks at the reversal of hold
+    wait_for(lambda: rig.client.get(run).state is ExecutionState.COMPENSATION_STUCK, 60)
+    before = rig.client.get(run).record
+    with pytest.raises(InvalidStateError, match="reversal of step 'hold', not 'done'"):
+        newest.resolve(run, step="done", note="by hand")  # refused here, nothing sent
+    assert rig.client.get(run).record == before
+    newest.resolve(run, step="hold", note="by hand", actor="web:ann")
+    wait_for(lambda: rig.client.get(run).state is ExecutionState.CANCELLED, 60)
+    execution = rig.client.get(run)
+    assert execution.rollback_status is RollbackStatus.COMPLETED
+    assert execution.step("hold").compensation_status is CompensationOutcome.RESOLVED
+    rows = [(r.kind, r.actor) for r in history.load(rig.client.db, run) if r.kind == "resolved"]
+    assert rows == [("resolved", "web:ann")], "the actor travels with the handed-on call"
+    assert "celery_saga.command" in rig.log("old")
 
 
 def test_a_child_settling_on_a_worker_without_its_parents_version_hands_the_parent_on(

@@ -18,8 +18,8 @@ import pytest
 
 from celery_saga import Saga, SagaError, path, step
 from celery_saga.definition.hashing import hash_of_text, structural_hash
+from celery_saga.definition.nodes import node_name
 from celery_saga.definition.shapes import read_shape, shape_of
-from celery_saga.worker.versioning import node_name
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -20,8 +20,8 @@ from celery_saga.decisions.versions import (
     place,
 )
 from celery_saga.definition.hashing import node_shape
+from celery_saga.definition.nodes import node_name
 from celery_saga.definition.shapes import shape_of
-from celery_saga.worker.versioning import node_name
 
 V1, V2, V3 = VersionRef("aaaa1111", "1"), VersionRef("bbbb2222", "2"), VersionRef("cccc3333")
 

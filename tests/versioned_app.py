@@ -71,6 +71,8 @@ def work(ctx: SagaContext) -> None:
 
 def undo(ctx: SagaContext) -> None:
     _pace(ctx)
+    if ctx.step_name == ctx.input.get("stuck_at"):  # its unwind parks here
+        raise RuntimeError(f"cannot undo {ctx.step_name}")
     _write(ctx, "compensate", "any")
 
 

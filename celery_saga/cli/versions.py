@@ -12,6 +12,7 @@ from celery_saga.cli.bulk import bulk_capable
 from celery_saga.cli.commands import engine_of, operator_command, saga
 from celery_saga.cli.follow import shell_operator
 from celery_saga.cli.output import as_json, table
+from celery_saga.definition.nodes import node_name
 from celery_saga.worker.versioning import VersionInfo
 
 
@@ -55,10 +56,18 @@ def versions(ctx: click.Context, as_json_output: bool) -> None:
 @click.argument("execution_id", required=False)
 @bulk_capable("upgrade")
 @click.option("--to", "to", help="The version (hash or label); default: the newest one here.")
+@click.option("--dry-run", is_flag=True, help="Check, print where it would go; change nothing.")
 @click.pass_context
 @operator_command
-def upgrade(ctx: click.Context, execution_id: str, to: str | None) -> None:
+def upgrade(ctx: click.Context, execution_id: str, to: str | None, dry_run: bool) -> None:
     """Move a run to another version, when every node it has passed is unchanged there."""
-    target = engine_of(ctx).upgrade(execution_id, to, actor=shell_operator())
+    engine = engine_of(ctx)
+    target = engine.upgrade(execution_id, to, actor=shell_operator(), dry_run=dry_run)
     label = f" ({target.label})" if target.label else ""
+    if dry_run:
+        cursor = engine.get(execution_id).record.cursor
+        path = " -> ".join(node_name(node) for node in target.nodes[cursor:]) or "nothing"
+        click.echo(f"plan: upgrade of {execution_id} to version {target.hash}{label}: allowed")
+        click.echo(f"runs next, on that version: {path}")
+        return
     click.echo(f"execution {execution_id} now runs version {target.hash}{label}")

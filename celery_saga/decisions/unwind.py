@@ -16,6 +16,11 @@ from celery_saga.decisions.admission import Admission
 from celery_saga.definition.nodes import split_iteration
 from celery_saga.records import CompensationOutcome, RollbackStatus, StepRecord
 
+#: Outcomes after which the unwind goes on to the next step.
+SETTLED = frozenset(
+    (CompensationOutcome.COMPENSATED, CompensationOutcome.SKIPPED, CompensationOutcome.RESOLVED)
+)
+
 
 class UnwindKind(str, Enum):
     COMPENSATE = "compensate"
@@ -45,10 +50,7 @@ def next_unwind_step(
     (loop body steps by their bare name, sub-sagas by their record name)."""
     eligible = eligible_steps(records, committed)
     for record in eligible:
-        if record.compensation_status in (
-            CompensationOutcome.COMPENSATED,
-            CompensationOutcome.SKIPPED,
-        ):
+        if record.compensation_status in SETTLED:
             continue
         if record.compensation_status is CompensationOutcome.FAILED:
             return UnwindStep(UnwindKind.HALT_FAILED, record)
@@ -80,6 +82,20 @@ def next_after_outcome(
 def outstanding_steps(records: Sequence[StepRecord], committed: bool) -> list[StepRecord]:
     """Eligible steps with no outcome yet: what ``abandon_compensation`` marks skipped."""
     return [r for r in eligible_steps(records, committed) if r.compensation_status is None]
+
+
+def parked_reversal(records: Sequence[StepRecord], committed: bool) -> StepRecord | None:
+    """The reversal a parked unwind halted on (failed for good): what ``resolve`` may mark
+    done by hand. None when the park was not a reversal's failure (an outcome that could
+    not be recorded: only ``resume`` reopens that)."""
+    return next(
+        (
+            r
+            for r in eligible_steps(records, committed)
+            if r.compensation_status is CompensationOutcome.FAILED
+        ),
+        None,
+    )
 
 
 def compensation_admission(

@@ -157,6 +157,21 @@ def node_steps(node: Node) -> tuple[StepSpec, ...]:
             assert_never(node)
 
 
+def node_name(node: Node) -> str:
+    """A node as an operator knows it: its step's name, its own, ``wait_for('event')``."""
+    match node:
+        case StepNode():
+            return node.step.name
+        case WaitNode():
+            return f"wait_for({node.event!r})"
+        case ParallelNode() | BranchNode() | SubSagaNode() | LoopNode() | ForEachNode():
+            return node.name or "pivot"
+        case PivotNode():
+            return "pivot"
+        case _:
+            assert_never(node)
+
+
 def loop_body(node: Node) -> tuple[StepSpec, ...]:
     """The steps a loop repeats (empty for any other node)."""
     match node:

@@ -17,6 +17,7 @@ _SPANS = {
     "wait-resumed": ("wait-entered", "waited"),
     "resumed": ("parked", "parked"),
     "abandoned": ("parked", "parked"),
+    "resolved": ("parked", "parked"),
 }
 #: A step's final attempt rows: its line tells them, naming the worker that settled it.
 _STEP_SETTLED = ("step-completed", "step-failed")
@@ -72,6 +73,8 @@ def _history_text(record: ExecutionRecord, row: HistoryRow) -> str:
         return f"{detail} ({_attempts(row.attempt)})"
     if kind == "resumed" and row.step:
         return f"the unwind; {row.step} had {_attempts(row.attempt)} of its reversal"
+    if kind == "resolved":
+        return f"{row.step}: its reversal done by hand; note: {detail}"
     if kind == "abandoned" and isinstance(data, dict):
         left = ", ".join(data.get("skipped", ())) or "none"
         return f"the unwind; never reversed: {left}" + (f"; reason: {detail}" if detail else "")

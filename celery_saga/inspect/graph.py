@@ -12,7 +12,7 @@ from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import Node, StepSpec, loop_body
 from celery_saga.inspect import vocabulary as words
 from celery_saga.inspect.values import GraphNode, HistoryRow, RunView, SignalView, StepView
-from celery_saga.records import ExecutionRecord, ExecutionState
+from celery_saga.records import CompensationOutcome, ExecutionRecord, ExecutionState
 
 
 class _Run:
@@ -46,6 +46,8 @@ def _detail(step: StepView) -> str | None:
     # those before a resume too (``story`` counts them): the resume reset them
     if reversal is not None and reversal.total_attempts > 1:
         parts.append(f"{reversal.total_attempts} reversal attempts")
+    if reversal is not None and reversal.status == CompensationOutcome.RESOLVED.value:
+        parts.append(reversal.reason or "done by hand")  # who, and the note
     return ", ".join(parts) or None
 
 

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from celery_saga.decisions.plan import PLANNERS, LoadedRun, Plan
 from celery_saga.decisions.versions import VersionRef, find_version
+from celery_saga.definition.run_markings import run_markings
 from celery_saga.errors import ExecutionNotFoundError, SagaError
 from celery_saga.inspect import story, waiting
 from celery_saga.inspect.redacted import redacted
 from celery_saga.inspect.values import ListedRun, RunList, RunView
 from celery_saga.records import ExecutionRecord, ExecutionState
 from celery_saga.runtime.catalog import Catalog
-from celery_saga.store import inspection
+from celery_saga.store import inspection, queries
 from celery_saga.store.database import Database
 from celery_saga.store.inspection import Filters, Stats, StoredRun
 from celery_saga.store.replica import ReplicaLag, reads, replica_lag
@@ -62,6 +64,20 @@ class Inspector:
             self._catalog,
             waiting_for_version=version,
         )
+
+    def plan(self, execution_id: str, move: str = "unwind", step: str | None = None) -> Plan:
+        """What ``move`` (a name in ``decisions.plan.PLANNERS``) would do to the run now,
+        read from the store itself (not a replica); payloads redacted where marked."""
+        if move not in PLANNERS:
+            raise SagaError(f"no plan for move {move!r}; moves: {', '.join(PLANNERS)}")
+        self._prepare()
+        record, steps = queries.load_snapshot(self._db, execution_id)
+        if record is None or record.id != execution_id:
+            raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
+        saga, version = record.saga_name, record.definition_hash
+        definition = self._catalog.known(saga, version)
+        marks = run_markings(self._catalog, saga, version)
+        return PLANNERS[move](LoadedRun(record, tuple(steps), definition, marks), step)
 
     def _load(self, execution_id: str, reveal: bool, fresh: bool = False) -> StoredRun | None:
         stored = inspection.load_run(self._db, execution_id, fresh=fresh)

@@ -33,8 +33,9 @@ class Within:
 @dataclass(frozen=True)
 class ReversalView:
     """A step's reversal. ``status``: its outcome (compensated, compensation_failed,
-    compensation_skipped), None while under way; ``attempts`` since the last resume,
-    ``total_attempts`` across resumes; ``holder``: the worker process holding its claim."""
+    compensation_skipped, compensation_resolved), None while under way; ``attempts`` since
+    the last resume, ``total_attempts`` across resumes; ``holder``: the worker process
+    holding its claim."""
 
     status: str | None
     reason: str | None

@@ -27,7 +27,15 @@ THEN = " -> "
 #: What a group shows first, if any member shows it: what needs an operator's eye first.
 _URGENT = ("compensation_failed", "failed", "running", REVERSING, "pending", WAITING)
 #: Then, with no urgent member, the settled word the most telling member shows.
-_SETTLED = ("compensation_skipped", "compensated", TIMED_OUT, SIGNALLED, "completed", PASSED)
+_SETTLED = (
+    "compensation_skipped",
+    "compensation_resolved",
+    "compensated",
+    TIMED_OUT,
+    SIGNALLED,
+    "completed",
+    PASSED,
+)
 
 
 def step_status(status: str, reversal: str | None) -> str:

@@ -1,14 +1,19 @@
-"""The operator's exits from a parked unwind: reopen it, or close it for good. The owner
-(``Unwinder.resume`` / ``abandon``) first checks the run is parked and handles the parked
-children it halted on, then has the interpreter carry out what these return."""
+"""The operator's exits from a parked unwind: reopen it, go on past a reversal done by
+hand, or close it for good. The owner (``Unwinder.resume`` / ``resolve`` / ``abandon``)
+first checks the run is parked and handles the parked children it halted on, then has the
+interpreter carry out what these return."""
 
 from __future__ import annotations
+
+import logging
 
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.moves import FollowUnwind, Settled
 from celery_saga.runtime.parts import Parts
 from celery_saga.store import operator_exits, unwind
+
+logger = logging.getLogger("celery_saga")
 
 
 def reopen(
@@ -23,6 +28,41 @@ def reopen(
         execution_id=execution_id,
         compensations=definition.reversible,
         now=get_clock().now(),
+    )
+    return FollowUnwind(definition, execution_id, plan)
+
+
+def go_on_by_hand(
+    parts: Parts,
+    definition: SagaDefinition,
+    execution_id: str,
+    resolved: tuple[str, str],
+    actor: str | None = None,
+) -> FollowUnwind:
+    """Record the parked reversal of ``resolved[0]`` as done by hand (note
+    ``resolved[1]``) and go on with the next reversal of the ordered unwind."""
+    step, note = resolved
+    now = get_clock().now()
+    stored = operator_exits.resolve_compensation(
+        parts.db, execution_id, step=step, note=note, now=now, actor=actor
+    )
+    logger.warning(
+        "execution %s of saga %r: the reversal of step %r %s as done by hand by %s "
+        "(note: %s); the unwind goes on",
+        execution_id,
+        definition.name,
+        step,
+        "recorded" if stored else "was already recorded",
+        actor or "an operator",
+        note,
+    )
+    if stored:
+        fields = {"execution_id": execution_id, "saga": definition.name, "step": step}
+        parts.emit("saga-compensation-resolved", fields)
+    # Also after a retry: the next reversal's message may be what the lost reply cost
+    # (a second one is dropped by admission, guarantee 10).
+    plan = unwind.plan_unwind(
+        parts.db, execution_id=execution_id, compensations=definition.reversible, now=now
     )
     return FollowUnwind(definition, execution_id, plan)
 

@@ -239,6 +239,20 @@ class Unwinder:
             self.resume(self.parts.definition_of(child), child.id, actor)
         self.carry_out(unwind_exits.reopen(self.parts, definition, execution_id, actor))
 
+    def resolve(
+        self,
+        definition: SagaDefinition,
+        execution_id: str,
+        resolved: tuple[str, str],
+        actor: str | None = None,
+    ) -> None:
+        """Go on past the parked reversal of ``resolved[0]``, done by hand (note
+        ``resolved[1]``): the unwind continues with the next step."""
+        # Checked in the resolve's own transaction: a retry of a resolve whose reply was
+        # lost finds it stored, not a run that is no longer parked.
+        move = unwind_exits.go_on_by_hand(self.parts, definition, execution_id, resolved, actor)
+        self.carry_out(move)
+
     def abandon(
         self,
         definition: SagaDefinition,

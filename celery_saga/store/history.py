@@ -36,6 +36,8 @@ class Kind(str, Enum):
     PARKED = "parked"
     RESUMED = "resumed"
     ABANDONED = "abandoned"
+    #: A parked reversal recorded as done by hand (``detail``: the operator's note).
+    RESOLVED = "resolved"
     CANCELLED = "cancelled"
     RECOVERED = "recovered"
     UPGRADED = "upgraded"

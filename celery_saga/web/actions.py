@@ -1,5 +1,6 @@
-"""The view's operator actions: signal, resume, abandon and cancel, through the engine's
-public API, each recorded by the engine in the run's history as taken by ``web:<user>``."""
+"""The view's operator actions: signal, resume, resolve, abandon and cancel, through the
+engine's public API, each recorded by the engine in the run's history as taken by
+``web:<user>``; ``plans`` says what each move open to a run would do (its confirmation)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from celery_saga.decisions.cancel import CancelVerdict
+from celery_saga.decisions.plan import Plan
 from celery_saga.errors import SagaError
 from celery_saga.typed_payload import parse_payload
 from celery_saga.worker.engine import SagaEngine
@@ -26,6 +28,12 @@ def actor(user: str) -> str:
 def _resume(engine: SagaEngine, execution_id: str, form: Mapping[str, str], by: str) -> str:
     engine.resume_compensation(execution_id, actor=by)
     return FROM_WEB
+
+
+def _resolve(engine: SagaEngine, execution_id: str, form: Mapping[str, str], by: str) -> str:
+    step = form.get("step", "").strip()
+    engine.resolve(execution_id, step=step, note=form.get("note", ""), actor=by)
+    return f"{FROM_WEB}: the reversal of {step} recorded as done by hand"
 
 
 def _abandon(engine: SagaEngine, execution_id: str, form: Mapping[str, str], by: str) -> str:
@@ -58,10 +66,24 @@ def _signal(engine: SagaEngine, execution_id: str, form: Mapping[str, str], by: 
 #: action name in the URL -> (history kind, what it does)
 ACTIONS: dict[str, tuple[str, Act]] = {
     "resume": ("resumed", _resume),
+    "resolve": ("resolved", _resolve),
     "abandon": ("abandoned", _abandon),
     "cancel": ("cancelled", _cancel),
     "signal": ("signalled", _signal),
 }
+
+
+#: The run's state -> the moves open to it whose plan its page shows with their forms.
+PLANNED = {
+    "compensation_stuck": ("resume", "resolve", "abandon"),
+    "running": ("cancel",),
+    "waiting": ("cancel",),
+}
+
+
+def plans(engine: SagaEngine, execution_id: str, state: str) -> dict[str, Plan]:
+    """What each move open to the run would do now (``engine.plan``), by move."""
+    return {move: engine.plan(execution_id, move) for move in PLANNED.get(state, ())}
 
 
 def carry_out(

@@ -11,9 +11,11 @@ from flask.typing import ResponseReturnValue
 from markupsafe import Markup
 from sqlalchemy.exc import SQLAlchemyError
 
+from celery_saga.decisions.plan import Plan
 from celery_saga.errors import SagaError
 from celery_saga.inspect import RunList, RunView
 from celery_saga.inspect.jsonable import as_json
+from celery_saga.inspect.plan_text import plan_lines
 from celery_saga.inspect.text import run_lines
 from celery_saga.records import ExecutionState
 from celery_saga.runtime.clock import get_clock
@@ -28,6 +30,7 @@ STATES = [state.value for state in ExecutionState]
 #: What the page says after an action; the URL carries only the action's name.
 DONE = {
     "resume": "Resumed: the workers carry the unwind on.",
+    "resolve": "Resolved: the reversal is recorded as done by hand; the workers carry on.",
     "abandon": "Abandoned: the steps not yet reversed are marked compensation_skipped.",
     "cancel": "Cancel stored: the workers stop the run and unwind what it did.",
     "signal": "Signal recorded.",
@@ -111,6 +114,7 @@ def run(execution_id: str) -> ResponseReturnValue:
 def _run_page(execution_id: str, done: str, refused: str | None) -> ResponseReturnValue:
     shown = _shown(_engine(), execution_id)
     results = {s.name: s.result for s in shown.steps if s.result is not None}
+    found = _plans(shown)
     return render_template(
         "saga_web/run.html",
         run=shown,
@@ -136,7 +140,16 @@ def _run_page(execution_id: str, done: str, refused: str | None) -> ResponseRetu
         done=DONE.get(done),
         refused=refused,
         tokens=_form_tokens(execution_id),
+        plans={move: plan_lines(plan) for move, plan in found.items()},
+        parked_step=found["resolve"].step if "resolve" in found else None,
     ), (409 if refused else 200)
+
+
+def _plans(shown: RunView) -> dict[str, Plan]:
+    """Each open move's plan, shown (as ``celery saga plan`` prints it) beside its form."""
+    if shown.archived_at is not None or not _settings().actions:
+        return {}
+    return actions.plans(_engine(), shown.id, shown.state)
 
 
 def _run_url(execution_id: str) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 from celery import Celery
 
 from celery_saga.decisions.cancel import CancelVerdict
+from celery_saga.decisions.plan import Plan
 from celery_saga.decisions.versions import VersionRef
 from celery_saga.definition.builder import Saga, SagaDefinition
 from celery_saga.definition.sub_sagas import check_no_cycle
@@ -306,6 +307,19 @@ class SagaEngine:
         ``actor`` (who asks: an operator, a web user) is recorded in the run's history."""
         run_commands.resume_run(self.parts, execution_id, actor)
 
+    def resolve(self, execution_id: str, *, step: str, note: str, actor: str | None = None) -> None:
+        """Record the failed reversal of ``step`` in a ``compensation_stuck`` run as done by
+        hand (outcome ``compensation_resolved``; ``note`` and ``actor`` kept in its history)
+        and continue the unwind with the next step (handed on as ``resume_compensation``)."""
+        run_commands.resolve_run(self.parts, execution_id, step, note, actor)
+
+    def plan(self, execution_id: str, move: str = "unwind", *, step: str | None = None) -> Plan:
+        """What ``move`` (unwind, cancel, resume, resolve, abandon) would do to the run now,
+        changing nothing: the reversals in order with their inputs, the steps past the pivot
+        (``inspect().plan``)."""
+        check_lookup_id(execution_id)
+        return self.inspect().plan(execution_id, move, step)
+
     def abandon_compensation(
         self, execution_id: str, *, actor: str | None = None, reason: str | None = None
     ) -> int:
@@ -396,13 +410,20 @@ class SagaEngine:
         )
 
     def upgrade(
-        self, execution_id: str, to: str | None = None, *, actor: str | None = None
+        self,
+        execution_id: str,
+        to: str | None = None,
+        *,
+        actor: str | None = None,
+        dry_run: bool = False,
     ) -> SagaDefinition:
         """Move a run to version ``to`` (hash or label; default: the newest registered here);
-        ``UpgradeRefusedError`` naming the first node that differs, nothing stored."""
+        ``UpgradeRefusedError`` naming the first node that differs, nothing stored.
+        ``dry_run``: make every check, move nothing, return the version it would move to."""
         check_actor(actor)
         return self.parts.store.run(
-            f"upgrading {execution_id!r}", lambda: self.versioning.upgrade(execution_id, to, actor)
+            f"upgrading {execution_id!r}",
+            lambda: self.versioning.upgrade(execution_id, to, actor, dry_run),
         )
 
     def bulk(

@@ -34,6 +34,7 @@ EVENT_TYPES = frozenset(
         "saga-compensation-failed",
         "saga-compensation-stuck",
         "saga-compensation-resumed",
+        "saga-compensation-resolved",
         "saga-message-refused",
         "saga-node-passed",
         "saga-waiting",

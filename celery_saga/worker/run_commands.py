@@ -1,6 +1,6 @@
 """The operator's commands on a stored run, one function each, with their handed-on side:
 ``engine.start`` (and an id that is taken, guarantee 28), ``cancel`` (guarantee 31),
-``signal``, ``resume_compensation`` and ``abandon_compensation``.
+``signal``, ``resume_compensation``, ``resolve`` and ``abandon_compensation``.
 
 A run continues only on the version it started with (guarantee 22). A process without
 that version (a web process deployed with newer code, an operator's shell) does not refuse
@@ -27,7 +27,7 @@ from sqlalchemy.exc import IntegrityError
 
 from celery_saga.decisions.cancel import CancelVerdict
 from celery_saga.definition.builder import SagaDefinition, run_timeout
-from celery_saga.definition.nodes import PivotNode, WaitNode
+from celery_saga.definition.nodes import PivotNode, WaitNode, node_name
 from celery_saga.errors import (
     ExecutionNotFoundError,
     InvalidStateError,
@@ -40,12 +40,11 @@ from celery_saga.records import ExecutionRecord, ExecutionState
 from celery_saga.runtime.outcomes import NoBody
 from celery_saga.store import queries
 from celery_saga.store.codec import pack, unpack
-from celery_saga.store.operator_exits import require_stuck
+from celery_saga.store.operator_exits import require_resolvable, require_stuck
 from celery_saga.worker.arguments import check_actor, check_reason
 from celery_saga.worker.parts import WorkerParts
 from celery_saga.worker.sealed_commands import UnsealedCommand, open_arguments
 from celery_saga.worker.start_checks import refuse_before_start
-from celery_saga.worker.versioning import node_name
 
 logger = logging.getLogger("celery_saga")
 
@@ -262,6 +261,36 @@ def _resume_handed_on(parts: WorkerParts, execution_id: str, arguments: dict[str
     resume_run(parts, execution_id, arguments.get("actor"))
 
 
+def resolve_run(
+    parts: WorkerParts, execution_id: str, step: str, note: str, actor: str | None = None
+) -> None:
+    """``engine.resolve``: here, or handed on when this process lacks the run's version
+    (after the refusals it can make here: the run parked at the reversal of ``step``)."""
+    check_actor(actor)
+    if not isinstance(step, str) or not step:
+        raise SagaError(f"resolve needs the name of the parked step, got {step!r}")
+    if not isinstance(note, str) or not note.strip():
+        raise SagaError("resolve needs a note: what was done by hand (it is kept in the history)")
+    check_reason(note, "a resolve note")
+    try:
+        definition = definition_of(parts, execution_id)
+    except VersionNotDeployedError as missing:
+        parts.store.run(
+            f"reading the unwind of {execution_id!r}",
+            lambda: require_resolvable(parts.db, execution_id, step),
+        )
+        parts.publisher.hand_on(missing, execution_id, "resolve", step=step, note=note, actor=actor)
+        return
+    parts.store.run(
+        f"resolving the reversal of {step!r} in {execution_id!r}",
+        lambda: parts.executor.unwinder.resolve(definition, execution_id, (step, note), actor),
+    )
+
+
+def _resolve_handed_on(parts: WorkerParts, execution_id: str, arguments: dict[str, Any]) -> None:
+    resolve_run(parts, execution_id, arguments["step"], arguments["note"], arguments.get("actor"))
+
+
 def abandon_run(
     parts: WorkerParts, execution_id: str, actor: str | None, reason: str | None
 ) -> int:
@@ -280,6 +309,7 @@ def abandon_run(
 HANDED_ON: dict[str, Callable[[WorkerParts, str, dict[str, Any]], None]] = {
     "signal": _signal_handed_on,
     "resume": _resume_handed_on,
+    "resolve": _resolve_handed_on,
     "cancel": _cancel_handed_on,
 }
 

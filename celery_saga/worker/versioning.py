@@ -20,7 +20,6 @@ from datetime import datetime
 from sqlalchemy.exc import SQLAlchemyError
 
 from celery_saga.decisions.versions import VersionRef, decide_upgrade, find_version
-from celery_saga.definition import nodes
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.shapes import shape_of
 from celery_saga.errors import (
@@ -32,7 +31,6 @@ from celery_saga.errors import (
 )
 from celery_saga.limits import check_lookup_id
 from celery_saga.runtime.clock import get_clock
-from celery_saga.runtime.moves import unreachable
 from celery_saga.runtime.process_name import process_name, set_process_name
 from celery_saga.store import queries, versions
 from celery_saga.worker.celery_hooks import CeleryHooks
@@ -56,27 +54,6 @@ class VersionInfo:
     seen_by: tuple[str, ...]
     last_seen: datetime | None
     live_runs: int
-
-
-def node_name(node: nodes.Node) -> str:
-    """A node as an operator knows it: its step's name, its own, ``wait_for('event')``."""
-    match node:
-        case nodes.StepNode():
-            return node.step.name
-        case nodes.WaitNode():
-            return f"wait_for({node.event!r})"
-        case (
-            nodes.ParallelNode()
-            | nodes.BranchNode()
-            | nodes.SubSagaNode()
-            | nodes.LoopNode()
-            | nodes.ForEachNode()
-        ):
-            return node.name or "pivot"
-        case nodes.PivotNode():
-            return "pivot"
-        case _:
-            unreachable(node)
 
 
 #: How often a running worker says again which versions it has (``last_seen``).
@@ -156,13 +133,17 @@ class Versions:
         return sorted(report, key=lambda v: (v.saga, v.last_seen is None, v.last_seen or 0))
 
     def upgrade(
-        self, execution_id: str, to: str | None = None, actor: str | None = None
+        self,
+        execution_id: str,
+        to: str | None = None,
+        actor: str | None = None,
+        dry_run: bool = False,
     ) -> SagaDefinition:
         """Move run ``execution_id`` to version ``to`` (a hash, hash prefix or label; the
         newest registered here by default). Refused, with nothing stored, unless every node
         the run has reached is the same in that version. The run's own version need not be
         registered here: its shape is read from the store. ``actor`` (else this process's
-        name) is recorded in the run's history."""
+        name) is recorded in the run's history. ``dry_run``: check only, store nothing."""
         parts = self.parts
         check_lookup_id(execution_id)
         parts.store.ensure_schema()
@@ -188,6 +169,8 @@ class Versions:
                 f"execution {execution_id!r} cannot move to version {target.hash}: "
                 f"{verdict.reason}; nothing was changed"
             )
+        if dry_run:  # every refusal above made: the move would be allowed now
+            return target
         moved = versions.move_to_version(
             parts.db,
             execution_id=execution_id,

@@ -42,6 +42,7 @@ watcher.login(username="viewer", password="pw")
 done = engine.get(engine.start("shop-order", {"order_id": "D1"}).id)
 parked = engine.get(engine.start("shop-fragile", {"order_id": "P1"}).id)
 parked_too = engine.get(engine.start("shop-fragile", {"order_id": "P2"}).id)
+parked_three = engine.get(engine.start("shop-fragile", {"order_id": "P3"}).id)
 CARD = "4000-0566-5566-5556"  # shop-approval marks "card" sensitive
 waiting = engine.get(engine.start("shop-approval", {"order_id": "W1", "card": CARD}).id)
 broken = engine.get(engine.start("shop-order", {"order_id": "B1"}).id)
@@ -61,7 +62,7 @@ def act(client: Client, action: str, run_id: str, **form: str) -> tuple[int, str
     return reply.status_code, reply.content.decode()
 
 
-OPERATOR_KINDS = ("resumed", "abandoned", "signalled", "cancelled")
+OPERATOR_KINDS = ("resumed", "resolved", "abandoned", "signalled", "cancelled")
 
 
 def kinds(run_id: str) -> list[list[str | None]]:
@@ -129,6 +130,22 @@ asked = (token.findall(confirm) or [""])[0]  # the confirmation's own form carri
 status, body = act(strict, "abandon", parked_too.id, apply="yes", csrfmiddlewaretoken=asked)
 after = engine.get(parked_too.id)
 seen["abandon"] = [status, after.state.value, after.rollback_status.value, kinds(parked_too.id)]
+
+status, body = act(root, "resolve", parked_three.id, index="0")
+plan = re.search(r'<pre class="saga-plan">(.*?)</pre>', body, re.S)
+seen["resolve_asks"] = [
+    status,
+    html.unescape(plan[1]).splitlines()[:2] if plan else [],
+    engine.get(parked_three.id).state.value,
+]
+status, body = act(root, "resolve", parked_three.id, apply="yes", note="released in the shop UI")
+after = engine.get(parked_three.id)
+seen["resolve"] = [status, after.state.value, after.rollback_status.value, kinds(parked_three.id)]
+status, body = page(root, RUNS + f"{parked_three.id}/change/")
+seen["resolve_detail"] = [
+    "compensation_resolved" in body,
+    "done by hand by root: released in the shop UI" in body,
+]
 
 status, body = page(root, f"{RUNS}{waiting.id}/change/")
 seen["detail_redacted"] = [status, CARD not in body, "[redacted]" in body, "W1" in body]

@@ -1,6 +1,6 @@
-"""The admin's operator actions: resume, abandon, signal and cancel, through the engine's
-public API, each recorded in the run's history (by the engine) with the Django user who took
-it."""
+"""The admin's operator actions: resume, resolve, abandon, signal and cancel, through the
+engine's public API, each recorded in the run's history (by the engine) with the Django user
+who took it; ``plans`` says what a move would do, for its confirmation page."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ from django.template.response import TemplateResponse
 
 from celery_saga.contrib.django.app import project_engine
 from celery_saga.decisions.cancel import CancelVerdict
-from celery_saga.errors import SagaError
+from celery_saga.decisions.plan import PLANNERS
+from celery_saga.errors import InvalidStateError, SagaError
+from celery_saga.inspect.plan_text import plan_lines
 from celery_saga.worker.bulk import BulkReport
 from celery_saga.worker.engine import SagaEngine
 from celery_saga.worker.run_commands import NO_OP
@@ -50,6 +52,13 @@ class CancelForm(forms.Form):  # type: ignore[misc]
     )
 
 
+class ResolveForm(forms.Form):  # type: ignore[misc]
+    note = forms.CharField(
+        max_length=2000,
+        help_text="What was done by hand in place of the failed reversal: the history keeps it.",
+    )
+
+
 def actor_of(request: HttpRequest) -> str:
     """Who took the action, as the history names them: the Django username."""
     return str(request.user.get_username())
@@ -81,6 +90,27 @@ def resume(engine: SagaEngine, execution_id: str, actor: str) -> None:
 
 def abandon(engine: SagaEngine, execution_id: str, actor: str) -> None:
     engine.abandon_compensation(execution_id, actor=actor, reason=FROM_ADMIN)
+
+
+def resolve(note: str) -> Act:
+    """Record each run's parked reversal as done by hand with ``note``."""
+
+    def by_hand(engine: SagaEngine, execution_id: str, actor: str) -> None:
+        plan = engine.plan(execution_id, "resolve")
+        if plan.refused is not None or plan.step is None:
+            raise InvalidStateError(f"execution {execution_id!r}: {plan.refused}")
+        engine.resolve(execution_id, step=plan.step, note=note, actor=actor)
+
+    return by_hand
+
+
+def plans(run_ids: Iterable[str], move: str) -> dict[str, str]:
+    """What ``move`` would do to each run, as ``celery saga plan`` prints it (none for a
+    move that is not planned, or without an engine)."""
+    engine = project_engine()
+    if engine is None or move not in PLANNERS:
+        return {}
+    return {run_id: "\n".join(plan_lines(engine.plan(run_id, move))) for run_id in run_ids}
 
 
 def signal(event: str, payload: Any) -> Act:

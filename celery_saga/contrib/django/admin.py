@@ -8,6 +8,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -228,7 +229,7 @@ class RunAdmin(SaysStaleness, ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
     )
     fields = readonly_fields
     inlines = (StepInline, HistoryInline)
-    actions = ("resume", "abandon", "signal", "cancel", "bulk_cancel", "bulk_resume")
+    actions = ("resume", "resolve", "abandon", "signal", "cancel", "bulk_cancel", "bulk_resume")
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
@@ -290,6 +291,15 @@ class RunAdmin(SaysStaleness, ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
     @action(description="Resume the parked unwind", permissions=["resume"])
     def resume(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
         self._act(request, queryset, run_actions.resume, "resumed")
+
+    @action(description="Resolve the parked reversal: done by hand", permissions=["resume"])
+    def resolve(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        form = run_actions.ResolveForm(request.POST if "apply" in request.POST else None)
+        if not form.is_valid():
+            question = "Record each run's failed reversal as done by hand, and go on?"
+            return self._confirm(request, queryset, "resolve", question, form)
+        self._act(request, queryset, run_actions.resolve(form.cleaned_data["note"]), "resolved")
+        return None
 
     @action(description="Abandon the parked unwind", permissions=["abandon"])
     def abandon(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
@@ -367,13 +377,16 @@ class RunAdmin(SaysStaleness, ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
         queryset: QuerySet[Any],
         action: str,
         question: str,
-        form: run_actions.SignalForm | run_actions.CancelForm | None,
+        form: forms.Form | None,
     ) -> TemplateResponse:
+        runs = list(queryset)
+        plans = run_actions.plans([run.pk for run in runs], action)
         context = {
             **self.admin_site.each_context(request),
             "title": question,
             "opts": self.model._meta,
-            "runs": list(queryset),
+            "runs": runs,
+            "planned": [(run, plans.get(run.pk)) for run in runs],
             "action": action,
             "form": form,
             "selected": admin.helpers.ACTION_CHECKBOX_NAME,

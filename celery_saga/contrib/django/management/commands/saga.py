@@ -24,7 +24,7 @@ def _context() -> SimpleNamespace:
 
 
 class Command(BaseCommand):  # type: ignore[misc]
-    help = "Inspect and operate saga runs: list, show, signal, resume, abandon, cancel, db ..."
+    help = "Inspect and operate saga runs: list, show, plan, signal, resume, resolve, abandon ..."
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("arguments", nargs=argparse.REMAINDER)
