@@ -322,3 +322,23 @@ def test_a_carried_on_bulk_resume_never_resumes_a_run_that_parked_again(harness:
     gave_up = engine.bulk("abandon", [f"label.batch={batch}"], actor="ops", reason="by hand")
     assert (gave_up.acted, gave_up.refused) == (3, 0)
     assert _in_state(engine, runs, ExecutionState.FAILED) == 3
+
+
+@ON_POSTGRES
+def test_a_bulk_resolve_marks_each_parked_reversal_done_by_hand_once(harness: Harness) -> None:
+    engine, batch = harness.engine, uuid.uuid4().hex[:10]
+    runs, _switch = _parked_batch(harness, batch, 3)
+    with pytest.raises(Exception, match="a bulk resolve needs step and note"):
+        engine.bulk("resolve", [f"label.batch={batch}"])
+    done = engine.bulk(
+        "resolve", [f"label.batch={batch}"], actor="ops", step="s2", note="undone by hand"
+    )
+    assert (done.acted, done.refused) == (3, 0)
+    _until(lambda: _in_state(engine, runs, ExecutionState.FAILED) == 3, what="3 runs unwound")
+    resolved = engine.db.read(
+        select(history.c.execution_id, history.c.actor).where(
+            history.c.execution_id.in_(runs), history.c.kind == "resolved"
+        )
+    )
+    assert sorted(r["execution_id"] for r in resolved) == sorted(runs)
+    assert all(r["actor"] == f"ops (bulk {done.operation_id})" for r in resolved)

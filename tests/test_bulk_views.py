@@ -198,3 +198,12 @@ def test_a_bulk_upgrade_moves_the_selected_runs_to_the_newest_version(
         select(history.c.actor).where(history.c.execution_id.in_(old), history.c.kind == "upgraded")
     )
     assert len(upgraded) == 3 and all("(bulk bulk-" in row["actor"] for row in upgraded)
+
+
+def test_a_bulk_resolve_takes_its_step_and_note_from_the_command(engine: SagaEngine) -> None:
+    engine.start("shop", {}, labels={"batch": "b"})
+    args = ["resolve", "--where", "label.batch=b", "--step", "reserve", "--note", "by hand"]
+    shown = _cli(engine, *args, "--dry-run")
+    assert shown.exit_code == 0 and "0 run(s) match" in shown.output, shown.output
+    done = _cli(engine, *args, "--yes")
+    assert "0 acted on, 0 refused" in done.output, done.output

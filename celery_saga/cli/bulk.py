@@ -90,7 +90,7 @@ def _run(
     yes: bool,
     rate: float | None,
     reason: str | None = None,
-    to: str | None = None,
+    **options: str | None,
 ) -> None:
     engine = engine_of(ctx)
     if dry_run or (not yes and resume_op is None):
@@ -106,15 +106,17 @@ def _run(
         raise click.ClickException(
             f"a bulk {move} acts on every run that matches; run it again with --yes"
         )
+    # The move's own options (an upgrade's --to, a resolve's --step and --note).
+    own: dict[str, Any] = {name: value for name, value in options.items() if value is not None}
     done = engine.bulk(
         move,
         where,
         rate=rate,
         actor=shell_operator(),
         reason=reason,
-        to=to,
         resume=resume_op,
         progress=_say,
+        **own,
     )
     click.echo(
         f"bulk {move} {done.operation_id} finished: {done.acted} acted on, "

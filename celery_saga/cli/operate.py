@@ -121,7 +121,8 @@ def resume(ctx: click.Context, execution_id: str, dry_run: bool) -> None:
 
 
 @saga.command()
-@click.argument("execution_id")
+@click.argument("execution_id", required=False)
+@bulk_capable("resolve")
 @click.option("--step", required=True, help="The step whose failed reversal was done by hand.")
 @click.option("--note", required=True, help="What was done by hand: kept in the run's history.")
 @dry_run_option

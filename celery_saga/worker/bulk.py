@@ -55,6 +55,9 @@ class SagaEngine(Protocol):
     def upgrade(
         self, execution_id: str, to: str | None = None, *, actor: str | None = None
     ) -> SagaDefinition: ...
+    def resolve(
+        self, execution_id: str, *, step: str, note: str, actor: str | None = None
+    ) -> None: ...
 
 
 #: The engine call that makes a move on one run: (engine, run id, actor, reason, options)
@@ -73,6 +76,8 @@ class BulkMove:
     name: str
     states: tuple[ExecutionState, ...]
     act: Act
+    #: The options it needs (``engine.bulk(..., step=..., note=...)``), checked before.
+    needs: tuple[str, ...] = ()
 
 
 def _cancel(
@@ -102,6 +107,13 @@ def _upgrade(
     return True
 
 
+def _resolve(
+    engine: SagaEngine, run: str, actor: str, reason: str | None, options: Mapping[str, Any]
+) -> bool:
+    engine.resolve(run, step=options["step"], note=options["note"], actor=actor)
+    return True
+
+
 #: Every move a bulk operation can make, by the name the CLI and ``engine.bulk`` take.
 MOVES: dict[str, BulkMove] = {
     move.name: move
@@ -110,6 +122,7 @@ MOVES: dict[str, BulkMove] = {
         BulkMove("resume", _PARKED, _resume),
         BulkMove("abandon", _PARKED, _abandon),
         BulkMove("upgrade", (*_LIVE, ExecutionState.COMPENSATING, *_PARKED), _upgrade),
+        BulkMove("resolve", _PARKED, _resolve, needs=("step", "note")),
     )
 }
 
@@ -298,6 +311,11 @@ def start(
     run_filter = _filter_for(chosen, where)
     check_actor(actor)
     check_reason(reason, f"a bulk {move} reason")
+    missing = [name for name in chosen.needs if options.get(name) is None]
+    if missing:
+        raise SagaError(f"a bulk {move} needs {' and '.join(missing)}")
+    for name, value in options.items():
+        check_reason(value, f"the {name} of a bulk {move}")
     operation = BulkOperation(
         id=f"bulk-{uuid.uuid4().hex[:12]}",
         move=chosen.name,

@@ -435,17 +435,18 @@ class SagaEngine:
         rate: float | None = None,
         actor: str | None = None,
         reason: str | None = None,
-        to: str | None = None,
         resume: str | None = None,
         progress: Callable[[bulk.BulkReport], None] | None = None,
+        **options: str,
     ) -> bulk.BulkReport:
-        """Make ``move`` (a name in ``bulk.MOVES``: cancel, resume, abandon, upgrade) on
+        """Make ``move`` (a name in ``bulk.MOVES``: cancel, resume, resolve, abandon, upgrade) on
         every run the ``where`` terms select (``run_filter``; with no ``state=`` term, the
         states the move acts on). ``dry_run``: count them and show the first, storing
         nothing. Otherwise the operation is stored, acts at most ``rate`` runs a second,
         records its id with ``actor`` in each moved run's history, and reports after each
         page to ``progress``. ``resume`` (an operation's id) carries on an interrupted one:
-        no run it acted on is acted on again. ``to``: an upgrade's version."""
+        no run it acted on is acted on again. ``options``: the move's own (an upgrade's
+        ``to``, a resolve's ``step`` and ``note``)."""
         bulk.check_rate(rate)
         self.ensure_schema()
         if resume is not None:
@@ -453,7 +454,6 @@ class SagaEngine:
         elif dry_run:
             return bulk.dry_run(self, move, where)
         else:
-            options = {} if to is None else {"to": to}
             operation = bulk.start(self, move, where, actor=actor, reason=reason, options=options)
         return bulk.BulkRun(self, operation, rate=rate, progress=progress).run()
 
