@@ -29,17 +29,17 @@ def parse_duration(text: str) -> timedelta:
     return timedelta(seconds=seconds)
 
 
-_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*([smh])\s*$")
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:/\s*([smh]))?\s*$")
 
 
 def parse_rate(text: str) -> float:
-    """A rate as operators type it (``20/s``, ``300/m``, ``1000/h``), in events per second;
-    positive."""
+    """A rate as operators type it: ``50/s``, ``600/m``, ``1000/h`` or a bare number per
+    second; returns actions per second, more than 0."""
     match = _RATE.match(text.lower())
     if match is None:
-        raise SagaError(f"{text!r} is not a rate; use a number per s, m or h, e.g. 20/s")
+        raise SagaError(f"{text!r:.40} is not a rate; use a number per s, m or h, e.g. 50/s")
     number, unit = match.groups()
-    rate = float(number) / _UNITS[unit]
+    rate = float(number) / _UNITS[unit or "s"]
     if rate <= 0:
-        raise SagaError(f"a rate must be above zero, got {text!r}")
+        raise SagaError(f"{text!r:.40}: a rate must be above zero")
     return rate

@@ -8,7 +8,8 @@ half-way through a write, or a name that one backend stores and another cannot.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping
 
 from celery_saga.errors import ExecutionNotFoundError, SagaError
 
@@ -17,6 +18,8 @@ EXECUTION_ID_LENGTH = 64
 #: ``saga_executions.saga_name``, ``saga_steps.name`` (record names, loop iterations
 #: included) and ``saga_signals.event``.
 NAME_LENGTH = 200
+
+_LABEL_KEY = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 def text_problem(value: object, length: int, column: str = "its column") -> str | None:
@@ -83,3 +86,31 @@ def storable_cursor_id(execution_id: str) -> str:
     if text_problem(execution_id, EXECUTION_ID_LENGTH) is not None:
         raise ValueError(execution_id)
     return execution_id
+
+
+#: ``saga_run_labels.key`` and ``.value``, and how many labels one run may carry.
+LABEL_KEY_LENGTH = 100
+LABEL_VALUE_LENGTH = 200
+MOST_LABELS = 20
+
+
+def checked_labels(labels: object) -> dict[str, str]:
+    """A run's labels as given to ``start``: a mapping of at most ``MOST_LABELS`` text keys
+    (1-100 characters of letters, digits, ``_ - .``) to text values (at most 200
+    characters); a ``SagaError`` naming the first label that is not."""
+    if labels is None:
+        return {}
+    if not isinstance(labels, Mapping):
+        raise SagaError(f"labels must be a mapping of text to text, got {type(labels).__name__}")
+    if len(labels) > MOST_LABELS:
+        raise SagaError(f"a run carries at most {MOST_LABELS} labels, got {len(labels)}")
+    for key, value in labels.items():
+        problem = text_problem(key, LABEL_KEY_LENGTH, "saga_run_labels.key")
+        if problem is None and not _LABEL_KEY.fullmatch(key):
+            problem = "is not 1 or more letters, digits, '_', '-' or '.'"
+        if problem is not None:
+            raise SagaError(f"the label key {key!r:.100} {problem}")
+        problem = text_problem(value, LABEL_VALUE_LENGTH, "saga_run_labels.value")
+        if problem is not None:
+            raise SagaError(f"the value of label {key!r} {problem}")
+    return dict(labels)

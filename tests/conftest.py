@@ -110,6 +110,18 @@ class Harness:
     def start(self, saga: str, data: dict[str, Any] | None = None) -> Any:
         return self.engine.start(saga, data or {})
 
+    def process_env(self, **extra: str) -> dict[str, str]:
+        """The environment of a process of this rig's app (``tests.sagaapp``): a CLI, Flower."""
+        conf = self.test_app.app.conf
+        return {
+            **os.environ,
+            "SAGA_TEST_BROKER": conf.broker_url,
+            "SAGA_TEST_STORE": conf.saga_store_url,
+            "SAGA_TEST_QUEUE": conf.task_default_queue,
+            "PYTHONPATH": str(ROOT),
+            **extra,
+        }
+
     def worker_logs(self) -> str:
         return "\n".join(p.read_text(errors="replace")[-4000:] for p in self.logs)
 

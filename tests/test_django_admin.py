@@ -148,3 +148,17 @@ def test_the_admin_lists_the_paused_steps_and_the_runs_held_at_their_doors(
 ) -> None:
     assert seen["paused_steps"] == [200, True, True]
     assert seen["paused_runs"] == [200, True, "held"]
+
+
+def test_labels_are_shown_searched_and_a_bulk_cancel_acts_on_what_the_search_selects(
+    seen: dict[str, Any],
+) -> None:
+    assert seen["label_search"] == [200, [True, True, False]]
+    assert seen["label_shown"] == [200, True]
+    assert seen["bulk_asks"] == [200, True]
+    assert seen["bulk_asks_states"] == ["waiting"] * 3
+    status, said, actors = seen["bulk_cancel"]
+    assert (status, said) == (200, True)
+    assert len(actors[0]) == len(actors[1]) == 1 and actors[2] == []
+    assert actors[0][0] == actors[1][0] and actors[0][0].startswith("root (bulk bulk-")
+    assert seen["bulk_unfiltered"] == [200, True]

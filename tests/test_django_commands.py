@@ -81,6 +81,26 @@ def test_manage_py_saga_plans_then_resolves_a_parked_reversal(harness: Harness) 
     assert settled.step("s2").compensation_status.value == "compensation_resolved"
 
 
+@pytest.mark.parametrize("harness", ["postgres-rabbitmq"], indirect=True)
+def test_manage_py_saga_cancels_the_runs_of_a_label_as_one_operation(harness: Harness) -> None:
+    batch = uuid.uuid4().hex[:10]
+    runs = [
+        harness.engine.start("gate_last", {"order": n}, labels={"batch": batch}).id
+        for n in range(3)
+    ]
+    for run in runs:
+        assert harness.engine.handle(run).wait(30).state is ExecutionState.WAITING
+    where = ["--where", f"label.batch={batch}"]
+    shown = _manage(harness, "cancel", *where, "--dry-run")
+    assert shown.returncode == 0 and "3 run(s) match" in shown.stdout, shown.stderr
+    done = _manage(harness, "cancel", *where, "--yes")
+    assert done.returncode == 0, done.stderr
+    assert "3 acted on, 0 refused" in done.stdout
+    for run in runs:
+        cancelled = harness.engine.handle(run).wait(30, states=[ExecutionState.CANCELLED])
+        assert cancelled.state is ExecutionState.CANCELLED
+
+
 def test_manage_py_saga_names_a_missing_celery_app(harness: Harness) -> None:
     if harness.in_process:
         pytest.skip("runs once, with the server backends")

@@ -51,15 +51,7 @@ def flower(harness: Harness, tmp_path: Any) -> Iterator[int]:
         pytest.skip("the in-process backend sends no task events for Flower to read")
     if harness.name != "postgres-rabbitmq":
         pytest.skip("Flower reads the same events on every broker: one server backend is enough")
-    conf = harness.test_app.app.conf
-    env = {
-        **os.environ,
-        "SAGA_TEST_BROKER": conf.broker_url,
-        "SAGA_TEST_STORE": conf.saga_store_url,
-        "SAGA_TEST_QUEUE": conf.task_default_queue,
-        "PYTHONPATH": str(ROOT),
-        "FLOWER_UNAUTHENTICATED_API": "true",
-    }
+    env = harness.process_env(FLOWER_UNAUTHENTICATED_API="true")
     port = free_port()
     command = [sys.executable, "-m", "celery", "-A", "tests.sagaapp:app", "flower"]
     command += [f"--port={port}", "--address=127.0.0.1"]
@@ -70,7 +62,7 @@ def flower(harness: Harness, tmp_path: Any) -> Iterator[int]:
     try:
         # Flower only sees the events sent after it connects: wait until the harness's
         # workers' heartbeats have reached it, so its event consumer is known to be running.
-        queue = conf.task_default_queue
+        queue = harness.test_app.app.conf.task_default_queue
         _until(
             lambda: (
                 sum(

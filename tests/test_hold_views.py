@@ -76,3 +76,49 @@ def test_a_move_on_a_run_that_is_not_held_is_one_error_line_naming_its_state(
         refused = _invoke(harness, verb[0], run.id, *verb[1:])
         assert refused.exit_code == 1
         assert refused.output.strip().splitlines()[-1].endswith("to be held; it is completed")
+
+
+def test_bulk_retry_skip_and_unwind_move_the_held_runs_a_label_selects_once_each(
+    harness: Harness,
+) -> None:
+    switch = f"down-{uuid.uuid4().hex}"
+    harness.test_app.set_switch(switch, True)
+    batch = uuid.uuid4().hex[:8]
+    runs = {
+        move: [
+            harness.engine.start(
+                "held_order", {"order": i, "down": switch}, labels={"batch": batch, "to": move}
+            ).id
+            for i in range(3)
+        ]
+        for move in ("retry", "skip", "unwind")
+    }
+    for run_id in [r for ids in runs.values() for r in ids]:
+        _wait_state(harness, run_id, ExecutionState.HELD)
+    where = (f"label.batch={batch}", "label.to=skip")
+    bad = _invoke(harness, "skip", "--where", *where, "--result", "{nope", "--yes")
+    assert bad.exit_code != 0 and "JSON" in bad.output, bad.output
+    dry = _invoke(harness, "retry", "--where", f"label.batch={batch}", "--dry-run")
+    assert "9 run(s) match" in dry.output, dry.output
+    harness.test_app.set_switch(switch, False)
+    for move in ("retry", "unwind"):
+        where = (f"label.batch={batch}", f"label.to={move}")
+        done = harness.engine.bulk(move, where, actor="ops", reason="provider back")
+        assert (done.acted, done.refused) == (3, 0), done
+    skipped = _invoke(
+        harness, "skip", "--where", f"label.batch={batch}", "--where", "label.to=skip",
+        "--result", '{"charged": 0}', "--yes",
+    )  # fmt: skip
+    assert skipped.exit_code == 0, skipped.output
+    for run_id in runs["retry"]:
+        done = _wait_state(harness, run_id, ExecutionState.COMPLETED)
+        assert len(_rows(harness, run_id, "effect")) == 1, "charged once"
+        moved = [r for r in _history(harness, run_id) if r.kind == "hold-retried"]
+        assert len(moved) == 1 and "(bulk bulk-" in (moved[0].actor or ""), moved
+    for run_id in runs["skip"]:
+        done = _wait_state(harness, run_id, ExecutionState.COMPLETED)
+        assert done.step("charge").result == {"charged": 0}
+    for run_id in runs["unwind"]:
+        _wait_state(harness, run_id, ExecutionState.FAILED)
+    again = harness.engine.bulk("retry", (f"label.batch={batch}",), actor="ops")
+    assert (again.acted, again.refused) == (0, 0), "nothing is held any more"

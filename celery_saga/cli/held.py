@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import click
 
+from celery_saga.cli.bulk import bulk_capable
 from celery_saga.cli.commands import engine_of, operator_command, saga
 from celery_saga.cli.follow import shell_operator
 from celery_saga.cli.operate import dry_run_option, live_record, print_plan
@@ -16,7 +17,8 @@ _REASON = "Why: recorded in the run's history with who acted."
 
 
 @saga.command()
-@click.argument("execution_id")
+@click.argument("execution_id", required=False)
+@bulk_capable("retry")
 @click.option("--reason", help=_REASON)
 @dry_run_option
 @click.pass_context
@@ -34,7 +36,8 @@ def retry(ctx: click.Context, execution_id: str, reason: str | None, dry_run: bo
 
 
 @saga.command()
-@click.argument("execution_id")
+@click.argument("execution_id", required=False)
+@bulk_capable("skip")
 @click.option("--result", help="The step's result as JSON (checked against its output_schema).")
 @click.option("--reason", help=_REASON)
 @dry_run_option
@@ -56,7 +59,8 @@ def skip(
 
 
 @saga.command()
-@click.argument("execution_id")
+@click.argument("execution_id", required=False)
+@bulk_capable("unwind")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--reason", help=_REASON)
 @dry_run_option

@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from celery_saga.cli.bulk import bulk_capable
 from celery_saga.cli.commands import engine_of, live_run, operator_command, saga
 from celery_saga.cli.follow import shell_operator
 from celery_saga.decisions.cancel import CancelVerdict
@@ -104,7 +105,8 @@ def signal(
 
 
 @saga.command()
-@click.argument("execution_id")
+@click.argument("execution_id", required=False)
+@bulk_capable("resume")
 @dry_run_option
 @click.pass_context
 @operator_command
@@ -120,7 +122,8 @@ def resume(ctx: click.Context, execution_id: str, dry_run: bool) -> None:
 
 
 @saga.command()
-@click.argument("execution_id")
+@click.argument("execution_id", required=False)
+@bulk_capable("resolve")
 @click.option("--step", required=True, help="The step whose failed reversal was done by hand.")
 @click.option("--note", required=True, help="What was done by hand: kept in the run's history.")
 @dry_run_option
@@ -142,7 +145,8 @@ def resolve(ctx: click.Context, execution_id: str, step: str, note: str, dry_run
 
 
 @saga.command()
-@click.argument("execution_id")
+@click.argument("execution_id", required=False)
+@bulk_capable("abandon")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--reason", help="Why: recorded in the run's history and shown by show.")
 @dry_run_option
@@ -173,7 +177,8 @@ def abandon(
 
 
 @saga.command()
-@click.argument("execution_id")
+@click.argument("execution_id", required=False)
+@bulk_capable("cancel")
 @click.option("--reason", help="Why: recorded as the run's failure reason and shown by show.")
 @dry_run_option
 @click.pass_context

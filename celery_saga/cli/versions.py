@@ -8,6 +8,7 @@ from dataclasses import asdict
 
 import click
 
+from celery_saga.cli.bulk import bulk_capable
 from celery_saga.cli.commands import engine_of, operator_command, saga
 from celery_saga.cli.follow import shell_operator
 from celery_saga.cli.output import as_json, table
@@ -52,7 +53,8 @@ def versions(ctx: click.Context, as_json_output: bool) -> None:
 
 
 @saga.command()
-@click.argument("execution_id")
+@click.argument("execution_id", required=False)
+@bulk_capable("upgrade")
 @click.option("--to", "to", help="The version (hash or label); default: the newest one here.")
 @click.option("--dry-run", is_flag=True, help="Check, print where it would go; change nothing.")
 @click.pass_context

@@ -155,6 +155,7 @@ def _run(run: RunView) -> dict[str, Any]:
         "timeline": [_entry(entry) for entry in run.timeline.entries],
         "waiting_for_version": run.waiting_for_version,
         "waiting": run.waiting,
+        "labels": dict(run.labels),
     }
 
 

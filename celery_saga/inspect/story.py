@@ -178,4 +178,5 @@ def describe(
         graph=graph.build(definition, record, steps, signals, run.history),
         timeline=Timeline(chronology.entries(record, steps, signals, run.history), bars_of, waits),
         hold=hold,
+        labels=run.labels,
     )

@@ -73,6 +73,8 @@ def run_lines(run: RunView) -> list[str]:
         lines.append(f"archived {_time(run.archived_at)}")
     if record.parent_execution_id:
         lines.append(f"parent {record.parent_execution_id}")
+    if run.labels:
+        lines.append("labels " + "  ".join(f"{key}={value}" for key, value in run.labels))
     waits = run.waiting
     if waits and run.waiting_for_version:
         waits += "; a worker that has it carries the run on (`saga versions`)"

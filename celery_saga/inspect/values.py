@@ -193,6 +193,8 @@ class RunView:
     timeline: Timeline
     #: Set while the run is ``held``.
     hold: HoldView | None = None
+    #: The labels it was started with, by key.
+    labels: tuple[tuple[str, str], ...] = ()
 
     @property
     def id(self) -> str:

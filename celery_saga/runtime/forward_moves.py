@@ -5,6 +5,7 @@ publish, or the end's notice) for ``Interpreter.carry_out``."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -52,9 +53,11 @@ def create(
     *,
     parent_execution_id: str | None = None,
     timeout: float | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> None:
     """Store a new run at its first position (one INSERT; a taken id raises
-    ``IntegrityError``); ``timeout`` (else the saga's) sets its deadline."""
+    ``IntegrityError``); ``timeout`` (else the saga's) sets its deadline; ``labels``
+    (checked) are stored with it."""
     blob = pack(
         saga_input,
         what=f"input of saga {definition.name!r}",
@@ -76,6 +79,7 @@ def create(
         now=now,
         parent_execution_id=parent_execution_id,
         deadline_at=None if seconds is None else now + timedelta(seconds=seconds),
+        labels=labels,
     )
 
 

@@ -35,6 +35,11 @@ def from_db_time(value: datetime | None) -> datetime | None:
     return None if value is None else value.replace(tzinfo=timezone.utc)
 
 
+#: PostgreSQL settings of a sweep's read (``Database.read(serial=True)``).
+SERIAL_PLAN = ("SET LOCAL max_parallel_workers_per_gather = 0",)
+#: PostgreSQL settings of a keyset page's read (``Database.read(in_order=True)``).
+KEYSET_PLAN = ("SET LOCAL enable_bitmapscan = off", "SET LOCAL enable_sort = off")
+
 #: Execution option: this connection runs single statements, each committing on its own.
 _AUTOCOMMIT = drivers.AUTOCOMMIT
 
@@ -241,7 +246,12 @@ class Database:
                 yield connection.execution_options(**{_AUTOCOMMIT: True})
 
     def read(
-        self, query: Any, params: dict[str, Any] | None = None, *, serial: bool = False
+        self,
+        query: Any,
+        params: dict[str, Any] | None = None,
+        *,
+        serial: bool = False,
+        in_order: bool = False,
     ) -> Sequence[Mapping[Any, Any]]:
         """Run one read; retried once on a connection the server dropped (no pre-ping).
         With ``params``, ``query`` is a statement built once (``drivers.rows``).
@@ -249,12 +259,19 @@ class Database:
         ``serial``: a sweep's read, on PostgreSQL planned without parallel workers. A sweep
         reads the few rows due; on a big table the planner may still split it over workers,
         whose start costs more than the read (the recovery sweep at 3M runs: 11 ms, not 0.5).
+
+        ``in_order``: a keyset page (``run_selection``), on PostgreSQL planned to walk an
+        index in the page's order (``KEYSET_PLAN``) rather than gather every match and sort
+        it: a first page of a common label and a rarer state read 400,000 buffers at 1M runs
+        otherwise (``benchmarks/run_selection.py``).
         """
-        if serial and self.dialect == "postgresql":
+        settings = (SERIAL_PLAN if serial else ()) + (KEYSET_PLAN if in_order else ())
+        if settings and self.dialect == "postgresql":
 
             def once() -> Sequence[Mapping[Any, Any]]:
                 with self.transaction() as connection:
-                    connection.execute(text("SET LOCAL max_parallel_workers_per_gather = 0"))
+                    for setting in settings:
+                        connection.execute(text(setting))
                     return connection.execute(query).mappings().all()
 
         else:

@@ -16,6 +16,7 @@ from celery_saga.errors import SagaError
 from celery_saga.limits import EXECUTION_ID_LENGTH, NAME_LENGTH, storable_cursor_id, text_problem
 from celery_saga.records import ExecutionRecord, ExecutionState, RollbackStatus, StepRecord
 from celery_saga.store import history
+from celery_saga.store import labels as run_labels
 from celery_saga.store.codec import unpack_or_sealed
 from celery_saga.store.database import Database, from_db_time, to_db_time
 from celery_saga.store.history import HistoryEntry
@@ -60,6 +61,8 @@ class StoredRun:
     signals: tuple[Signal, ...]
     archived_at: datetime | None = None
     history: tuple[HistoryEntry, ...] = ()
+    #: Its labels (``start(..., labels=...)``), by key.
+    labels: tuple[tuple[str, str], ...] = ()
 
 
 def _tables(archived: bool) -> tuple[Table, Table, Table]:
@@ -160,6 +163,7 @@ def load_run(db: Database, execution_id: str, *, fresh: bool = False) -> StoredR
             signal_rows,
             from_db_time(rows[0]["archived_at"]) if archived else None,
             tuple(history.load(db, execution_id, archived)),
+            tuple(run_labels.load(db, [execution_id], archived).get(execution_id, {}).items()),
         )
     return None
 

@@ -15,6 +15,7 @@ from sqlalchemy.orm import aliased
 
 from celery_saga.records import ExecutionRecord, ExecutionState, RollbackStatus, StepRecord
 from celery_saga.store import drivers, history, prepared
+from celery_saga.store import labels as run_labels
 from celery_saga.store.codec import pack, unpack, unpack_or_sealed
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.history import HistoryEntry, Kind
@@ -38,9 +39,11 @@ def create_execution(
     now: datetime,
     parent_execution_id: str | None = None,
     deadline_at: datetime | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> None:
     """A plain INSERT, with the run's ``started`` history row: a duplicate id fails loudly
-    instead of overwriting a live run."""
+    instead of overwriting a live run. ``labels`` (checked): one more INSERT in the same
+    transaction; none without them."""
     stamp = to_db_time(now)
     values = {
         "id": execution_id,
@@ -59,13 +62,18 @@ def create_execution(
         "members_settled": 0,
         "members_failed": 0,
     }
-    if db.dialect == "postgresql":
+    if db.dialect == "postgresql" and not labels:
         with db.single_statement() as connection:
             drivers.rowcount(connection, prepared.new_run_started(), values)
         return
-    with db.transaction() as connection:  # two INSERTs in one
-        drivers.rowcount(connection, prepared.new_run(), values)
-        history.write(connection, execution_id, HistoryEntry(now, Kind.STARTED.value))
+    with db.transaction() as connection:  # two INSERTs in one (three with labels)
+        if db.dialect == "postgresql":
+            drivers.rowcount(connection, prepared.new_run_started(), values)
+        else:
+            drivers.rowcount(connection, prepared.new_run(), values)
+            history.write(connection, execution_id, HistoryEntry(now, Kind.STARTED.value))
+        if labels:
+            run_labels.write(connection, execution_id, labels)
 
 
 def snapshot_query(run_id: Any) -> Any:

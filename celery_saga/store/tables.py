@@ -187,6 +187,23 @@ history = Table(
     Index("ix_saga_history_execution", "execution_id", "id"),
 )
 
+#: A run's searchable labels (``start(..., labels=...)``), written once with the run. The
+#: index leads with (key, value): a filter on a label pages through its runs by id.
+run_labels = Table(
+    "saga_run_labels",
+    metadata,
+    Column(
+        "execution_id",
+        String(64),
+        ForeignKey("saga_executions.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("key", String(100), nullable=False),
+    Column("value", String(200), nullable=False),
+    PrimaryKeyConstraint("execution_id", "key", name="pk_saga_run_labels"),
+    Index("ix_saga_run_labels_key_value", "key", "value", "execution_id"),
+)
+
 
 def _archive_of(table: Table, primary_key: tuple[str, ...], *extra: Column[Any]) -> Table:
     """A copy of ``table``'s columns without foreign keys or defaults, for archived runs."""
@@ -211,6 +228,7 @@ step_records_archive = _archive_of(step_records, ("execution_id", "name"))
 signals_archive = _archive_of(signals, ("execution_id", "event"))
 decisions_archive = _archive_of(decisions, ("execution_id", "key"))
 history_archive = _archive_of(history, ("execution_id", "id"))
+run_labels_archive = _archive_of(run_labels, ("execution_id", "key"))
 
 #: Live table -> its archive, children after their execution.
 ARCHIVES = (
@@ -219,6 +237,7 @@ ARCHIVES = (
     (signals, signals_archive),
     (decisions, decisions_archive),
     (history, history_archive),
+    (run_labels, run_labels_archive),
 )
 
 #: Where each version of a saga is deployed: one row per (saga, hash, process that
@@ -297,4 +316,24 @@ paused_runs = Table(
     Column("step_name", String(200), nullable=False),
     Column("held_at", Timestamp, nullable=False),
     Index("ix_saga_paused_runs_pause", "saga_name", "pause_step", "held_at"),
+)
+
+#: A move applied to every run a filter selects (``engine.bulk``): what it does, who asked
+#: and why, and how far it got (``cursor``: the last run it went past), so an interrupted
+#: operation resumes where it stopped (``--resume``).
+bulk_operations = Table(
+    "saga_bulk_operations",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("move", String(40), nullable=False),
+    Column("filter", Text, nullable=False),
+    Column("options", Text),
+    Column("actor", String(200)),
+    Column("reason", Text),
+    Column("cursor", String(200)),
+    Column("acted", Integer, nullable=False),
+    Column("refused", Integer, nullable=False),
+    Column("created_at", Timestamp, nullable=False),
+    Column("updated_at", Timestamp, nullable=False),
+    Column("finished_at", Timestamp),
 )

@@ -87,11 +87,15 @@ class SagaKit:
         *,
         signals: Mapping[str, Any] | None = None,
         execution_id: str | None = None,
+        labels: Mapping[str, str] | None = None,
     ) -> Timeline:
-        """Start ``saga`` and drive it until it settles. A run that parks at a gate whose
-        event is in ``signals`` gets that signal (with its payload) and goes on; one that
-        waits for anything else is returned waiting (``kit.advance`` times it out)."""
-        handle = self.engine.start(saga, dict(input or {}), execution_id=execution_id)
+        """Start ``saga`` (with ``labels``, as ``engine.start``) and drive it until it
+        settles. A run that parks at a gate whose event is in ``signals`` gets that signal
+        (with its payload) and goes on; one that waits for anything else is returned
+        waiting (``kit.advance`` times it out)."""
+        handle = self.engine.start(
+            saga, dict(input or {}), execution_id=execution_id, labels=labels
+        )
         return self.finish(handle.id, signals)
 
     def finish(self, execution_id: str, signals: Mapping[str, Any] | None = None) -> Timeline:

@@ -12,7 +12,7 @@ from flask import Flask, Response, g, request
 
 from celery_saga.inspect import vocabulary
 from celery_saga.runtime.clock import get_clock
-from celery_saga.web import auth, csrf, hosts
+from celery_saga.web import auth, bulk_pages, csrf, hosts
 from celery_saga.web.pages import pages
 from celery_saga.web.settings import WebSettings, refusal
 from celery_saga.worker.engine import SagaEngine
@@ -74,10 +74,12 @@ def create_app(engine: SagaEngine, settings: WebSettings) -> Flask:
                 return Response("actions are off in this view\n", 403, mimetype="text/plain")
             # The form's action and run are the URL's: a token is good for that form only.
             target = request.view_args or {}
+            # A bulk move's form has no run: its token is for the terms it was shown with.
+            runs = target.get("execution_id", bulk_pages.form_terms(request.form))
             refused = g.forms.refusal(
                 request.form.get("csrf_token"),
                 str(target.get("action", "")),
-                str(target.get("execution_id", "")),
+                str(runs),
                 get_clock().now(),
             )
             if refused is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import builtins
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -37,6 +37,7 @@ from celery_saga.store.replica import open_replica
 from celery_saga.store.versions import waiting_for_version
 from celery_saga.worker import (
     arrivals,
+    bulk,
     hand_back_notes,
     held_moves,
     holders,
@@ -236,11 +237,16 @@ class SagaEngine:
         *,
         execution_id: str | None = None,
         timeout: float | timedelta | None = None,
+        labels: Mapping[str, str] | None = None,
     ) -> SagaHandle:
         """Start a run of the registered saga ``saga`` with ``input``; ``timeout`` (else the
-        saga's own) cancels it when that much time has passed (guarantee 31)."""
+        saga's own) cancels it when that much time has passed (guarantee 31). ``labels``
+        (text keys to text values) are stored with the run, shown with it, and select it
+        in filters (``label.KEY=VALUE``); a sub-saga's run carries none of its parent's."""
         definition = self.definition(saga)
-        new_id = run_commands.start_run(self.parts, definition, input, execution_id, timeout)
+        new_id = run_commands.start_run(
+            self.parts, definition, input, execution_id, timeout, labels
+        )
         return SagaHandle(self, new_id)
 
     def handle(self, execution_id: str) -> SagaHandle:
@@ -478,6 +484,38 @@ class SagaEngine:
             f"upgrading {execution_id!r}",
             lambda: self.versioning.upgrade(execution_id, to, actor, dry_run),
         )
+
+    def bulk(
+        self,
+        move: str,
+        where: str | Iterable[str] = (),
+        *,
+        dry_run: bool = False,
+        rate: float | None = None,
+        actor: str | None = None,
+        reason: str | None = None,
+        resume: str | None = None,
+        progress: Callable[[bulk.BulkReport], None] | None = None,
+        **options: str,
+    ) -> bulk.BulkReport:
+        """Make ``move`` (a name in ``bulk.MOVES``: cancel, resume, resolve, abandon, upgrade,
+        retry, skip, unwind) on
+        every run the ``where`` terms select (``run_filter``; with no ``state=`` term, the
+        states the move acts on). ``dry_run``: count them and show the first, storing
+        nothing. Otherwise the operation is stored, acts at most ``rate`` runs a second,
+        records its id with ``actor`` in each moved run's history, and reports after each
+        page to ``progress``. ``resume`` (an operation's id) carries on an interrupted one:
+        no run it acted on is acted on again. ``options``: the move's own (an upgrade's
+        ``to``, a resolve's ``step`` and ``note``, a skip's JSON ``result``)."""
+        bulk.check_rate(rate)
+        self.ensure_schema()
+        if resume is not None:
+            operation = bulk.resumed(self, resume)
+        elif dry_run:
+            return bulk.dry_run(self, move, where)
+        else:
+            operation = bulk.start(self, move, where, actor=actor, reason=reason, options=options)
+        return bulk.BulkRun(self, operation, rate=rate, progress=progress).run()
 
     # -- events -----------------------------------------------------------------------
     def on(self, event: str, listener: Listener) -> Listener:

@@ -34,7 +34,7 @@ from celery_saga.errors import (
     VersionNotDeployedError,
 )
 from celery_saga.ids import new_execution_id
-from celery_saga.limits import check_lookup_id
+from celery_saga.limits import check_lookup_id, checked_labels
 from celery_saga.records import ExecutionRecord, ExecutionState
 from celery_saga.runtime.outcomes import NoBody
 from celery_saga.store import queries
@@ -65,10 +65,12 @@ def start_run(
     saga_input: Any,
     execution_id: str | None,
     timeout: float | timedelta | None,
+    labels: Mapping[str, str] | None = None,
 ) -> str:
     """``engine.start``: check, record the run and send its first message; returns its id."""
     saga = definition.name
     seconds = run_timeout(f"starting saga {saga!r}", timeout)
+    given_labels = checked_labels(labels)
     refuse_before_start(parts.catalog, definition, execution_id)
     if saga_input is not None and not isinstance(saga_input, Mapping):
         raise SagaError(
@@ -83,7 +85,9 @@ def start_run(
     try:
         parts.store.run(
             f"starting saga {saga!r}",
-            lambda: parts.executor.create(definition, given, new_id, timeout=seconds),
+            lambda: parts.executor.create(
+                definition, given, new_id, timeout=seconds, labels=given_labels
+            ),
         )
     except IntegrityError:
         _adopt(parts, definition, given, new_id)

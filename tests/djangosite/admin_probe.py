@@ -232,6 +232,33 @@ seen["cancel"] = [status, engine.get(target).state.value, kinds(target)]
 status, body = act(cancels, "cancel", target, apply="yes")
 seen["cancel_again"] = [status, "Refused: " in body, len(kinds(target))]
 
+# Labels: shown on a run's page, searched for as label.KEY=VALUE, and a bulk cancel over
+# what the search selects (one run ticked, both cancelled), as one operation.
+labelled = [
+    engine.start("shop-approval", {"order_id": o, "card": CARD}, labels={"customer": c}).id
+    for o, c in (("L1", "L"), ("L2", "L"), ("M1", "M"))
+]
+SEARCH = RUNS + "?q=label.customer%3DL"
+status, body = page(root, SEARCH)
+seen["label_search"] = [status, [run in body for run in labelled]]
+status, body = page(root, RUNS + f"{labelled[0]}/change/")
+seen["label_shown"] = [status, "customer=L" in body]
+ticked = {"action": "bulk_cancel", "_selected_action": [labelled[0]], "index": "0"}
+reply = root.post(SEARCH, ticked, follow=True)
+seen["bulk_asks"] = [reply.status_code, "as one operation?" in reply.content.decode()]
+seen["bulk_asks_states"] = [engine.get(run).state.value for run in labelled]
+reply = root.post(SEARCH, {**ticked, "apply": "yes", "reason": "left"}, follow=True)
+seen["bulk_cancel"] = [
+    reply.status_code,
+    "2 run(s) acted on" in reply.content.decode(),
+    [[row[1] for row in kinds(run)] for run in labelled],
+]
+reply = root.post(RUNS, ticked, follow=True)
+seen["bulk_unfiltered"] = [
+    reply.status_code,
+    "or filter by saga or state first" in reply.content.decode(),
+]
+
 with connections[saga_database()].cursor() as cursor:
     cursor.execute("UPDATE saga_executions SET input = %s WHERE id = %s", [b"\xc1", broken.id])
 status, body = page(root, RUNS + f"{broken.id}/change/")

@@ -6,18 +6,21 @@ confirmation page."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from django import forms
+from django.contrib import messages
 from django.http import HttpRequest
+from django.template.response import TemplateResponse
 
 from celery_saga.contrib.django.app import project_engine
 from celery_saga.decisions.cancel import CancelVerdict
 from celery_saga.decisions.plan import PLANNERS
 from celery_saga.errors import InvalidStateError, SagaError
 from celery_saga.inspect.plan_text import plan_lines
+from celery_saga.worker.bulk import BulkReport
 from celery_saga.worker.engine import SagaEngine
 from celery_saga.worker.run_commands import NO_OP
 
@@ -216,3 +219,46 @@ HELD_MOVES = {
         ),
     )
 }
+
+
+def bulk(move: str, where: list[str], actor: str, reason: str | None) -> BulkReport:
+    """``move`` on every run ``where`` selects, as one bulk operation (``engine.bulk``)."""
+    engine = project_engine()
+    if engine is None:
+        raise SagaError("no saga engine: set SAGA_CELERY_APP to the Celery app that has one")
+    return engine.bulk(move, where, actor=actor, reason=reason or FROM_ADMIN)
+
+
+def where_of(query: Mapping[str, str]) -> list[str]:
+    """The ``--where`` terms of a changelist's search (``label.KEY=VALUE``) and filters."""
+    terms = [f"{key}={query[key]}" for key in ("saga", "state") if query.get(key)]
+    search = query.get("q", "").strip()
+    if search.startswith("label.") and "=" in search:
+        terms.append(search)
+    return terms
+
+
+#: Asks the operator first: (question, form) -> the confirmation page.
+Confirm = Callable[[str, CancelForm], TemplateResponse]
+
+
+def bulk_from_changelist(
+    request: HttpRequest, move: str, confirm: Confirm
+) -> tuple[TemplateResponse | None, list[tuple[str, int]]]:
+    """The admin's bulk ``move`` over the runs its changelist's search (``label.KEY=VALUE``)
+    and filters select, not only the ones ticked: the confirmation page first, then one
+    operation, named in each run's history. Returns (the page, or None; the messages)."""
+    where = where_of(request.GET)
+    if not where:
+        explain = "search for label.KEY=VALUE or filter by saga or state first: a bulk move "
+        return None, [(explain + "acts on every run they select", messages.ERROR)]
+    form = CancelForm(request.POST if "apply" in request.POST else None)
+    if not form.is_valid():
+        question = f"{move.capitalize()} every run where {' '.join(where)}, as one operation?"
+        return confirm(question, form), []
+    try:
+        done = bulk(move, where, actor_of(request), form.cleaned_data["reason"])
+    except SagaError as error:
+        return None, [(f"refused: {error}", messages.ERROR)]
+    said = f"bulk {move} {done.operation_id}: {done.acted} run(s) acted on, "
+    return None, [(said + f"{done.refused} refused or unchanged", messages.SUCCESS)]

@@ -4,6 +4,7 @@ read from a replica behind the store say so (``staleness``)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -17,7 +18,7 @@ from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
 from celery_saga.contrib.django import actions as run_actions
-from celery_saga.contrib.django import staleness
+from celery_saga.contrib.django import labels, staleness
 from celery_saga.contrib.django.app import project_engine
 from celery_saga.contrib.django.lookups import only_filter_lookups
 from celery_saga.contrib.django.models import HistoryRow, PausedRun, PausedStep, Run, Step
@@ -198,7 +199,10 @@ class RunAdmin(SaysStaleness, ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
     list_filter = (SagaFilter, StateFilter, RollbackFilter)
     lookup_allowed = only_filter_lookups
     search_fields = ("id",)
-    search_help_text = "A run's id, or its parent's: the whole id."
+    search_help_text = (
+        "A run's id, or its parent's: the whole id; or label.KEY=VALUE: the runs started "
+        "with that label (select them all, then act on them)."
+    )
     # Counting every run on each page is a scan of the table: show the filtered count only.
     show_full_result_count = False
     readonly_fields = (
@@ -211,6 +215,7 @@ class RunAdmin(SaysStaleness, ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
         "graph",
         "timeline",
         "input_shown",
+        "labels",
         "failure_reason",
         "rollback_status",
         "rollback_reason",
@@ -224,7 +229,18 @@ class RunAdmin(SaysStaleness, ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
     )
     fields = readonly_fields
     inlines = (StepInline, HistoryInline)
-    actions = ("resume", "resolve", "abandon", "signal", "cancel", "retry", "skip", "unwind")
+    actions = (
+        "resume",
+        "resolve",
+        "abandon",
+        "signal",
+        "cancel",
+        "retry",
+        "skip",
+        "unwind",
+        "bulk_cancel",
+        "bulk_resume",
+    )
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
@@ -234,6 +250,8 @@ class RunAdmin(SaysStaleness, ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
         term = search_term.strip()
         if not term:
             return queryset, False
+        if term.startswith("label.") and "=" in term:
+            return labels.labelled(queryset, term), False
         return queryset.filter(Q(id=term) | Q(parent_execution_id=term)), False
 
     @display(description="at node")
@@ -254,6 +272,12 @@ class RunAdmin(SaysStaleness, ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
     def timeline(self, run: Run) -> str:
         view = _view(run)
         return "-" if view is None else mark_safe(timeline_html(view))
+
+    @display(description="labels")
+    def labels(self, run: Run) -> str:
+        view = _view(run)
+        shown = view.labels if view is not None else ()
+        return "  ".join(f"{key}={value}" for key, value in shown) or "-"
 
     @display(description="input")
     def input_shown(self, run: Run) -> str:
@@ -344,6 +368,30 @@ class RunAdmin(SaysStaleness, ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
             return self._confirm(request, queryset, "cancel", question, form)
         self._act(request, queryset, run_actions.cancel(form.cleaned_data["reason"]), "cancelled")
         return None
+
+    @action(
+        description="Cancel every run the search and filters select, as one operation",
+        permissions=["cancel"],
+    )
+    def bulk_cancel(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        return self._bulk(request, queryset, "cancel")
+
+    @action(
+        description="Resume every parked run the search and filters select, as one operation",
+        permissions=["resume"],
+    )
+    def bulk_resume(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        return self._bulk(request, queryset, "resume")
+
+    def _bulk(
+        self, request: HttpRequest, queryset: QuerySet[Any], move: str
+    ) -> HttpResponse | None:
+        """``move`` on every run the changelist's search and filters select."""
+        confirm = functools.partial(self._confirm, request, queryset[:20], f"bulk_{move}")
+        done, said = run_actions.bulk_from_changelist(request, move, confirm)
+        for text, level in said:
+            self.message_user(request, text, level)
+        return done
 
     def _act(
         self,
