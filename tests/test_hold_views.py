@@ -95,8 +95,8 @@ def test_bulk_retry_skip_and_unwind_move_the_held_runs_a_label_selects_once_each
     }
     for run_id in [r for ids in runs.values() for r in ids]:
         _wait_state(harness, run_id, ExecutionState.HELD)
-    where = (f"label.batch={batch}", "label.to=skip")
-    bad = _invoke(harness, "skip", "--where", *where, "--result", "{nope", "--yes")
+    where = ("--where", f"label.batch={batch}", "--where", "label.to=skip")
+    bad = _invoke(harness, "skip", *where, "--result", "{nope", "--yes")
     assert bad.exit_code != 0 and "JSON" in bad.output, bad.output
     dry = _invoke(harness, "retry", "--where", f"label.batch={batch}", "--dry-run")
     assert "9 run(s) match" in dry.output, dry.output
