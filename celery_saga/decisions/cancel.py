@@ -29,7 +29,7 @@ class CancelVerdict(str, Enum):
     UNWINDING = "unwinding"
 
 
-_LIVE = (ExecutionState.RUNNING, ExecutionState.WAITING)
+_LIVE = (ExecutionState.QUEUED, ExecutionState.RUNNING, ExecutionState.WAITING)
 
 
 def decide_cancel(execution: ExecutionRecord) -> CancelVerdict:

@@ -8,6 +8,7 @@ from datetime import timedelta
 from functools import cached_property
 from typing import Any
 
+from celery_saga.definition.flow import Limit, run_limit
 from celery_saga.definition.hashing import structural_hash
 from celery_saga.definition.nodes import (
     ArgsMapper,
@@ -141,6 +142,8 @@ class SagaDefinition:
     timeout: float | None = None
     #: What humans must not be shown (``sensitive=``); not part of ``hash``.
     sensitive: Sensitivity = field(default_factory=Sensitivity)
+    #: At most so many live runs per key (``concurrency=``); not part of ``hash``.
+    concurrency: Limit | None = None
     #: Each step by name, the first in node order where names repeat (a branch's paths):
     #: every reversal and retry looks its step up, so it is made once.
     _steps: dict[str, StepSpec] = field(init=False, repr=False, compare=False)
@@ -211,6 +214,9 @@ def _as_steps(saga: str, body: Any) -> tuple[StepSpec, ...]:
 class Saga:
     """Fluent builder of a saga definition. Sealed by ``SagaEngine.register``.
 
+    ``concurrency``: a ``Limit``: at most so many live runs per key, the others queued
+    (docs/flow-control.md).
+
     ``sensitive``: dict key names marked at any depth of the input, results and signal
     payloads, or a callable ``(path, value) -> bool``; marked values are kept out of logs,
     failure texts, Celery's task results and ``celery saga show`` (see docs/redaction.md).
@@ -223,6 +229,7 @@ class Saga:
         version: str | None = None,
         timeout: float | timedelta | None = None,
         sensitive: Any = None,
+        concurrency: Limit | None = None,
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise DefinitionError(f"a saga needs a non-empty string name, got {name!r}")
@@ -237,6 +244,7 @@ class Saga:
         self.version = version
         self.timeout = run_timeout(f"saga {name!r}", timeout)
         self.sensitive = saga_sensitivity(name, sensitive)
+        self.concurrency = run_limit(name, concurrency)
         self._nodes: list[Node] = []
         self._sealed: SagaDefinition | None = None
 
@@ -400,7 +408,7 @@ class Saga:
             marked = frozenset(s.name for node in nodes for s in node_steps(node) if s.sensitive)
             marks = replace(self.sensitive, steps=marked)
             self._sealed = SagaDefinition(
-                self.name, nodes, shape, self.version, self.timeout, marks
+                self.name, nodes, shape, self.version, self.timeout, marks, self.concurrency
             )
         return self._sealed
 

@@ -15,6 +15,7 @@ from sqlalchemy.orm import aliased
 
 from celery_saga.records import ExecutionRecord, ExecutionState, RollbackStatus, StepRecord
 from celery_saga.store import drivers, history, prepared
+from celery_saga.store import flow as store_flow
 from celery_saga.store.codec import pack, unpack, unpack_or_sealed
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.history import HistoryEntry, Kind
@@ -38,9 +39,11 @@ def create_execution(
     now: datetime,
     parent_execution_id: str | None = None,
     deadline_at: datetime | None = None,
-) -> None:
+    flow: tuple[str, int] | None = None,
+) -> ExecutionState:
     """A plain INSERT, with the run's ``started`` history row: a duplicate id fails loudly
-    instead of overwriting a live run."""
+    instead of overwriting a live run. ``flow``: the run's key and its limit; without a
+    free slot the run is stored ``queued``. Returns the state stored."""
     stamp = to_db_time(now)
     values = {
         "id": execution_id,
@@ -58,14 +61,46 @@ def create_execution(
         "deadline_at": None if deadline_at is None else to_db_time(deadline_at),
         "members_settled": 0,
         "members_failed": 0,
+        "flow_key": None,
     }
+    if flow is not None:
+        return _create_limited(db, values, now, flow)
     if db.dialect == "postgresql":
         with db.single_statement() as connection:
             drivers.rowcount(connection, prepared.new_run_started(), values)
-        return
+        return state
     with db.transaction() as connection:  # two INSERTs in one
-        drivers.rowcount(connection, prepared.new_run(), values)
-        history.write(connection, execution_id, HistoryEntry(now, Kind.STARTED.value))
+        _insert_run(db, connection, values, now)
+    return state
+
+
+def _insert_run(
+    db: Database, connection: Connection, values: dict[str, Any], now: datetime
+) -> None:
+    """The run's row and its ``started`` history row: one statement on PostgreSQL."""
+    if db.dialect == "postgresql":
+        drivers.rowcount(connection, prepared.new_run_started(), values)
+        return
+    drivers.rowcount(connection, prepared.new_run(), values)
+    history.write(connection, values["id"], HistoryEntry(now, Kind.STARTED.value))
+
+
+def _create_limited(
+    db: Database, values: dict[str, Any], now: datetime, flow: tuple[str, int]
+) -> ExecutionState:
+    """``create_execution`` of a run under a flow-control limit: its slot is taken, or the
+    run queued, in the transaction that stores it (an INSERT that fails gives the slot
+    back): one statement more than a run without a limit when a slot is free."""
+    key, limit = flow
+    run_id = values["id"]
+    with db.transaction() as connection:
+        admitted = store_flow.take_slot(connection, values["saga_name"], key, limit)
+        state = ExecutionState(values["state"]) if admitted else ExecutionState.QUEUED
+        _insert_run(db, connection, {**values, "state": state.value, "flow_key": key}, now)
+        if not admitted:
+            why = f"key {key!r} has {limit} live run(s), its limit"
+            history.note(connection, run_id, Kind.QUEUED, now, why, data={"key": key})
+    return state
 
 
 def snapshot_query(run_id: Any) -> Any:
