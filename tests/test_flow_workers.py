@@ -1,0 +1,179 @@
+"""Run concurrency by key with real prefork workers on PostgreSQL, over RabbitMQ and Redis
+(guarantee 37), with a real ``celery beat``.
+
+The saga ``keyed`` (tests/sagaapp.py) allows one live run per customer; its step writes a
+ledger row when its body begins and when it ends, in one sequence across every process,
+so a test replays who was inside at any moment.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from celery_saga import ExecutionState
+from tests.conftest import (
+    BROKERS,
+    PORTS,
+    _spawn_workers,
+    _test_database_url,
+    _wait_ready,
+    require_services,
+    spawn_beat,
+    stop_workers,
+)
+from tests.sagaapp import TestApp, ledger
+
+LEASE = 3.0
+
+
+class FlowRig:
+    """Workers (and beat) on one broker, and the test's own client app."""
+
+    def __init__(self, broker: str, tmp: Path) -> None:
+        self.queue = f"saga-flow-{uuid.uuid4().hex[:10]}"
+        self.tmp = tmp
+        store = _test_database_url()
+        self.env = {
+            **os.environ,
+            "SAGA_TEST_BROKER": broker,
+            "SAGA_TEST_STORE": store,
+            "SAGA_TEST_QUEUE": self.queue,
+            "SAGA_TEST_DUPLICATE": "0",
+            "SAGA_TEST_LEASE": str(LEASE),
+            "SAGA_TEST_RECOVER_AFTER": str(LEASE),
+            "SAGA_TEST_SWEEP_INTERVAL": "1",
+            "PYTHONPATH": str(Path.cwd()),
+        }
+        self.client = TestApp(broker, store, self.queue)
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.generation = 0
+        self.beat = spawn_beat(self.env, tmp)
+
+    def start_workers(self, count: int, concurrency: int) -> list[subprocess.Popen[bytes]]:
+        self.generation += 1
+        logdir = self.tmp / f"gen{self.generation}"
+        logdir.mkdir()
+        workers, _ = _spawn_workers(
+            self.env, self.queue, logdir, count=count, concurrency=concurrency
+        )
+        self.workers.extend(workers)
+        _wait_ready(self.client, count, workers)
+        return workers
+
+    def start(self, customer: str, plan: dict[str, Any]) -> str:
+        run = self.client.engine.start("keyed", {"customer": customer, "plan": {"pay": plan}})
+        return str(run.id)
+
+    def states(self, ids: list[str]) -> list[ExecutionState]:
+        return [self.client.engine.get(i).state for i in ids]
+
+    def ledger_rows(self, ids: list[str]) -> list[Any]:
+        with self.client.sql.begin() as connection:
+            return list(
+                connection.execute(
+                    select(ledger.c.id, ledger.c.execution_id, ledger.c.direction)
+                    .where(ledger.c.execution_id.in_(ids))
+                    .order_by(ledger.c.id)
+                )
+            )
+
+    def close(self) -> None:
+        stop_workers([*self.workers, self.beat])
+        with self.client.app.connection_for_write() as connection:
+            connection.default_channel.queue_purge(self.queue)
+
+
+@pytest.fixture(params=["postgres-rabbitmq", "postgres-redis"])
+def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[FlowRig]:
+    require_services(PORTS["postgres"], PORTS[request.param])
+    made = FlowRig(BROKERS[request.param], tmp_path)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def _wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.25)
+
+
+def _replay(rows: list[Any], key_of: dict[str, str]) -> tuple[dict[str, int], dict[str, list]]:
+    """The most runs of each key inside a body at once, and each key's bodies in the order
+    they began."""
+    inside: dict[str, set[str]] = {}
+    most: dict[str, int] = {}
+    began: dict[str, list[str]] = {}
+    for row in rows:
+        key = key_of[row.execution_id]
+        live = inside.setdefault(key, set())
+        if row.direction == "forward_begin":
+            live.add(row.execution_id)
+            most[key] = max(most.get(key, 0), len(live))
+            if row.execution_id not in began.setdefault(key, []):
+                began[key].append(row.execution_id)
+        elif row.direction == "forward":
+            live.discard(row.execution_id)
+    return most, began
+
+
+def test_400_runs_over_20_keys_one_at_a_time_per_key_in_start_order(rig: FlowRig) -> None:
+    rig.start_workers(count=2, concurrency=4)
+    key_of: dict[str, str] = {}
+    ids: list[str] = []
+    for index in range(400):
+        customer = f"customer-{index % 20}"
+        run_id = rig.start(customer, {"mark_begin": True, "sleep": 0.02})
+        key_of[run_id] = customer
+        ids.append(run_id)
+
+    def all_completed() -> bool:
+        return all(s is ExecutionState.COMPLETED for s in rig.states(ids))
+
+    _wait(all_completed, 300, "all 400 runs complete")
+    most, began = _replay(rig.ledger_rows(ids), key_of)
+    assert set(most.values()) == {1}, f"two live runs of one key at once: {most}"
+    for customer in set(key_of.values()):
+        started = [i for i in ids if key_of[i] == customer]
+        assert began[customer] == started, f"{customer}: not in start order"
+
+
+def test_a_killed_worker_holding_a_slot_frees_it_only_when_its_run_is_recovered(
+    rig: FlowRig,
+) -> None:
+    (worker,) = rig.start_workers(count=1, concurrency=2)
+    holder = rig.start("crash", {"mark_begin": True, "first_sleep": 30})
+    waiting = rig.start("crash", {"mark_begin": True})
+    key_of = {holder: "crash", waiting: "crash"}
+
+    def holder_inside() -> bool:
+        return any(r.direction == "forward_begin" for r in rig.ledger_rows([holder]))
+
+    _wait(holder_inside, 60, "the first run's body begins")
+    os.killpg(worker.pid, signal.SIGKILL)
+    worker.wait(timeout=10)
+    assert rig.states([waiting]) == [ExecutionState.QUEUED]
+    rig.start_workers(count=1, concurrency=2)
+
+    def both_completed() -> bool:
+        return rig.states([holder, waiting]) == [ExecutionState.COMPLETED] * 2
+
+    _wait(both_completed, 120, "the killed run is recovered and the queued one runs")
+    rows = rig.ledger_rows([holder, waiting])
+    most, began = _replay(rows, key_of)
+    assert most == {"crash": 1}, rows
+    holder_done = max(r.id for r in rows if r.execution_id == holder and r.direction == "forward")
+    waiting_began = min(r.id for r in rows if r.execution_id == waiting)
+    assert waiting_began > holder_done, "the queued run started before the slot was given back"
