@@ -21,6 +21,7 @@ import pytest
 from sqlalchemy import select
 
 from celery_saga import ExecutionState
+from celery_saga.store.tables import flow_slots
 from tests.conftest import (
     BROKERS,
     PORTS,
@@ -133,8 +134,9 @@ def test_400_runs_over_20_keys_one_at_a_time_per_key_in_start_order(rig: FlowRig
     rig.start_workers(count=2, concurrency=4)
     key_of: dict[str, str] = {}
     ids: list[str] = []
+    prefix = uuid.uuid4().hex[:6]
     for index in range(400):
-        customer = f"customer-{index % 20}"
+        customer = f"{prefix}-{index % 20}"
         run_id = rig.start(customer, {"mark_begin": True, "sleep": 0.02})
         key_of[run_id] = customer
         ids.append(run_id)
@@ -154,9 +156,10 @@ def test_a_killed_worker_holding_a_slot_frees_it_only_when_its_run_is_recovered(
     rig: FlowRig,
 ) -> None:
     (worker,) = rig.start_workers(count=1, concurrency=2)
-    holder = rig.start("crash", {"mark_begin": True, "first_sleep": 30})
-    waiting = rig.start("crash", {"mark_begin": True})
-    key_of = {holder: "crash", waiting: "crash"}
+    key = f"crash-{uuid.uuid4().hex[:6]}"
+    holder = rig.start(key, {"mark_begin": True, "first_sleep": 30})
+    waiting = rig.start(key, {"mark_begin": True})
+    key_of = {holder: key, waiting: key}
 
     def holder_inside() -> bool:
         return any(r.direction == "forward_begin" for r in rig.ledger_rows([holder]))
@@ -172,8 +175,54 @@ def test_a_killed_worker_holding_a_slot_frees_it_only_when_its_run_is_recovered(
 
     _wait(both_completed, 120, "the killed run is recovered and the queued one runs")
     rows = rig.ledger_rows([holder, waiting])
-    most, began = _replay(rows, key_of)
-    assert most == {"crash": 1}, rows
+    most, _ = _replay(rows, key_of)
+    assert most == {key: 1}, rows
     holder_done = max(r.id for r in rows if r.execution_id == holder and r.direction == "forward")
     waiting_began = min(r.id for r in rows if r.execution_id == waiting)
     assert waiting_began > holder_done, "the queued run started before the slot was given back"
+
+
+def test_a_store_outage_during_admissions_loses_and_doubles_no_slot(tmp_path: Path) -> None:
+    """Starts, ends and hand-ons meet a 30 s cut of the store: every write is retried or
+    adopted, never two runs of a key live at once, and every slot is given back."""
+    from tests.test_faults import FaultRig
+
+    rig = FaultRig(tmp_path, sweep="1")
+    try:
+        engine = rig.client.engine
+        key_of: dict[str, str] = {}
+        prefix = uuid.uuid4().hex[:6]
+
+        def start(index: int) -> None:
+            customer = f"{prefix}-{index % 4}"
+            plan = {"pay": {"mark_begin": True, "sleep": 0.2}}
+            key_of[engine.start("keyed", {"customer": customer, "plan": plan}).id] = customer
+
+        for index in range(24):
+            start(index)
+        rig.proxy.cut(30)
+        for index in range(24, 32):  # each waits out the outage within the retry budget
+            start(index)
+        ids = list(key_of)
+        for run_id in ids:
+            assert rig.wait_terminal(run_id, timeout=180).state is ExecutionState.COMPLETED
+        with rig.client.sql.begin() as connection:
+            rows = list(
+                connection.execute(
+                    select(ledger.c.id, ledger.c.execution_id, ledger.c.direction)
+                    .where(ledger.c.execution_id.in_(ids))
+                    .order_by(ledger.c.id)
+                )
+            )
+        most, _ = _replay(rows, key_of)
+        assert set(most.values()) == {1}, f"two live runs of one key at once: {most}"
+        with engine.db.engine.connect() as connection:
+            live = connection.execute(
+                select(flow_slots.c.flow_key, flow_slots.c.live).where(
+                    flow_slots.c.saga_name == "keyed",
+                    flow_slots.c.flow_key.in_(set(key_of.values())),
+                )
+            ).all()
+        assert {row.live for row in live} == {0}, f"a slot was not given back: {live}"
+    finally:
+        rig.close()
