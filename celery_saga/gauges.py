@@ -1,6 +1,8 @@
 """Prometheus gauges read from the saga store, for alerts on what is stuck or piling up:
 unfinished runs by saga and state (``waiting`` and ``compensation_stuck`` above all) and the
-age of the oldest unfinished run of each saga (needs the ``prometheus`` extra).
+age of the oldest unfinished run of each saga, and of its oldest run queued by a
+flow-control limit (the queue's length is ``saga_runs{state="queued"}``); needs the
+``prometheus`` extra.
 
 The counters of ``metrics`` say what happened in one process; these say what the store
 holds now, so every exporter reports the same values (aggregate them with ``max``, not
@@ -21,6 +23,7 @@ from datetime import datetime
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from celery_saga.records import ExecutionState
 from celery_saga.runtime.clock import get_clock
 from celery_saga.store import inspection
 from celery_saga.store.database import Database
@@ -34,6 +37,8 @@ class Reading:
     runs: dict[tuple[str, str], int] = field(default_factory=dict)
     #: saga -> creation time of its oldest unfinished run
     oldest: dict[str, datetime] = field(default_factory=dict)
+    #: saga -> creation time of its oldest queued run (flow control: the longest wait)
+    oldest_queued: dict[str, datetime] = field(default_factory=dict)
     at: datetime | None = None
 
 
@@ -61,12 +66,14 @@ class StoreGauges(Collector):
         try:
             runs = inspection.run_counts(self.db)
             oldest = inspection.oldest_unfinished_by_saga(self.db)
+            queued = (ExecutionState.QUEUED.value,)
+            oldest_queued = inspection.oldest_unfinished_by_saga(self.db, queued)
         except Exception as error:  # an outage must not end the thread
             if self.up:
                 logger.warning("saga gauges: the store could not be read (%s)", error)
             self.up = False
             return
-        self.reading = Reading(runs, oldest, get_clock().now())
+        self.reading = Reading(runs, oldest, oldest_queued, get_clock().now())
         self.up = True
 
     def collect(self) -> Iterator[Metric]:
@@ -88,6 +95,15 @@ class StoreGauges(Collector):
             for saga, created in sorted(reading.oldest.items()):
                 age.add_metric([saga], max(0.0, (reading.at - created).total_seconds()))
         yield age
+        waited = GaugeMetricFamily(
+            f"{prefix}_oldest_queued_run_age_seconds",
+            "How long the oldest run of each saga queued by its flow-control limit has waited",
+            labels=["saga"],
+        )
+        if reading.at is not None:
+            for saga, created in sorted(reading.oldest_queued.items()):
+                waited.add_metric([saga], max(0.0, (reading.at - created).total_seconds()))
+        yield waited
         yield GaugeMetricFamily(
             f"{prefix}_store_up",
             "1 if the last reading of the store for these gauges succeeded",

@@ -1,6 +1,7 @@
 """The ``celery saga`` command group (entry point ``celery.commands``: ``saga``)."""
 
 from celery_saga.cli import db as _db  # noqa: F401  (registers the ``db`` subgroup)
+from celery_saga.cli import limits as _limits  # noqa: F401  (``limits``: flow-control keys)
 from celery_saga.cli import operate as _operate  # noqa: F401  (signal, resume, abandon, cancel)
 from celery_saga.cli import payload_keys as _payload_keys  # noqa: F401  (``db new-key``, ``db reencrypt``)
 from celery_saga.cli import version_check as _version_check  # noqa: F401  (``versions check``)

@@ -27,7 +27,7 @@ from celery_saga.inspect.values import (
     Timeline,
     Within,
 )
-from celery_saga.records import ExecutionRecord, ExecutionState, StepRecord
+from celery_saga.records import ExecutionRecord, ExecutionState, QueuePlace, StepRecord
 from celery_saga.store.inspection import StoredRun
 
 #: How deep a run's child runs are followed; sub-sagas may nest, a cycle cannot be registered.
@@ -124,6 +124,7 @@ def describe(
     find: FindDefinition,
     *,
     waiting_for_version: str | None = None,
+    queued_behind: QueuePlace | None = None,
     depth: int = 0,
 ) -> RunView:
     """Everything stored about ``run``, its child runs (read through ``load``) nested
@@ -159,6 +160,7 @@ def describe(
             until=until,
             version=waiting_for_version,
             child=running_child,
+            queued=queued_behind,
         ),
         graph=graph.build(definition, record, steps, signals, run.history),
         timeline=Timeline(chronology.entries(record, steps, signals, run.history), bars_of, waits),

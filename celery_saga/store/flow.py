@@ -22,7 +22,7 @@ from sqlalchemy.exc import IntegrityError
 from celery_saga.decisions.flow import FlowVerdict, admit, slots_to_hand_on
 from celery_saga.records import ExecutionState, QueuePlace
 from celery_saga.store import history
-from celery_saga.store.database import Database, to_db_time
+from celery_saga.store.database import Database, from_db_time, to_db_time
 from celery_saga.store.history import Kind
 from celery_saga.store.tables import executions, flow_slots
 
@@ -180,3 +180,61 @@ def queue_place(db: Database, execution_id: str) -> QueuePlace | None:
         )
     )
     return QueuePlace(key, int(ahead[0]["ahead"]))
+
+
+@dataclass(frozen=True)
+class KeyLoad:
+    """One key of a saga's flow-control limit: runs holding a slot, and runs queued."""
+
+    saga: str
+    key: str
+    live: int
+    limit: int
+    queued: int
+    oldest_queued: datetime | None
+
+
+def busiest_keys(db: Database, most: int = 20) -> list[KeyLoad]:
+    """The ``most`` keys with the most runs queued, then live: the keys with a run queued
+    (from the queued runs only, the index on state) and the fullest slot rows."""
+    queued = db.read(
+        select(
+            executions.c.saga_name,
+            executions.c.flow_key,
+            func.count().label("queued"),
+            func.min(executions.c.created_at).label("oldest"),
+        )
+        .where(executions.c.state == _QUEUED)
+        .group_by(executions.c.saga_name, executions.c.flow_key)
+        .order_by(func.count().desc())
+        .limit(most)
+    )
+    waiting = {(r["saga_name"], r["flow_key"]): r for r in queued}
+    fullest = db.read(
+        select(flow_slots)
+        .where(flow_slots.c.live > 0)
+        .order_by(flow_slots.c.live.desc())
+        .limit(most)
+    )
+    slots = {(r["saga_name"], r["flow_key"]): r for r in fullest}
+    for saga, key in set(waiting) - set(slots):
+        rows = db.read(
+            select(flow_slots).where(flow_slots.c.saga_name == saga, flow_slots.c.flow_key == key)
+        )
+        if rows:
+            slots[saga, key] = rows[0]
+    loads = []
+    for (saga, key), slot in slots.items():
+        queue = waiting.get((saga, key))
+        loads.append(
+            KeyLoad(
+                saga,
+                key,
+                int(slot["live"]),
+                int(slot["run_limit"]),
+                int(queue["queued"]) if queue else 0,
+                from_db_time(queue["oldest"]) if queue else None,
+            )
+        )
+    loads.sort(key=lambda k: (-k.queued, -k.live, k.saga, k.key))
+    return loads[:most]
