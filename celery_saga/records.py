@@ -82,6 +82,18 @@ class QueuePlace:
 
 
 @dataclass(frozen=True)
+class KeyLoad:
+    """One key of a saga's flow-control limit: runs holding a slot, and runs queued."""
+
+    saga: str
+    key: str
+    live: int
+    limit: int
+    queued: int
+    oldest_queued: datetime | None
+
+
+@dataclass(frozen=True)
 class StepRecord:
     """One step's journal row. ``id`` grows with first start, so it IS the start order."""
 

@@ -8,12 +8,8 @@ so a test replays who was inside at any moment.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,93 +19,33 @@ from sqlalchemy import select
 from celery_saga import ExecutionState
 from celery_saga.errors import StoreUnavailableError
 from celery_saga.store.tables import flow_slots
-from tests.conftest import (
-    BROKERS,
-    PORTS,
-    _spawn_workers,
-    _test_database_url,
-    _wait_ready,
-    require_services,
-    spawn_beat,
-    stop_workers,
-)
-from tests.sagaapp import TestApp, ledger
-
-LEASE = 3.0
+from tests.sagaapp import ledger
+from tests.test_crash_recovery import CrashRig, crash_rig, wait_for
 
 
-class FlowRig:
-    """Workers (and beat) on one broker, and the test's own client app."""
+def _start(rig: CrashRig, customer: str, plan: dict[str, Any]) -> str:
+    run = rig.client.engine.start("keyed", {"customer": customer, "plan": {"pay": plan}})
+    return str(run.id)
 
-    def __init__(self, broker: str, tmp: Path) -> None:
-        self.queue = f"saga-flow-{uuid.uuid4().hex[:10]}"
-        self.tmp = tmp
-        store = _test_database_url()
-        self.env = {
-            **os.environ,
-            "SAGA_TEST_BROKER": broker,
-            "SAGA_TEST_STORE": store,
-            "SAGA_TEST_QUEUE": self.queue,
-            "SAGA_TEST_DUPLICATE": "0",
-            "SAGA_TEST_LEASE": str(LEASE),
-            "SAGA_TEST_RECOVER_AFTER": str(LEASE),
-            "SAGA_TEST_SWEEP_INTERVAL": "1",
-            "PYTHONPATH": str(Path.cwd()),
-        }
-        self.client = TestApp(broker, store, self.queue)
-        self.workers: list[subprocess.Popen[bytes]] = []
-        self.generation = 0
-        self.beat = spawn_beat(self.env, tmp)
 
-    def start_workers(self, count: int, concurrency: int) -> list[subprocess.Popen[bytes]]:
-        self.generation += 1
-        logdir = self.tmp / f"gen{self.generation}"
-        logdir.mkdir()
-        workers, _ = _spawn_workers(
-            self.env, self.queue, logdir, count=count, concurrency=concurrency
-        )
-        self.workers.extend(workers)
-        _wait_ready(self.client, count, workers)
-        return workers
+def _states(rig: CrashRig, ids: list[str]) -> list[ExecutionState]:
+    return [rig.client.engine.get(i).state for i in ids]
 
-    def start(self, customer: str, plan: dict[str, Any]) -> str:
-        run = self.client.engine.start("keyed", {"customer": customer, "plan": {"pay": plan}})
-        return str(run.id)
 
-    def states(self, ids: list[str]) -> list[ExecutionState]:
-        return [self.client.engine.get(i).state for i in ids]
-
-    def ledger_rows(self, ids: list[str]) -> list[Any]:
-        with self.client.sql.begin() as connection:
-            return list(
-                connection.execute(
-                    select(ledger.c.id, ledger.c.execution_id, ledger.c.direction)
-                    .where(ledger.c.execution_id.in_(ids))
-                    .order_by(ledger.c.id)
-                )
+def _ledger_rows(rig: Any, ids: list[str]) -> list[Any]:
+    with rig.client.sql.begin() as connection:
+        return list(
+            connection.execute(
+                select(ledger.c.id, ledger.c.execution_id, ledger.c.direction)
+                .where(ledger.c.execution_id.in_(ids))
+                .order_by(ledger.c.id)
             )
-
-    def close(self) -> None:
-        stop_workers([*self.workers, self.beat])
-        with self.client.app.connection_for_write() as connection:
-            connection.default_channel.queue_purge(self.queue)
+        )
 
 
 @pytest.fixture(params=["postgres-rabbitmq", "postgres-redis"])
-def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[FlowRig]:
-    require_services(PORTS["postgres"], PORTS[request.param])
-    made = FlowRig(BROKERS[request.param], tmp_path)
-    try:
-        yield made
-    finally:
-        made.close()
-
-
-def _wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.25)
+def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CrashRig]:
+    yield from crash_rig(request.param, tmp_path)
 
 
 def _replay(rows: list[Any], key_of: dict[str, str]) -> tuple[dict[str, int], dict[str, list]]:
@@ -131,22 +67,22 @@ def _replay(rows: list[Any], key_of: dict[str, str]) -> tuple[dict[str, int], di
     return most, began
 
 
-def test_400_runs_over_20_keys_one_at_a_time_per_key_in_start_order(rig: FlowRig) -> None:
-    rig.start_workers(count=2, concurrency=4)
+def test_400_runs_over_20_keys_one_at_a_time_per_key_in_start_order(rig: CrashRig) -> None:
+    rig.start_worker(count=2, concurrency=4)
     key_of: dict[str, str] = {}
     ids: list[str] = []
     prefix = uuid.uuid4().hex[:6]
     for index in range(400):
         customer = f"{prefix}-{index % 20}"
-        run_id = rig.start(customer, {"mark_begin": True, "sleep": 0.02})
+        run_id = _start(rig, customer, {"mark_begin": True, "sleep": 0.02})
         key_of[run_id] = customer
         ids.append(run_id)
 
     def all_completed() -> bool:
-        return all(s is ExecutionState.COMPLETED for s in rig.states(ids))
+        return all(s is ExecutionState.COMPLETED for s in _states(rig, ids))
 
-    _wait(all_completed, 300, "all 400 runs complete")
-    most, began = _replay(rig.ledger_rows(ids), key_of)
+    wait_for(all_completed, 300)
+    most, began = _replay(_ledger_rows(rig, ids), key_of)
     assert set(most.values()) == {1}, f"two live runs of one key at once: {most}"
     for customer in set(key_of.values()):
         started = [i for i in ids if key_of[i] == customer]
@@ -154,28 +90,27 @@ def test_400_runs_over_20_keys_one_at_a_time_per_key_in_start_order(rig: FlowRig
 
 
 def test_a_killed_worker_holding_a_slot_frees_it_only_when_its_run_is_recovered(
-    rig: FlowRig,
+    rig: CrashRig,
 ) -> None:
-    (worker,) = rig.start_workers(count=1, concurrency=2)
+    worker = rig.start_worker()
     key = f"crash-{uuid.uuid4().hex[:6]}"
-    holder = rig.start(key, {"mark_begin": True, "first_sleep": 30})
-    waiting = rig.start(key, {"mark_begin": True})
+    holder = _start(rig, key, {"mark_begin": True, "first_sleep": 30})
+    waiting = _start(rig, key, {"mark_begin": True})
     key_of = {holder: key, waiting: key}
 
     def holder_inside() -> bool:
-        return any(r.direction == "forward_begin" for r in rig.ledger_rows([holder]))
+        return any(r.direction == "forward_begin" for r in _ledger_rows(rig, [holder]))
 
-    _wait(holder_inside, 60, "the first run's body begins")
-    os.killpg(worker.pid, signal.SIGKILL)
-    worker.wait(timeout=10)
-    assert rig.states([waiting]) == [ExecutionState.QUEUED]
-    rig.start_workers(count=1, concurrency=2)
+    wait_for(holder_inside, 60)
+    rig.kill(worker)
+    assert _states(rig, [waiting]) == [ExecutionState.QUEUED]
+    rig.start_worker()
 
     def both_completed() -> bool:
-        return rig.states([holder, waiting]) == [ExecutionState.COMPLETED] * 2
+        return _states(rig, [holder, waiting]) == [ExecutionState.COMPLETED] * 2
 
-    _wait(both_completed, 120, "the killed run is recovered and the queued one runs")
-    rows = rig.ledger_rows([holder, waiting])
+    wait_for(both_completed, 120)
+    rows = _ledger_rows(rig, [holder, waiting])
     most, _ = _replay(rows, key_of)
     assert most == {key: 1}, rows
     holder_done = max(r.id for r in rows if r.execution_id == holder and r.direction == "forward")
@@ -215,15 +150,7 @@ def test_a_store_outage_during_admissions_loses_and_doubles_no_slot(tmp_path: Pa
         ids = list(key_of)
         for run_id in ids:
             assert rig.wait_terminal(run_id, timeout=180).state is ExecutionState.COMPLETED
-        with rig.client.sql.begin() as connection:
-            rows = list(
-                connection.execute(
-                    select(ledger.c.id, ledger.c.execution_id, ledger.c.direction)
-                    .where(ledger.c.execution_id.in_(ids))
-                    .order_by(ledger.c.id)
-                )
-            )
-        most, _ = _replay(rows, key_of)
+        most, _ = _replay(_ledger_rows(rig, ids), key_of)
         assert set(most.values()) == {1}, f"two live runs of one key at once: {most}"
         with engine.db.engine.connect() as connection:
             live = connection.execute(

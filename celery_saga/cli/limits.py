@@ -9,8 +9,8 @@ import click
 
 from celery_saga.cli.commands import engine_of, operator_command, saga
 from celery_saga.cli.output import as_json, table
+from celery_saga.records import KeyLoad
 from celery_saga.runtime.clock import get_clock
-from celery_saga.store.flow import KeyLoad
 
 
 def _row(load: KeyLoad) -> list[str]:

@@ -11,7 +11,7 @@ from celery_saga.errors import ExecutionNotFoundError, SagaError
 from celery_saga.inspect import story, waiting
 from celery_saga.inspect.redacted import redacted
 from celery_saga.inspect.values import ListedRun, RunList, RunView
-from celery_saga.records import ExecutionRecord, ExecutionState
+from celery_saga.records import ExecutionRecord, ExecutionState, KeyLoad
 from celery_saga.runtime.catalog import Catalog
 from celery_saga.store import flow, inspection
 from celery_saga.store.database import Database
@@ -119,7 +119,7 @@ class Inspector:
         """``record`` as a list shows it (``stats``' oldest runs)."""
         return None if record is None else self._listed([record], False)[0]
 
-    def limits(self, most: int = 20) -> list[flow.KeyLoad]:
+    def limits(self, most: int = 20) -> list[KeyLoad]:
         """The busiest flow-control keys: most runs queued, then most live (``saga limits``)."""
         self._prepare()
         return flow.busiest_keys(reads(self._db), most)

@@ -20,7 +20,7 @@ from sqlalchemy import Connection, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from celery_saga.decisions.flow import FlowVerdict, admit, slots_to_hand_on
-from celery_saga.records import ExecutionState, QueuePlace
+from celery_saga.records import ExecutionState, KeyLoad, QueuePlace
 from celery_saga.store import history
 from celery_saga.store.database import Database, from_db_time, to_db_time
 from celery_saga.store.history import Kind
@@ -180,18 +180,6 @@ def queue_place(db: Database, execution_id: str) -> QueuePlace | None:
         )
     )
     return QueuePlace(key, int(ahead[0]["ahead"]))
-
-
-@dataclass(frozen=True)
-class KeyLoad:
-    """One key of a saga's flow-control limit: runs holding a slot, and runs queued."""
-
-    saga: str
-    key: str
-    live: int
-    limit: int
-    queued: int
-    oldest_queued: datetime | None
 
 
 def busiest_keys(db: Database, most: int = 20) -> list[KeyLoad]:
