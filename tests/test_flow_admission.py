@@ -25,9 +25,9 @@ def _noop() -> None:
     return None
 
 
-def _limited(engine: SagaEngine, limit: int) -> str:
+def _limited(engine: SagaEngine, limit: int, total: int | None = None) -> str:
     name = f"flow{uuid.uuid4().hex[:8]}"
-    saga = Saga(name, concurrency=Limit(key=lambda i: i["customer"], max=limit))
+    saga = Saga(name, concurrency=Limit(key=lambda i: i["customer"], max=limit, total=total))
     engine.register(saga.step("pay", _noop))
     return name
 
@@ -70,6 +70,22 @@ def test_concurrent_starts_of_one_key_take_exactly_its_slots(direct: SagaEngine)
     assert states.count(ExecutionState.RUNNING) == 3, states
     assert states.count(ExecutionState.QUEUED) == 21
     assert _live(direct, name, "c1") == 3
+
+
+def test_concurrent_starts_under_a_saga_total_take_at_most_the_total(direct: SagaEngine) -> None:
+    name = _limited(direct, 2, total=5)
+
+    def start(n: int) -> tuple[str, str]:
+        customer = f"c{n % 4}"
+        return direct.start(name, {"customer": customer}).id, customer
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        runs = list(pool.map(start, range(24)))
+    running = [key for run_id, key in runs if direct.get(run_id).state is ExecutionState.RUNNING]
+    assert len(running) == 5, running
+    assert max(running.count(k) for k in set(running)) <= 2
+    assert _live(direct, name, "") == 5
+    assert sum(_live(direct, name, f"c{n}") or 0 for n in range(4)) == 5
 
 
 def test_the_queued_are_told_where_they_stand(direct: SagaEngine) -> None:

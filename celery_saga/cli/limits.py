@@ -17,7 +17,8 @@ def _row(load: KeyLoad) -> list[str]:
     waited = "-"
     if load.oldest_queued is not None:
         waited = f"{(get_clock().now() - load.oldest_queued).total_seconds():.0f} s"
-    return [load.saga, load.key, f"{load.live}/{load.limit}", str(load.queued), waited]
+    key = load.key or "(saga total)"
+    return [load.saga, key, f"{load.live}/{load.limit}", str(load.queued), waited]
 
 
 @saga.command()

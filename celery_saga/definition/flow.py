@@ -31,14 +31,26 @@ _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|m|h)\s*$")
 
 @dataclass(frozen=True)
 class Limit:
-    """At most ``max`` live at once per key; ``key(input)`` names the key (None: one key)."""
+    """At most ``max`` live at once per key; ``key(input)`` names the key (None: one key);
+    ``total``: at most so many live across the saga's keys."""
 
     key: KeyFunction | None = None
     max: int = 1
+    #: At most so many live runs of the saga across all its keys; a slot that frees goes
+    #: to the key whose run waited longest.
+    total: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max, bool) or not isinstance(self.max, int) or self.max < 1:
             raise DefinitionError(f"Limit(max=) takes an integer of at least 1, got {self.max!r}")
+        if self.total is not None and (
+            isinstance(self.total, bool) or not isinstance(self.total, int) or self.total < 1
+        ):
+            raise DefinitionError(
+                f"Limit(total=) takes an integer of at least 1 (or None), got {self.total!r}"
+            )
+        if self.total is not None and self.key is None:
+            raise DefinitionError("Limit(total=) needs a key=: without one, max= is the total")
         if self.key is not None and not callable(self.key):
             raise DefinitionError(
                 f"Limit(key=) takes a function of the input (or None), got {self.key!r}"
@@ -94,6 +106,8 @@ def key_of(saga: str, limit: Limit, saga_input: Mapping[str, Any]) -> str:
     if isinstance(key, int) and not isinstance(key, bool):
         key = str(key)
     problem = text_problem(key, NAME_LENGTH, "saga_executions.flow_key")
+    if problem is None and key == "":
+        problem = "is empty"
     if problem is not None:
         raise SagaError(f"saga {saga!r}: the concurrency key {key!r:.100} {problem}")
     assert isinstance(key, str)

@@ -41,6 +41,7 @@ from celery_saga.runtime.outcomes import NoBody
 from celery_saga.runtime.parts import Parts
 from celery_saga.store import flow, forward, queries, recovery
 from celery_saga.store.codec import pack
+from celery_saga.store.flow import RunFlow
 
 logger = logging.getLogger("celery_saga")
 
@@ -65,8 +66,9 @@ def create(
     first = first_position(definition.nodes)
     now = get_clock().now()
     seconds = timeout if timeout is not None else definition.timeout
-    limit = definition.concurrency
-    flow = None if limit is None else (key_of(definition.name, limit, saga_input), limit.max)
+    limit, flow = definition.concurrency, None
+    if limit is not None:
+        flow = RunFlow(key_of(definition.name, limit, saga_input), limit.max, limit.total)
     state = queries.create_execution(
         parts.db,
         execution_id=execution_id,
@@ -85,10 +87,12 @@ def create(
     if state is ExecutionState.QUEUED:
         assert flow is not None
         logger.info(
-            "saga %r execution %s queued: key %r has %d live run(s), its limit",
+            "saga %r execution %s queued: no slot of key %r free (limit %d, saga total %s)",
             definition.name,
             execution_id,
-            *flow,
+            flow.key,
+            flow.limit,
+            flow.total,
         )
     return state
 

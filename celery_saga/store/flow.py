@@ -71,10 +71,59 @@ def take_slot(connection: Connection, saga: str, key: str, limit: int) -> bool:
     return verdict is FlowVerdict.ADMIT
 
 
+#: The key of a saga's row that counts its runs under ``Limit(total=)`` (no key function
+#: may return an empty key).
+TOTAL = ""
+
+
+@dataclass(frozen=True)
+class RunFlow:
+    """What a run's admission applies: its key, the key's limit, and the saga's total."""
+
+    key: str
+    limit: int
+    total: int | None = None
+
+
+def admit_run(connection: Connection, saga: str, flow: RunFlow) -> bool:
+    """Take the run's slots (the saga's total first, then its key's: the order every
+    admission and every ending locks them in), or none: the run is queued (False)."""
+    if flow.total is None:
+        return take_slot(connection, saga, flow.key, flow.limit)
+    if not take_slot(connection, saga, TOTAL, flow.total):
+        _ensure_row(connection, saga, flow.key, flow.limit)  # the hand-on joins on it
+        return False
+    if take_slot(connection, saga, flow.key, flow.limit):
+        return True
+    _give_back(connection, saga, TOTAL)
+    return False
+
+
+def _ensure_row(connection: Connection, saga: str, key: str, limit: int) -> None:
+    where = (flow_slots.c.saga_name == saga) & (flow_slots.c.flow_key == key)
+    if connection.execute(select(flow_slots.c.live).where(where)).first() is not None:
+        return
+    try:
+        with connection.begin_nested():
+            values = {"saga_name": saga, "flow_key": key, "live": 0, "run_limit": limit}
+            connection.execute(insert(flow_slots).values(**values))
+    except IntegrityError:
+        pass  # a concurrent first run of the key made it
+
+
+def _give_back(connection: Connection, saga: str, key: str) -> None:
+    where = (flow_slots.c.saga_name == saga) & (flow_slots.c.flow_key == key)
+    connection.execute(
+        update(flow_slots).where(where, flow_slots.c.live > 0).values(live=flow_slots.c.live - 1)
+    )
+
+
 def release(connection: Connection, execution_id: str, now: datetime) -> list[str]:
     """The run ``execution_id``, ending in this transaction, gives its slot back: to the
     oldest queued runs of its key if any (returned; they are now running and owed their
-    first message), else to the key. Nothing for a run without a key."""
+    first message), else to the key. Under a saga's total, the freed slot goes to the run
+    queued longest among the keys with a slot free (the key that waited longest). Nothing
+    for a run without a key."""
     row = connection.execute(
         select(executions.c.saga_name, executions.c.flow_key).where(executions.c.id == execution_id)
     ).first()
@@ -86,45 +135,94 @@ def release(connection: Connection, execution_id: str, now: datetime) -> list[st
     connection.execute(
         update(executions).where(executions.c.id == execution_id).values(flow_key=None)
     )
+    total_where = (flow_slots.c.saga_name == saga) & (flow_slots.c.flow_key == TOTAL)
+    total = connection.execute(select(flow_slots.c.run_limit).where(total_where)).first()
+    if total is not None:
+        _give_back(connection, saga, TOTAL)  # first: the order admissions lock in
+    _give_back(connection, saga, key)
+    if total is None:
+        chosen = _hand_on_within_key(connection, saga, key)
+    else:
+        chosen = _hand_on_across_keys(connection, saga, total.run_limit)
+    if not chosen:
+        return []
+    stamp = to_db_time(now)
+    for run_id, run_key in chosen:
+        started = connection.execute(
+            update(executions)
+            .where(executions.c.id == run_id, executions.c.state == _QUEUED)
+            .values(
+                state=ExecutionState.RUNNING.value,
+                wake_at=stamp,
+                updated_at=stamp,
+                version=executions.c.version + 1,
+            )
+        ).rowcount
+        assert started == 1, run_id  # locked when chosen: nothing moved it since
+        why = f"a slot of key {run_key!r} freed: {execution_id} ended"
+        history.note(connection, run_id, Kind.ADMITTED, now, why, data={"key": run_key})
+    ids = [run_id for run_id, _ in chosen]
+    logger.info("saga %r key %r: %s ended, its slot starts %s", saga, key, execution_id, ids)
+    return ids
+
+
+def _queued_of(saga: str) -> Any:
+    return (executions.c.saga_name == saga) & (executions.c.state == _QUEUED)
+
+
+def _hand_on_within_key(connection: Connection, saga: str, key: str) -> list[tuple[str, str]]:
+    """The key's oldest queued runs, as many as its free slots, each given one."""
     where = (flow_slots.c.saga_name == saga) & (flow_slots.c.flow_key == key)
-    connection.execute(
-        update(flow_slots).where(where, flow_slots.c.live > 0).values(live=flow_slots.c.live - 1)
-    )
     slot = connection.execute(select(flow_slots.c.live, flow_slots.c.run_limit).where(where)).one()
     free = slots_to_hand_on(slot.live, slot.run_limit, slot.run_limit)
     if free == 0:
         return []
     queued = connection.execute(
         select(executions.c.id)
-        .where(
-            executions.c.saga_name == saga,
-            executions.c.flow_key == key,
-            executions.c.state == _QUEUED,
-        )
+        .where(_queued_of(saga), executions.c.flow_key == key)
         .order_by(executions.c.created_at, executions.c.id)
         .limit(free)
         .with_for_update()
     )
-    chosen = [r.id for r in queued]
-    if not chosen:
-        return []
-    stamp = to_db_time(now)
-    started = connection.execute(
-        update(executions)
-        .where(executions.c.id.in_(chosen), executions.c.state == _QUEUED)
-        .values(
-            state=ExecutionState.RUNNING.value,
-            wake_at=stamp,
-            updated_at=stamp,
-            version=executions.c.version + 1,
+    chosen = [(r.id, key) for r in queued]
+    if chosen:
+        connection.execute(
+            update(flow_slots).where(where).values(live=flow_slots.c.live + len(chosen))
         )
-    ).rowcount
-    assert started == len(chosen), (started, chosen)  # locked above: none moved since
-    connection.execute(update(flow_slots).where(where).values(live=flow_slots.c.live + len(chosen)))
-    why = f"a slot of key {key!r} freed: {execution_id} ended"
-    for run_id in chosen:
-        history.note(connection, run_id, Kind.ADMITTED, now, why, data={"key": key})
-    logger.info("saga %r key %r: %s ended, its slot starts %s", saga, key, execution_id, chosen)
+    return chosen
+
+
+def _hand_on_across_keys(connection: Connection, saga: str, total: int) -> list[tuple[str, str]]:
+    """Under a saga's total: while it has a slot free, the run queued longest among the
+    keys with a slot of their own free (fairness: a flooded key holds at most its limit,
+    and the key that waited longest goes next)."""
+    chosen: list[tuple[str, str]] = []
+    total_where = (flow_slots.c.saga_name == saga) & (flow_slots.c.flow_key == TOTAL)
+    live = connection.execute(select(flow_slots.c.live).where(total_where)).scalar_one()
+    for _ in range(slots_to_hand_on(live, total, total)):
+        slot = flow_slots.alias("slot")
+        oldest = connection.execute(
+            select(executions.c.id, executions.c.flow_key)
+            .join(
+                slot,
+                (slot.c.saga_name == executions.c.saga_name)
+                & (slot.c.flow_key == executions.c.flow_key),
+            )
+            .where(
+                _queued_of(saga),
+                slot.c.live < slot.c.run_limit,
+                executions.c.id.not_in([run_id for run_id, _ in chosen]),
+            )
+            .order_by(executions.c.created_at, executions.c.id)
+            .limit(1)
+            .with_for_update()
+        ).first()
+        if oldest is None:
+            break
+        key_where = (flow_slots.c.saga_name == saga) & (flow_slots.c.flow_key == oldest.flow_key)
+        for where in (total_where, key_where):
+            connection.execute(update(flow_slots).where(where).values(live=flow_slots.c.live + 1))
+        chosen.append((oldest.id, oldest.flow_key))
     return chosen
 
 

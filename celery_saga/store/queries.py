@@ -39,7 +39,7 @@ def create_execution(
     now: datetime,
     parent_execution_id: str | None = None,
     deadline_at: datetime | None = None,
-    flow: tuple[str, int] | None = None,
+    flow: store_flow.RunFlow | None = None,
 ) -> ExecutionState:
     """A plain INSERT, with the run's ``started`` history row: a duplicate id fails loudly
     instead of overwriting a live run. ``flow``: the run's key and its limit; without a
@@ -86,19 +86,18 @@ def _insert_run(
 
 
 def _create_limited(
-    db: Database, values: dict[str, Any], now: datetime, flow: tuple[str, int]
+    db: Database, values: dict[str, Any], now: datetime, flow: store_flow.RunFlow
 ) -> ExecutionState:
     """``create_execution`` of a run under a flow-control limit: its slot is taken, or the
     run queued, in the transaction that stores it (an INSERT that fails gives the slot
     back): one statement more than a run without a limit when a slot is free."""
-    key, limit = flow
-    run_id = values["id"]
+    key, run_id = flow.key, values["id"]
     with db.transaction() as connection:
-        admitted = store_flow.take_slot(connection, values["saga_name"], key, limit)
+        admitted = store_flow.admit_run(connection, values["saga_name"], flow)
         state = ExecutionState(values["state"]) if admitted else ExecutionState.QUEUED
         _insert_run(db, connection, {**values, "state": state.value, "flow_key": key}, now)
         if not admitted:
-            why = f"key {key!r} has {limit} live run(s), its limit"
+            why = f"key {key!r} (limit {flow.limit}, saga total {flow.total}) has no slot free"
             history.note(connection, run_id, Kind.QUEUED, now, why, data={"key": key})
     return state
 
