@@ -337,6 +337,9 @@ class TestApp:
             Saga("long").step("marathon", fwd),
             # Flow control: one live run per customer (tests/test_flow_workers.py).
             Saga("keyed", concurrency=Limit(key=lambda i: i["customer"], max=1)).step("pay", fwd),
+            Saga("pair_keyed", concurrency=Limit(key=lambda i: i["customer"], max=2)).step(
+                "pay", fwd
+            ),
             Saga("timed")
             .step("prep", fwd, compensate=rev)
             .step("slow", fwd, compensate=rev, timeout=5, retry=2, backoff=0.05),

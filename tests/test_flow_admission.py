@@ -19,6 +19,8 @@ from sqlalchemy import event, select
 
 from celery_saga import ExecutionState, Limit, Saga, SagaEngine
 from celery_saga.store.tables import flow_slots
+from celery_saga.worker.embedded import embedded_worker
+from tests.conftest import unconsumed_app
 
 
 def _noop() -> None:
@@ -112,3 +114,20 @@ def test_a_start_under_the_limit_costs_one_statement_more(direct: SagaEngine) ->
         direct.start(limited, {"customer": "c3"})
     assert len(under) == len(without) + 1, (without, under)
     assert not any("saga_flow_slots" in s for s in without), "no limit, no slot statement"
+
+
+def test_every_store_hands_slots_on_across_keys_under_a_total(store_url: str) -> None:
+    """Runs to their end on an in-process worker over each store: the ending run's slot
+    goes to the oldest queued run of a key with a slot free, under the store's own locks."""
+    app = unconsumed_app("flow-total")
+    app.conf.broker_transport_options = {"polling_interval": 0.01}
+    engine = SagaEngine(app, store_url=store_url)
+    name = _limited(engine, 1, total=2)
+    ids = [engine.start(name, {"customer": f"c{n % 3}"}).id for n in range(9)]
+    assert [engine.get(i).state for i in ids].count(ExecutionState.RUNNING) == 2
+    with embedded_worker(app, concurrency=4):
+        ended = [engine.handle(i).wait(60) for i in ids]
+    assert {e.state for e in ended} == {ExecutionState.COMPLETED}
+    assert _live(engine, name, "") == 0
+    assert [_live(engine, name, f"c{n}") for n in range(3)] == [0, 0, 0]
+    engine.db.dispose()

@@ -162,3 +162,33 @@ def test_a_store_outage_during_admissions_loses_and_doubles_no_slot(tmp_path: Pa
         assert {row.live for row in live} == {0}, f"a slot was not given back: {live}"
     finally:
         rig.close()
+
+
+@pytest.fixture
+def rabbit_rig(tmp_path: Path) -> Iterator[CrashRig]:
+    yield from crash_rig("postgres-rabbitmq", tmp_path)
+
+
+def test_a_flood_of_one_key_does_not_hold_back_the_other_keys(rabbit_rig: CrashRig) -> None:
+    """2,000 runs of one key, then 20 of each of 10 other keys, at most 2 live per key, on
+    2 workers of 4 slots: every other key's run ends while the flood still runs; the worst
+    wait of another key's run (its start to its end) is printed."""
+    rig, engine = rabbit_rig, rabbit_rig.client.engine
+    rig.start_worker(count=2, concurrency=4)
+    prefix = uuid.uuid4().hex[:6]
+
+    def start(customer: str) -> str:
+        return str(engine.start("pair_keyed", {"customer": f"{prefix}-{customer}"}).id)
+
+    flood = [start("flood") for _ in range(2000)]
+    others = [start(f"k{n % 10}") for n in range(200)]
+    wait_for(lambda: _states(rig, others[-1:]) == [ExecutionState.COMPLETED], 600)
+    wait_for(lambda: all(s is ExecutionState.COMPLETED for s in _states(rig, others)), 60)
+    waits = []
+    for run_id in others:
+        record = engine.get(run_id).record
+        waits.append((record.updated_at - record.created_at).total_seconds())
+    flood_left = sum(s is not ExecutionState.COMPLETED for s in _states(rig, flood))
+    print(f"worst wait of another key's run: {max(waits):.1f} s; flood runs left: {flood_left}")
+    assert flood_left > 0, "the other keys' runs did not wait for the flood to finish"
+    wait_for(lambda: _states(rig, flood[-1:]) == [ExecutionState.COMPLETED], 600)
