@@ -277,3 +277,22 @@ def test_a_saga_without_a_limit_stores_no_key(world: World) -> None:
         ).scalar()
     assert key is None
     assert world.slots(name) == {}
+
+
+def test_a_cancelled_parent_cancels_its_queued_child_which_never_starts(world: World) -> None:
+    child = world.saga(1, sleep=0.5)
+    parent = f"parent{uuid.uuid4().hex[:6]}"
+    world.engine.register(Saga(parent).sub_saga(child))
+    first = world.engine.start(parent, {"customer": "p"}).id
+    _until(lambda: world.ledger.order("p") != [])
+    second = world.engine.start(parent, {"customer": "p"}).id
+    _until(lambda: len(world.engine.get(second).steps) == 1)
+    queued_child = world.engine.get(second).steps[0].child_execution_id
+    assert queued_child is not None
+    _until(lambda: world.state(queued_child) is ExecutionState.QUEUED)
+    world.engine.cancel(second)
+    _all_ended(world, [first, second, queued_child])
+    assert world.state(second) is ExecutionState.CANCELLED
+    assert world.state(queued_child) is ExecutionState.CANCELLED
+    assert len(world.ledger.order("p")) == 1, "the queued child never started"
+    assert world.slots(child) == {"p": 0}

@@ -125,10 +125,11 @@ class Cancellation:
         return then(*children, ContinueCancel(definition, execution.id))
 
     def cancel_child(self, child_id: str, reason: str, actor: str | None) -> Move:
-        """Cancel a cancelled run's child if it still runs or waits (read now, as the
-        cancel reaches it)."""
+        """Cancel a cancelled run's child if it still runs, waits or is queued (read now,
+        as the cancel reaches it)."""
         child = queries.load_execution(self.parts.db, child_id)
-        if child is None or child.state not in (ExecutionState.RUNNING, ExecutionState.WAITING):
+        going = (ExecutionState.QUEUED, ExecutionState.RUNNING, ExecutionState.WAITING)
+        if child is None or child.state not in going:
             return Stay()
         return self.cancel(child, reason, actor)[1]
 

@@ -29,6 +29,7 @@ from celery_saga.store.tables import executions, step_records
 CANCELLABLE = (ExecutionState.RUNNING.value, ExecutionState.WAITING.value)
 #: A child of a cancelled run that has not ended yet: the parent's unwind waits for it.
 _CHILD_GOING = (
+    ExecutionState.QUEUED.value,
     ExecutionState.RUNNING.value,
     ExecutionState.WAITING.value,
     ExecutionState.COMPENSATING.value,
