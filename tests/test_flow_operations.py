@@ -6,6 +6,7 @@ the gauges count the queue and its longest wait per saga."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from celery_saga import Limit, Saga, SagaEngine
+from celery_saga import ExecutionState, Limit, Saga, SagaEngine
 from celery_saga.cli import saga
 from celery_saga.gauges import StoreGauges
 from celery_saga.web import Credentials, WebSettings, create_app
@@ -89,3 +90,20 @@ def test_the_web_view_says_it_as_show_does(queued: SimpleNamespace) -> None:
     client = create_app(queued.engine, WebSettings(Credentials(*AUTH))).test_client()
     page = client.get(f"/runs/{queued.c[1]}", auth=AUTH).get_data(as_text=True)
     assert "queued behind key &#39;c&#39;, 0 ahead" in page
+
+
+def test_a_queued_run_past_its_deadline_is_cancelled_without_starting(tmp_path: Path) -> None:
+    app = unconsumed_app("flow-deadline")
+    app.conf.update(saga_store_url=f"sqlite:///{tmp_path}/deadline.sqlite3")
+    engine = SagaEngine(app)
+    limit = Limit(key=lambda i: i["customer"], max=1)
+    engine.register(Saga("late", concurrency=limit).step("pay", _pay))
+    first = engine.start("late", {"customer": "c"}).id
+    second = engine.start("late", {"customer": "c"}, timeout=0.2).id
+    time.sleep(0.3)
+    assert engine.executor.cancel_overdue() == 1
+    queued = engine.get(second)
+    assert queued.state is ExecutionState.CANCELLED
+    assert queued.failure_reason == "CancelledError: deadline"
+    assert queued.steps == (), "it never started"
+    assert engine.get(first).state is ExecutionState.RUNNING, "its slot was not touched"
