@@ -189,6 +189,16 @@ def test_beyond_the_limit_a_run_is_queued_and_starts_when_its_key_frees_in_start
     assert world.slots(name) == {"a": 0, "b": 0}, "every slot given back"
 
 
+def test_a_queued_run_is_announced_started_once_when_it_starts(world: World) -> None:
+    name = world.saga(1, sleep=0.1)
+    started: list[str] = []
+    world.engine.on("saga-started", lambda _, fields: started.append(fields["execution_id"]))
+    first, second = (world.engine.start(name, {"customer": "e"}).id for _ in range(2))
+    assert started == [first], "a queued run is not started yet"
+    _all_ended(world, [first, second])
+    assert started == [first, second]
+
+
 def test_a_queued_run_shows_its_key_and_how_many_are_ahead(world: World) -> None:
     name = world.saga(1, sleep=0.5)
     first, second, third = (world.engine.start(name, {"customer": "c"}).id for _ in range(3))

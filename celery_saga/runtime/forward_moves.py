@@ -126,6 +126,9 @@ def handed_on(parts: Parts, definition: SagaDefinition) -> Move:
             db, execution_id=run.execution_id, seen_version=run.version, now=now
         ):
             logger.info("execution %s starts: a slot of its key was handed to it", run.execution_id)
+            # a queued run's start is announced when it starts, not when it was stored
+            fields = {"execution_id": run.execution_id, "saga": definition.name}
+            parts.emit("saga-started", fields)
             moves.append(PublishPosition(definition, run.execution_id, run.cursor, run.cursor_sub))
     return then(*moves)
 
