@@ -12,7 +12,7 @@ from sqlalchemy.exc import IntegrityError
 
 from celery_saga.decisions.cursor import Advance
 from celery_saga.decisions.unwind import UnwindKind, UnwindStep, next_unwind_step
-from celery_saga.records import Attempt, ExecutionState, StepRecord, StepStatus
+from celery_saga.records import Attempt, ExecutionRecord, ExecutionState, StepRecord, StepStatus
 from celery_saga.store import attempts, claims, drivers, flow, history, prepared
 from celery_saga.store.claims import Conflict
 from celery_saga.store.database import Database, to_db_time
@@ -285,6 +285,23 @@ def fail_run_locked(
     return plan
 
 
+def fail_read_run(
+    connection: Connection,
+    run: ExecutionRecord,
+    reason: str,
+    compensations: Collection[str],
+    now: datetime,
+    steps: list[StepRecord] | None = None,
+) -> UnwindStep:
+    """``fail_run_locked`` of ``run`` as this transaction read it (its row lock held): its
+    pivot, and whether it holds a flow-control slot, as read."""
+    committed = run.committed_at is not None
+    holds_slot = run.flow_key is not None
+    return fail_run_locked(
+        connection, run.id, reason, committed, compensations, now, steps, holds_slot=holds_slot
+    )
+
+
 def failed_run_values(plan: UnwindStep, reason: str) -> dict[str, Any]:
     """The run's columns once it failed for ``reason``: compensating, or failed at once
     when ``plan`` (the unwind's first move) says nothing is owed a reversal."""
@@ -350,16 +367,7 @@ def fail_execution(
             ).first()
             if in_flight is not None:
                 raise Conflict(execution_id)
-            committed = run.committed_at is not None
-            plan = fail_run_locked(
-                connection,
-                execution_id,
-                reason,
-                committed,
-                compensations,
-                now,
-                holds_slot=run.flow_key is not None,
-            )
+            plan = fail_read_run(connection, run, reason, compensations, now)
             history.note(connection, execution_id, Kind.RUN_FAILED, now, reason)
             return plan
     except Conflict:

@@ -34,7 +34,7 @@ from celery_saga.store.codec import unpack
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.forward import (
     advance_values,
-    fail_run_locked,
+    fail_read_run,
     prefixed,
     release_if_ending,
 )
@@ -279,16 +279,7 @@ def expire_wait(
             .where(executions.c.id == execution_id)
             .values(version=executions.c.version + 1)
         )
-        committed = run.committed_at is not None
-        plan = fail_run_locked(
-            connection,
-            execution_id,
-            reason,
-            committed,
-            compensations,
-            now,
-            holds_slot=run.flow_key is not None,
-        )
+        plan = fail_read_run(connection, run, reason, compensations, now)
         entry = HistoryEntry(now, Kind.WAIT_TIMED_OUT.value, detail=reason)
         history.write(connection, execution_id, entry)
         return WakeResult(wake, plan)
