@@ -4,6 +4,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from celery_saga.decisions.cancel import CancelVerdict
 from celery_saga.definition.builder import Saga, SagaDefinition, compensated_by, path, step
+from celery_saga.definition.flow import Limit, Rate
 from celery_saga.errors import (
     BranchPathError,
     DefinitionChangedError,
@@ -62,11 +63,13 @@ __all__ = [
     "ExecutionRecord",
     "ExecutionState",
     "InvalidStateError",
+    "Limit",
     "LoopError",
     "Page",
     "Pause",
     "PayloadError",
     "PayloadKeyError",
+    "Rate",
     "RollbackStatus",
     "RunNotSettledError",
     "Saga",

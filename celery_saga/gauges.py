@@ -1,8 +1,9 @@
 """Prometheus gauges read from the saga store, for alerts on what is stuck or piling up:
 unfinished runs by saga and state (``waiting`` and ``compensation_stuck`` above all), the
-age of the oldest unfinished run of each saga, how long the longest held run of each saga
-has been held, and the paused steps with the runs they hold (needs the ``prometheus``
-extra).
+age of the oldest unfinished run of each saga, of its oldest run queued by a flow-control
+limit (the queue's length is ``saga_runs{state="queued"}``), how long the longest held run
+of each saga has been held, and the paused steps with the runs they hold (needs the
+``prometheus`` extra).
 
 The counters of ``metrics`` say what happened in one process; these say what the store
 holds now, so every exporter reports the same values (aggregate them with ``max``, not
@@ -23,7 +24,7 @@ from datetime import datetime
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from celery_saga.records import Pause
+from celery_saga.records import ExecutionState, Pause
 from celery_saga.runtime.clock import get_clock
 from celery_saga.store import inspection, pauses
 from celery_saga.store.database import Database
@@ -37,6 +38,8 @@ class Reading:
     runs: dict[tuple[str, str], int] = field(default_factory=dict)
     #: saga -> creation time of its oldest unfinished run
     oldest: dict[str, datetime] = field(default_factory=dict)
+    #: saga -> creation time of its oldest queued run (flow control: the longest wait)
+    oldest_queued: dict[str, datetime] = field(default_factory=dict)
     at: datetime | None = None
     #: saga -> since when its longest held run has been held
     held_since: dict[str, datetime] = field(default_factory=dict)
@@ -70,12 +73,14 @@ class StoreGauges(Collector):
             oldest = inspection.oldest_unfinished_by_saga(self.db)
             held = inspection.longest_held_by_saga(self.db)
             paused = tuple(pauses.list_pauses(self.db))
+            queued = (ExecutionState.QUEUED.value,)
+            oldest_queued = inspection.oldest_unfinished_by_saga(self.db, queued)
         except Exception as error:  # an outage must not end the thread
             if self.up:
                 logger.warning("saga gauges: the store could not be read (%s)", error)
             self.up = False
             return
-        self.reading = Reading(runs, oldest, get_clock().now(), held, paused)
+        self.reading = Reading(runs, oldest, oldest_queued, get_clock().now(), held, paused)
         self.up = True
 
     def collect(self) -> Iterator[Metric]:
@@ -97,6 +102,15 @@ class StoreGauges(Collector):
             for saga, created in sorted(reading.oldest.items()):
                 age.add_metric([saga], max(0.0, (reading.at - created).total_seconds()))
         yield age
+        waited = GaugeMetricFamily(
+            f"{prefix}_oldest_queued_run_age_seconds",
+            "How long the oldest run of each saga queued by its flow-control limit has waited",
+            labels=["saga"],
+        )
+        if reading.at is not None:
+            for saga, created in sorted(reading.oldest_queued.items()):
+                waited.add_metric([saga], max(0.0, (reading.at - created).total_seconds()))
+        yield waited
         held = GaugeMetricFamily(
             f"{prefix}_oldest_held_run_age_seconds",
             "How long the longest held run of each saga has waited for an operator",

@@ -12,6 +12,8 @@ from celery_saga.definition.nodes import split_iteration
 
 
 class ExecutionState(str, Enum):
+    #: Stored beyond its flow-control limit: starts when a run of its key ends.
+    QUEUED = "queued"
     RUNNING = "running"
     WAITING = "waiting"
     COMPLETED = "completed"
@@ -72,6 +74,28 @@ class ExecutionRecord:
     wake_at: datetime | None = None
     cancelled_at: datetime | None = None
     deadline_at: datetime | None = None
+    #: The flow-control key the run was admitted (or queued) under; None: no limit.
+    flow_key: str | None = None
+
+
+@dataclass(frozen=True)
+class QueuePlace:
+    """Where a queued run stands: its key, and how many runs of the key are ahead of it."""
+
+    key: str
+    ahead: int
+
+
+@dataclass(frozen=True)
+class KeyLoad:
+    """One key of a saga's flow-control limit: runs holding a slot, and runs queued."""
+
+    saga: str
+    key: str
+    live: int
+    limit: int
+    queued: int
+    oldest_queued: datetime | None
 
 
 @dataclass(frozen=True)
@@ -170,6 +194,8 @@ class Execution:
     #: The version (definition hash) the run waits for: a worker without it handed its
     #: message back, and no worker with it has taken the run since (None: not waiting).
     waiting_for_version: str | None = None
+    #: A queued run's place: its flow-control key and how many of its runs are ahead.
+    queued_behind: QueuePlace | None = None
 
     @property
     def id(self) -> str:

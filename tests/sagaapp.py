@@ -15,7 +15,16 @@ from celery import Celery
 from sqlalchemy import Column, Integer, MetaData, String, Table, Text, create_engine, insert, select
 from sqlalchemy.pool import NullPool
 
-from celery_saga import Saga, SagaContext, SagaEngine, compensated_by, fencing_token, path, step
+from celery_saga import (
+    Limit,
+    Saga,
+    SagaContext,
+    SagaEngine,
+    compensated_by,
+    fencing_token,
+    path,
+    step,
+)
 from celery_saga.decisions.admission import NodeMessage
 from celery_saga.definition.nodes import StepSpec
 from celery_saga.worker.publisher import CeleryPublisher
@@ -332,6 +341,11 @@ class TestApp:
             Saga("misrouted").branch("size", lambda ctx: "huge", path("small", step("x", fwd))),
             Saga("hanging").step("a", fwd, compensate=rev, compensation_retry=1).step("b", fwd),
             Saga("long").step("marathon", fwd),
+            # Flow control: one live run per customer (tests/test_flow_workers.py).
+            Saga("keyed", concurrency=Limit(key=lambda i: i["customer"], max=1)).step("pay", fwd),
+            Saga("pair_keyed", concurrency=Limit(key=lambda i: i["customer"], max=2)).step(
+                "pay", fwd
+            ),
             Saga("timed")
             .step("prep", fwd, compensate=rev)
             .step("slow", fwd, compensate=rev, timeout=5, retry=2, backoff=0.05),

@@ -71,13 +71,16 @@ class CrashRig:
         self.generation = 0
         self.beat = spawn_beat(self.env, self.tmp)
 
-    def start_worker(self) -> subprocess.Popen[bytes]:
+    def start_worker(self, count: int = 1, concurrency: int = 2) -> subprocess.Popen[bytes]:
+        """Start ``count`` workers of ``concurrency`` pool processes; returns the first."""
         self.generation += 1
         logdir = self.tmp / f"gen{self.generation}"
         logdir.mkdir()
-        workers, _ = _spawn_workers(self.env, self.queue, logdir, count=1)
+        workers, _ = _spawn_workers(
+            self.env, self.queue, logdir, count=count, concurrency=concurrency
+        )
         self.workers.extend(workers)
-        _wait_ready(self.client, 1, workers)
+        _wait_ready(self.client, count, workers)
         return workers[0]
 
     def kill(self, worker: subprocess.Popen[bytes]) -> None:

@@ -29,8 +29,14 @@ class CancelVerdict(str, Enum):
     UNWINDING = "unwinding"
 
 
-#: The states a cancel acts on (a held run too: its operator may give it up).
-CANCELLABLE_STATES = (ExecutionState.RUNNING, ExecutionState.WAITING, ExecutionState.HELD)
+#: The states a cancel acts on (a held run too: its operator may give it up; a queued run
+#: ends without starting).
+CANCELLABLE_STATES = (
+    ExecutionState.QUEUED,
+    ExecutionState.RUNNING,
+    ExecutionState.WAITING,
+    ExecutionState.HELD,
+)
 
 
 def decide_cancel(execution: ExecutionRecord) -> CancelVerdict:

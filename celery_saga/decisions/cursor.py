@@ -11,12 +11,14 @@ from celery_saga.records import StepRecord, StepStatus
 
 @dataclass(frozen=True)
 class Advance:
-    """The next position, or ``finished``; ``passes_pivot`` if a pivot lies on the way."""
+    """The next position, or ``finished``; ``passes_pivot`` if a pivot lies on the way.
+    ``releases_slot``: the run holds a flow-control slot, which its end gives back."""
 
     node: int
     sub: int
     finished: bool
     passes_pivot: bool
+    releases_slot: bool = False
 
 
 def _skip_pivots(nodes: Sequence[Node], index: int, passed: bool) -> Advance:

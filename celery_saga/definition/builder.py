@@ -14,6 +14,7 @@ from celery_saga.definition.failure_policy import (
     positive_seconds,
     resolve,
 )
+from celery_saga.definition.flow import Limit, run_limit
 from celery_saga.definition.hashing import structural_hash
 from celery_saga.definition.nodes import (
     ArgsMapper,
@@ -156,6 +157,8 @@ class SagaDefinition:
     #: The saga's failure policy for its steps (``Saga(..., on_failure=, hold_timeout=)``).
     on_failure: str | None = None
     hold_timeout: float | None = None
+    #: At most so many live runs per key (``concurrency=``); not part of ``hash``.
+    concurrency: Limit | None = None
     #: Each step by name, the first in node order where names repeat (a branch's paths):
     #: every reversal and retry looks its step up, so it is made once.
     _steps: dict[str, StepSpec] = field(init=False, repr=False, compare=False)
@@ -232,6 +235,9 @@ def _as_steps(saga: str, body: Any) -> tuple[StepSpec, ...]:
 class Saga:
     """Fluent builder of a saga definition. Sealed by ``SagaEngine.register``.
 
+    ``concurrency``: a ``Limit``: at most so many live runs per key, the others queued
+    (docs/flow-control.md).
+
     ``sensitive``: dict key names marked at any depth of the input, results and signal
     payloads, or a callable ``(path, value) -> bool``; marked values are kept out of logs,
     failure texts, Celery's task results and ``celery saga show`` (see docs/redaction.md).
@@ -246,6 +252,7 @@ class Saga:
         sensitive: Any = None,
         on_failure: str | None = None,
         hold_timeout: float | timedelta | None = None,
+        concurrency: Limit | None = None,
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise DefinitionError(f"a saga needs a non-empty string name, got {name!r}")
@@ -262,6 +269,7 @@ class Saga:
         self.sensitive = saga_sensitivity(name, sensitive)
         self.on_failure = on_failure
         self.hold_timeout = check_policy(f"saga {name!r}", on_failure, hold_timeout)
+        self.concurrency = run_limit(name, concurrency)
         self._nodes: list[Node] = []
         self._sealed: SagaDefinition | None = None
 
@@ -438,6 +446,7 @@ class Saga:
                 marks,
                 self.on_failure,
                 self.hold_timeout,
+                self.concurrency,
             )
         return self._sealed
 

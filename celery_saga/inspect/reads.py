@@ -13,9 +13,9 @@ from celery_saga.errors import ExecutionNotFoundError, SagaError
 from celery_saga.inspect import story, waiting
 from celery_saga.inspect.redacted import redacted
 from celery_saga.inspect.values import ListedRun, RunList, RunView
-from celery_saga.records import ExecutionRecord, ExecutionState
+from celery_saga.records import ExecutionRecord, ExecutionState, KeyLoad
 from celery_saga.runtime.catalog import Catalog
-from celery_saga.store import inspection, queries
+from celery_saga.store import flow, inspection, queries
 from celery_saga.store.database import Database
 from celery_saga.store.inspection import Filters, Stats, StoredRun
 from celery_saga.store.replica import ReplicaLag, reads, replica_lag
@@ -58,11 +58,13 @@ class Inspector:
         db = self._db if fresh else reads(self._db)
         waits = waiting_for_version(db, [execution_id]) if stored.archived_at is None else {}
         version = waits[execution_id].definition_hash if execution_id in waits else None
+        queued = stored.record.state is ExecutionState.QUEUED and stored.archived_at is None
         return story.describe(
             stored,
             lambda child: self._load(child, reveal, fresh),
             self._catalog,
             waiting_for_version=version,
+            queued_behind=flow.queue_place(db, execution_id) if queued else None,
         )
 
     def plan(self, execution_id: str, move: str = "unwind", step: str | None = None) -> Plan:
@@ -132,6 +134,11 @@ class Inspector:
     def listed(self, record: ExecutionRecord | None) -> ListedRun | None:
         """``record`` as a list shows it (``stats``' oldest runs)."""
         return None if record is None else self._listed([record], False)[0]
+
+    def limits(self, most: int = 20) -> list[KeyLoad]:
+        """The busiest flow-control keys: most runs queued, then most live (``saga limits``)."""
+        self._prepare()
+        return flow.busiest_keys(reads(self._db), most)
 
     def counts(self) -> dict[str, int]:
         """Unfinished runs by state, read from the index on state."""

@@ -27,7 +27,7 @@ from celery_saga.inspect.values import (
     Timeline,
     Within,
 )
-from celery_saga.records import ExecutionRecord, ExecutionState, StepRecord
+from celery_saga.records import ExecutionRecord, ExecutionState, QueuePlace, StepRecord
 from celery_saga.store.history import Kind
 from celery_saga.store.inspection import StoredRun
 
@@ -136,6 +136,7 @@ def describe(
     find: FindDefinition,
     *,
     waiting_for_version: str | None = None,
+    queued_behind: QueuePlace | None = None,
     depth: int = 0,
 ) -> RunView:
     """Everything stored about ``run``, its child runs (read through ``load``) nested
@@ -174,6 +175,7 @@ def describe(
             child=running_child,
             held=None if hold is None else hold.step,
             paused=_paused_at(run),
+            queued=queued_behind,
         ),
         graph=graph.build(definition, record, steps, signals, run.history),
         timeline=Timeline(chronology.entries(record, steps, signals, run.history), bars_of, waits),

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from celery_saga.definition.nodes import SubSagaNode
 from celery_saga.definition.run_markings import FindDefinition
 from celery_saga.inspect.values import HoldView, StepView
-from celery_saga.records import ExecutionRecord, ExecutionState
+from celery_saga.records import ExecutionRecord, ExecutionState, QueuePlace
 from celery_saga.runtime.children import child_execution_id
 
 
@@ -23,15 +23,22 @@ def reason(
     child: str | None = None,
     held: str | None = None,
     paused: tuple[str, str] | None = None,
+    queued: QueuePlace | None = None,
 ) -> str | None:
     """What a run in ``state`` waits for, or None. ``event``, ``until``: its gate's event and
     deadline (as printed; a held run's: its hold timeout); ``version``: the version a worker
     without it handed the run's message back for (what holds it first); ``child``: the run
     its sub-saga node started; ``held``: the step a held run waits on; ``paused``: the step
-    and reason of the pause a held run waits at the door of."""
+    and reason of the pause a held run waits at the door of; ``queued``: a queued run's key,
+    and how many of its runs are ahead (-1: not counted)."""
     if paused and state == ExecutionState.HELD.value:
         step, why = paused
         return f"held: paused ({why}) at the door of step {step!r}; unpause releases it"
+    if state == ExecutionState.QUEUED.value:
+        if queued is None:
+            return "queued: waiting for a slot of its flow-control key"
+        ahead = f", {queued.ahead} ahead" if queued.ahead >= 0 else ""
+        return f"queued behind key {queued.key!r}{ahead}"
     if version:
         return f"waiting for version {version}: a worker without it handed its message back"
     if state == ExecutionState.WAITING.value:
@@ -80,7 +87,11 @@ def listed(
         return failed.replace("\n", " ")
     until = record.wake_at.strftime("%Y-%m-%d %H:%M:%S") if record.wake_at else None
     state = record.state.value
-    return reason(state, event=event, until=until, version=version, child=child) or ""
+    # a list does not count each queued run's place: one read per row
+    queued = QueuePlace(record.flow_key, -1) if record.flow_key is not None else None
+    return (
+        reason(state, event=event, until=until, version=version, child=child, queued=queued) or ""
+    )
 
 
 def awaited_child(find: FindDefinition, record: ExecutionRecord) -> str | None:

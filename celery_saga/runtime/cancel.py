@@ -60,6 +60,8 @@ class Cancellation:
                 return verdict, self._carry_on(execution)
             return verdict, Stay()
         db, now = self.parts.db, get_clock().now()
+        if execution.state is ExecutionState.QUEUED:
+            return self._cancel_queued(execution, reason, actor)
         stored = cancel.request_cancel(
             db,
             execution_id=execution.id,
@@ -88,6 +90,28 @@ class Cancellation:
         )
         return CancelVerdict.CANCEL, self._carry_on(execution, actor)
 
+    def _cancel_queued(
+        self, execution: ExecutionRecord, reason: str | None, actor: str | None
+    ) -> tuple[CancelVerdict, Move]:
+        """A queued run ends ``cancelled`` and never starts; one started meanwhile (a run
+        of its key ended) is cancelled as a running one."""
+        db = self.parts.db
+        why = cancel.cancel_reason(reason)
+        now = get_clock().now()
+        if not cancel.cancel_queued(
+            db, execution_id=execution.id, reason=why, now=now, actor=actor
+        ):
+            current = queries.load_execution(db, execution.id)
+            if current is None or current.state is ExecutionState.QUEUED:
+                return CancelVerdict.ENDED, Stay()
+            return self.cancel(current, reason, actor)
+        logger.info(
+            "saga %r execution %s cancelled while queued", execution.saga_name, execution.id
+        )
+        fields = {"execution_id": execution.id, "saga": execution.saga_name, "reason": reason}
+        self.parts.emit("saga-cancelled", fields)
+        return CancelVerdict.CANCEL, Stay()
+
     def _carry_on(self, execution: ExecutionRecord, actor: str | None = None) -> Move:
         """A stored cancel's next moves: stop the bodies (here), cancel the children, and
         begin the unwind if nothing of the run still goes."""
@@ -106,8 +130,8 @@ class Cancellation:
         return then(*children, ContinueCancel(definition, execution.id))
 
     def cancel_child(self, child_id: str, reason: str, actor: str | None) -> Move:
-        """Cancel a cancelled run's child if it still runs or waits (read now, as the
-        cancel reaches it)."""
+        """Cancel a cancelled run's child if it still runs, waits or is queued (read now,
+        as the cancel reaches it)."""
         child = queries.load_execution(self.parts.db, child_id)
         if child is None or child.state not in CANCELLABLE_STATES:
             return Stay()

@@ -14,7 +14,6 @@ from typing import Any
 
 from celery_saga.decisions.admission import Admission, NodeMessage
 from celery_saga.decisions.children import ChildStep, child_failure, decide_child_step
-from celery_saga.decisions.cursor import advance
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import SubSagaNode
 from celery_saga.errors import PayloadError, SubSagaError, UnknownSagaError
@@ -39,7 +38,7 @@ from celery_saga.runtime.moves import (
     StartChild,
     Stay,
 )
-from celery_saga.runtime.navigation import ask, journaled
+from celery_saga.runtime.navigation import ask, journaled, next_position
 from celery_saga.runtime.parts import Parts
 from celery_saga.store import forward, queries
 from celery_saga.store.codec import pack
@@ -189,7 +188,7 @@ class Children:
             "attempt": record.attempts,
             "idempotency_key": record.idempotency_key,
         }
-        onward = advance(definition.nodes, message.node, 0)
+        onward = next_position(definition, message.node, 0)
         return CompleteStep(definition, _held(message, record), blob, onward, fields)
 
 

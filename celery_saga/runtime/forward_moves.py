@@ -10,8 +10,9 @@ from datetime import timedelta
 from typing import Any
 
 from celery_saga.decisions.admission import NodeMessage
-from celery_saga.decisions.cursor import Advance, advance, first_position
+from celery_saga.decisions.cursor import Advance, first_position
 from celery_saga.definition.builder import SagaDefinition
+from celery_saga.definition.flow import key_of
 from celery_saga.definition.nodes import (
     BranchNode,
     ForEachNode,
@@ -36,11 +37,12 @@ from celery_saga.runtime.moves import (
     then,
     unreachable,
 )
-from celery_saga.runtime.navigation import choose_path, route
+from celery_saga.runtime.navigation import choose_path, next_position, route
 from celery_saga.runtime.outcomes import NoBody
 from celery_saga.runtime.parts import Parts
-from celery_saga.store import forward, queries
+from celery_saga.store import flow, forward, queries, recovery
 from celery_saga.store.codec import pack
+from celery_saga.store.flow import RunFlow
 
 logger = logging.getLogger("celery_saga")
 
@@ -54,10 +56,11 @@ def create(
     parent_execution_id: str | None = None,
     timeout: float | None = None,
     labels: Mapping[str, str] | None = None,
-) -> None:
+) -> ExecutionState:
     """Store a new run at its first position (one INSERT; a taken id raises
     ``IntegrityError``); ``timeout`` (else the saga's) sets its deadline; ``labels``
-    (checked) are stored with it."""
+    (checked) are stored with it. Returns the state stored: ``queued`` when its saga's
+    flow-control limit holds it back (nothing to send)."""
     blob = pack(
         saga_input,
         what=f"input of saga {definition.name!r}",
@@ -66,7 +69,10 @@ def create(
     first = first_position(definition.nodes)
     now = get_clock().now()
     seconds = timeout if timeout is not None else definition.timeout
-    queries.create_execution(
+    limit, flow = definition.concurrency, None
+    if limit is not None:
+        flow = RunFlow(key_of(definition.name, limit, saga_input), limit.max, limit.total)
+    state = queries.create_execution(
         parts.db,
         execution_id=execution_id,
         saga_name=definition.name,
@@ -80,7 +86,19 @@ def create(
         parent_execution_id=parent_execution_id,
         deadline_at=None if seconds is None else now + timedelta(seconds=seconds),
         labels=labels,
+        flow=flow,
     )
+    if state is ExecutionState.QUEUED:
+        assert flow is not None
+        logger.info(
+            "saga %r execution %s queued: no slot of key %r free (limit %d, saga total %s)",
+            definition.name,
+            execution_id,
+            flow.key,
+            flow.limit,
+            flow.total,
+        )
+    return state
 
 
 def launch(
@@ -100,6 +118,23 @@ def launch(
         parts.emit("saga-started", fields)
     first = first_position(definition.nodes)
     return PublishPosition(definition, execution_id, first.node, 0)
+
+
+def handed_on(parts: Parts, definition: SagaDefinition) -> Move:
+    """The first messages of the runs a run of ``definition`` handed its slot to as it
+    ended (each claimed once: the timer sweep sends those a crash left behind)."""
+    db, now = parts.db, get_clock().now()
+    moves: list[Move] = []
+    for run in flow.list_handed_on(db, definition.name, definition.hash, now):
+        if recovery.claim_owed(
+            db, execution_id=run.execution_id, seen_version=run.version, now=now
+        ):
+            logger.info("execution %s starts: a slot of its key was handed to it", run.execution_id)
+            # a queued run's start is announced when it starts, not when it was stored
+            fields = {"execution_id": run.execution_id, "saga": definition.name}
+            parts.emit("saga-started", fields)
+            moves.append(PublishPosition(definition, run.execution_id, run.cursor, run.cursor_sub))
+    return then(*moves)
 
 
 def position_messages(
@@ -146,7 +181,7 @@ def advanced(parts: Parts, definition: SagaDefinition, execution_id: str, onward
 def pass_position(parts: Parts, definition: SagaDefinition, message: NodeMessage) -> MoveOn | None:
     """Nothing runs at this position (a loop or ``for_each`` ended, or had nothing to
     run): move past the node; None if the run no longer stands there."""
-    onward = advance(definition.nodes, message.node, 0)
+    onward = next_position(definition, message.node, 0)
     if not forward.pass_position(
         parts.db,
         execution_id=message.execution_id,

@@ -15,7 +15,6 @@ from datetime import timedelta
 from typing import Any
 
 from celery_saga.decisions.admission import NodeMessage
-from celery_saga.decisions.cursor import advance
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.errors import InvalidStateError
 from celery_saga.records import Attempt, StepStatus
@@ -139,7 +138,7 @@ class Holds:
             what=f"result given to skip step {step.name!r} of execution {execution_id!r}",
             limit=self.parts.settings.max_payload_bytes,
         )
-        onward = advance(definition.nodes, run.cursor, run.cursor_sub, position.length)
+        onward = navigation.next_position(definition, run.cursor, run.cursor_sub, position.length)
         holds.skip_held(
             db,
             execution_id,

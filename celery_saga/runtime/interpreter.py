@@ -12,6 +12,7 @@ import logging
 
 from sqlalchemy.exc import IntegrityError
 
+from celery_saga.records import ExecutionState
 from celery_saga.runtime import forward_moves, unwind_moves
 from celery_saga.runtime.cancel import Cancellation
 from celery_saga.runtime.child_unwind import ChildUnwind
@@ -78,6 +79,8 @@ class Interpreter:
             case Settled(definition, execution_id):
                 if parts.registry.may_be_child(definition.name):
                     self.carry_out(self.children.notify_parent(execution_id))
+                if definition.concurrency is not None:
+                    self.carry_out(forward_moves.handed_on(parts, definition))
             case MoveOn(definition, execution_id, onward):
                 self.carry_out(forward_moves.advanced(parts, definition, execution_id, onward))
             case Moves(moves):
@@ -139,7 +142,7 @@ class Interpreter:
     def _start_child(self, move: StartChild) -> None:
         parts = self.parts
         try:
-            forward_moves.create(
+            state = forward_moves.create(
                 parts,
                 move.definition,
                 move.child_input,
@@ -149,5 +152,7 @@ class Interpreter:
         except IntegrityError:
             logger.info("execution %s adopts its existing child %s", move.parent_id, move.child_id)
             return
+        if state is ExecutionState.QUEUED:
+            return  # a run of its key that ends starts it
         launch = forward_moves.launch(parts, move.definition, move.child_id, move.parent_id)
         self.carry_out(launch)

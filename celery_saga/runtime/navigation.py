@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from celery_saga.decisions.admission import NodeMessage
+from celery_saga.decisions.cursor import Advance, advance
 from celery_saga.decisions.loops import (
     LoopVerdict,
     condition_problem,
@@ -47,6 +48,15 @@ class Position:
     iteration: int | None = None
     item: Any = None
     for_each: bool = False
+
+
+def next_position(definition: SagaDefinition, node: int, sub: int, path_length: int = 1) -> Advance:
+    """Where a run of ``definition`` goes after ``(node, sub)`` (``decisions.cursor``); a run
+    under a flow-control limit that finishes there gives its slot back as it ends."""
+    target = advance(definition.nodes, node, sub, path_length)
+    if target.finished and definition.concurrency is not None:
+        return replace(target, releases_slot=True)
+    return target
 
 
 def node_at(definition: SagaDefinition, message: NodeMessage) -> Node | None:

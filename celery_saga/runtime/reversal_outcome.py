@@ -85,6 +85,7 @@ class ReversalOutcomes:
             now=get_clock().now(),
             steps=unwinding.steps,
             committed=unwinding.committed,
+            holds_slot=definition.concurrency is not None,
         )
 
     def lost_too_often(

@@ -12,7 +12,6 @@ from billiard.exceptions import SoftTimeLimitExceeded
 from sqlalchemy.exc import SQLAlchemyError
 
 from celery_saga.decisions.admission import NodeMessage
-from celery_saga.decisions.cursor import advance
 from celery_saga.decisions.lost_claims import ClaimState
 from celery_saga.decisions.retry import plan_retry
 from celery_saga.definition.builder import SagaDefinition
@@ -32,7 +31,7 @@ from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.invoke import body_error, invoke_step
 from celery_saga.runtime.keys import record_key
 from celery_saga.runtime.moves import Announce, Move, PublishNode, Stay, then
-from celery_saga.runtime.navigation import Position
+from celery_saga.runtime.navigation import Position, next_position
 from celery_saga.runtime.outcomes import (
     Failed,
     Outcome,
@@ -155,7 +154,7 @@ class StepSide:
         result, blob = returned
         definition, held, message = self.definition, self.held, self.message
         name, execution_id = held.name, held.execution_id
-        onward = advance(definition.nodes, message.node, message.sub, self.position.length)
+        onward = next_position(definition, message.node, message.sub, self.position.length)
         shown = shown_result(definition, name, result)
         move = self.outcomes.completed(definition, held, blob, onward, self.fields)
         if move is not None:

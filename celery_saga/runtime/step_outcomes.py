@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery_saga.decisions.admission import NodeMessage
-from celery_saga.decisions.cursor import Advance, advance
+from celery_saga.decisions.cursor import Advance
 from celery_saga.decisions.unwind import UnwindKind, UnwindStep
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import ParallelNode
@@ -29,7 +29,7 @@ from celery_saga.runtime.moves import (
     Stay,
     then,
 )
-from celery_saga.runtime.navigation import Position
+from celery_saga.runtime.navigation import Position, next_position
 from celery_saga.runtime.parts import Parts
 from celery_saga.runtime.scrubbing import failure_secrets
 from celery_saga.runtime.store_retry import write_outcome
@@ -96,7 +96,7 @@ class StepOutcomes:
         assert isinstance(target, ParallelNode)
         name = target.steps[message.member].name
         step = Attempt(message.execution_id, name, message.node, message.sub, 0)
-        onward = advance(definition.nodes, message.node, message.sub, 1)
+        onward = next_position(definition, message.node, message.sub, 1)
         group = joins.join_if_settled(
             self.parts.db,
             step,

@@ -8,13 +8,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from celery_saga.decisions.admission import Admission, NodeMessage
-from celery_saga.decisions.cursor import advance
 from celery_saga.decisions.waits import Arrival, Wake
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import WaitNode
 from celery_saga.errors import UnknownEventError
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.moves import BeginUnwind, Move, MoveOn, Refuse, Stay
+from celery_saga.runtime.navigation import next_position
 from celery_saga.runtime.parts import Parts
 from celery_saga.store import waits
 from celery_saga.store.codec import pack
@@ -36,7 +36,7 @@ class Waits:
         """The run reached ``gate``: park it, or pass at once if the signal is there."""
         ex, now = self.parts, get_clock().now()
         wake_at = None if gate.timeout is None else now + timedelta(seconds=gate.timeout)
-        onward = advance(definition.nodes, message.node, 0)
+        onward = next_position(definition, message.node, 0)
         arrival = waits.park_for_signal(
             ex.db,
             execution_id=message.execution_id,
@@ -82,7 +82,7 @@ class Waits:
             what=f"payload of signal {event!r} for execution {execution_id!r}",
             limit=ex.settings.max_payload_bytes,
         )
-        onward = advance(definition.nodes, gate, 0)
+        onward = next_position(definition, gate, 0)
         resumed = waits.record_signal_once(
             ex.db,
             execution_id=execution_id,
@@ -120,7 +120,7 @@ class Waits:
             f"WaitTimeoutError: saga {definition.name!r} waited {waited} for the signal "
             f"{gate.event!r}, which did not arrive"
         )
-        onward = advance(definition.nodes, row.cursor, 0)
+        onward = next_position(definition, row.cursor, 0)
         result = waits.expire_wait(
             ex.db,
             execution_id=row.id,

@@ -17,7 +17,7 @@ from sqlalchemy import Connection, select, update
 
 from celery_saga.decisions.cancel import CANCELLABLE_STATES, bodies_in_flight, interrupted_steps
 from celery_saga.decisions.unwind import UnwindKind, UnwindStep
-from celery_saga.records import ExecutionState, StepRecord, StepStatus
+from celery_saga.records import ExecutionState, RollbackStatus, StepRecord, StepStatus
 from celery_saga.store import history
 from celery_saga.store.claims import Conflict
 from celery_saga.store.database import Database, to_db_time
@@ -29,6 +29,7 @@ from celery_saga.store.tables import executions, step_records
 CANCELLABLE = tuple(s.value for s in CANCELLABLE_STATES)
 #: A child of a cancelled run that has not ended yet: the parent's unwind waits for it.
 _CHILD_GOING = (
+    ExecutionState.QUEUED.value,
     ExecutionState.RUNNING.value,
     ExecutionState.WAITING.value,
     ExecutionState.HELD.value,
@@ -71,6 +72,37 @@ def request_cancel(
         return True
 
 
+def cancel_queued(
+    db: Database, *, execution_id: str, reason: str, now: datetime, actor: str | None = None
+) -> bool:
+    """End a queued run ``cancelled`` before it started: it holds no flow-control slot and
+    ran nothing, so nothing is unwound (guarantee 37). False: it is not queued (any more:
+    a run of its key that ended started it first)."""
+    stamp = to_db_time(now)
+    with db.transaction() as connection:
+        cancelled = bump_run(
+            connection,
+            execution_id,
+            executions.c.state == ExecutionState.QUEUED.value,
+            state=ExecutionState.CANCELLED.value,
+            rollback_status=RollbackStatus.NOT_APPLICABLE.value,
+            cancelled_at=stamp,
+            failure_reason=reason,
+            deadline_at=None,
+            flow_key=None,
+            updated_at=stamp,
+        )
+        if not cancelled:
+            return False
+        detail = f"{reason} (while queued: it never started)"
+        history.write(
+            connection,
+            execution_id,
+            HistoryEntry(now, Kind.CANCELLED.value, actor=actor, detail=detail),
+        )
+        return True
+
+
 def begin_cancelled_unwind(
     db: Database, *, execution_id: str, compensations: Collection[str], now: datetime
 ) -> tuple[UnwindStep, str] | None:
@@ -90,7 +122,14 @@ def begin_cancelled_unwind(
             steps, cut_short = _cut_short(connection, steps, now)
             reason = run.failure_reason or cancel_reason(None)
             plan = fail_run_locked(
-                connection, execution_id, reason, False, compensations, now, steps
+                connection,
+                execution_id,
+                reason,
+                False,
+                compensations,
+                now,
+                steps,
+                holds_slot=run.flow_key is not None,
             )
             _write_begun(connection, execution_id, plan, reason, cut_short, now)
             return plan, reason

@@ -12,8 +12,8 @@ from sqlalchemy.exc import IntegrityError
 
 from celery_saga.decisions.cursor import Advance
 from celery_saga.decisions.unwind import UnwindKind, UnwindStep, next_unwind_step
-from celery_saga.records import Attempt, ExecutionState, StepRecord, StepStatus
-from celery_saga.store import attempts, claims, drivers, history, prepared
+from celery_saga.records import Attempt, ExecutionRecord, ExecutionState, StepRecord, StepStatus
+from celery_saga.store import attempts, claims, drivers, flow, history, prepared
 from celery_saga.store.claims import Conflict
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.directions import FORWARD, claimed
@@ -162,6 +162,15 @@ def lock_execution(
         raise Conflict(execution_id)
 
 
+def release_if_ending(
+    connection: Connection, advance: Advance, execution_id: str, now: datetime
+) -> None:
+    """A run whose end ``advance`` is, holding a flow-control slot, gives it back (or
+    hands it on) in the transaction that ends it (guarantee 37)."""
+    if advance.finished and advance.releases_slot:
+        flow.release(connection, execution_id, now)
+
+
 def advance_values(advance: Advance, now: datetime) -> dict[str, Any]:
     """The execution columns that move a run to ``advance``."""
     if advance.finished:
@@ -189,7 +198,9 @@ def record_step_completed(
     three.
     """
     stamp = to_db_time(now)
-    combined = prepared.complete_in_one(db.dialect, advance.finished, advance.passes_pivot)
+    combined = None
+    if not advance.releases_slot:  # a run's end that gives a slot back takes a transaction
+        combined = prepared.complete_in_one(db.dialect, advance.finished, advance.passes_pivot)
     try:
         if combined is None:
             with db.transaction() as connection:
@@ -203,6 +214,7 @@ def record_step_completed(
                     completed_at=stamp,
                 )
                 attempts.write_row(connection, step, Kind.STEP_COMPLETED, now)
+                release_if_ending(connection, advance, step.execution_id, now)
             return True
         params = {
             **held_step_params(step, stamp),
@@ -245,6 +257,7 @@ def pass_position(
             if advance.finished:
                 why = "its last node ran nothing (a loop that ended, no item left)"
                 history.note(connection, execution_id, Kind.RUN_COMPLETED, now, why)
+                release_if_ending(connection, advance, execution_id, now)
     except Conflict:
         return False
     return True
@@ -258,17 +271,39 @@ def fail_run_locked(
     compensations: Collection[str],
     now: datetime,
     steps: list[StepRecord] | None = None,
+    *,
+    holds_slot: bool = False,
 ) -> UnwindStep:
     """Fail a run whose row this transaction holds: compensating, or failed at once when
     nothing is owed a reversal. Returns the unwind's first move. ``steps``: the run's step
-    records as this transaction already read them (read here otherwise)."""
+    records as this transaction already read them (read here otherwise). ``holds_slot``:
+    the run has a flow-control key (it gives its slot back if it ends here)."""
     if steps is None:
         steps = load_steps(connection, execution_id)
     plan = next_unwind_step(steps, committed, compensations)
     values = {**failed_run_values(plan, reason), "updated_at": to_db_time(now)}
     statement = prepared.update_run(tuple(sorted(values)))
     drivers.rowcount(connection, statement, {"run_id": execution_id, **prefixed("set_", values)})
+    if holds_slot and plan.kind is UnwindKind.DONE:
+        flow.release(connection, execution_id, now)
     return plan
+
+
+def fail_read_run(
+    connection: Connection,
+    run: ExecutionRecord,
+    reason: str,
+    compensations: Collection[str],
+    now: datetime,
+    steps: list[StepRecord] | None = None,
+) -> UnwindStep:
+    """``fail_run_locked`` of ``run`` as this transaction read it (its row lock held): its
+    pivot, and whether it holds a flow-control slot, as read."""
+    committed = run.committed_at is not None
+    holds_slot = run.flow_key is not None
+    return fail_run_locked(
+        connection, run.id, reason, committed, compensations, now, steps, holds_slot=holds_slot
+    )
 
 
 def failed_run_values(plan: UnwindStep, reason: str) -> dict[str, Any]:
@@ -336,8 +371,7 @@ def fail_execution(
             ).first()
             if in_flight is not None:
                 raise Conflict(execution_id)
-            committed = run.committed_at is not None
-            plan = fail_run_locked(connection, execution_id, reason, committed, compensations, now)
+            plan = fail_read_run(connection, run, reason, compensations, now)
             history.note(connection, execution_id, Kind.RUN_FAILED, now, reason)
             return plan
     except Conflict:

@@ -89,6 +89,10 @@ class Kind(str, Enum):
     UNPAUSED = "unpaused"
     #: The run moved to the archive tables (``saga cleanup --archive``, ``engine.archive``).
     ARCHIVED = "archived"
+    #: Stored beyond its key's flow-control limit: it waits for a slot (guarantee 37).
+    QUEUED = "queued"
+    #: A queued run handed a slot by a run of its key that ended.
+    ADMITTED = "admitted"
 
 
 #: The kinds a reversal attempt's end writes.

@@ -29,7 +29,12 @@ from celery_saga.records import Attempt, ExecutionRecord, ExecutionState, StepRe
 from celery_saga.store import attempts, claims, history
 from celery_saga.store.claims import Conflict
 from celery_saga.store.database import Database, to_db_time
-from celery_saga.store.forward import advance_values, fail_run_locked, lock_execution
+from celery_saga.store.forward import (
+    advance_values,
+    fail_read_run,
+    lock_execution,
+    release_if_ending,
+)
 from celery_saga.store.history import HistoryEntry, Kind
 from celery_saga.store.queries import load_execution_row, load_steps
 from celery_saga.store.tables import executions, step_records
@@ -205,6 +210,7 @@ def skip_held(
             history.note(
                 connection, execution_id, Kind.RUN_COMPLETED, now, "its held last step was skipped"
             )
+        release_if_ending(connection, onward, execution_id, now)
         return held
 
 
@@ -236,7 +242,7 @@ def unwind_held(
         error = run.failure_reason or held.step.error or "held"
         kind = Kind.HOLD_UNWOUND
         _note(connection, held, kind, now, actor, reason)
-        plan = fail_run_locked(connection, execution_id, error, False, compensations, now)
+        plan = fail_read_run(connection, run, error, compensations, now)
         return held, plan
 
 

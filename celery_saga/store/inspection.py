@@ -199,12 +199,15 @@ def run_counts(db: Database, *, complete: bool = False) -> dict[tuple[str, str],
     return {(r["saga_name"], r["state"]): int(r["runs"]) for r in grouped}
 
 
-def oldest_unfinished_by_saga(db: Database) -> dict[str, datetime]:
-    """Each saga's oldest unfinished run's creation time, read from the unfinished runs
-    only (the index on state): the cost follows what is live, not the history."""
+def oldest_unfinished_by_saga(
+    db: Database, states: Sequence[str] = UNFINISHED
+) -> dict[str, datetime]:
+    """Each saga's oldest unfinished run's creation time (of a run in one of ``states``),
+    read from the unfinished runs only (the index on state): the cost follows what is
+    live, not the history."""
     rows = reads(db).read(
         select(executions.c.saga_name, func.min(executions.c.created_at).label("oldest"))
-        .where(executions.c.state.in_(UNFINISHED))
+        .where(executions.c.state.in_(states))
         .group_by(executions.c.saga_name)
     )
     found = {r["saga_name"]: from_db_time(r["oldest"]) for r in rows}

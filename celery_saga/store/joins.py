@@ -144,6 +144,7 @@ def _move_on(connection: Connection, step: Attempt, advance: Advance, now: datet
     values = {**forward.advance_values(advance, now), **_RESET}
     statement = prepared.update_run(tuple(sorted(values)))
     connection.execute(statement, {"run_id": step.execution_id, **forward.prefixed("set_", values)})
+    forward.release_if_ending(connection, advance, step.execution_id, now)
 
 
 _RESET = {"members_settled": 0, "members_failed": 0}
@@ -246,7 +247,15 @@ def _fail_group(
     reason = group_outcome(members, steps).reason if len(members) > 1 else (error or "")
     run = load_execution_row(connection, step.execution_id)
     committed = run is not None and run.committed_at is not None
+    holds_slot = run is not None and run.flow_key is not None
     plan = forward.fail_run_locked(
-        connection, step.execution_id, reason, committed, compensations, now, steps
+        connection,
+        step.execution_id,
+        reason,
+        committed,
+        compensations,
+        now,
+        steps,
+        holds_slot=holds_slot,
     )
     return GroupResult(settled=True, failure_reason=reason, unwind=plan)

@@ -19,7 +19,7 @@ from celery_saga.records import (
     RollbackStatus,
     StepRecord,
 )
-from celery_saga.store import history, prepared
+from celery_saga.store import flow, history, prepared
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.history import HistoryEntry, Kind
 from celery_saga.store.queries import load_execution_row, load_steps
@@ -259,4 +259,6 @@ def abandon_compensation(
             now, Kind.ABANDONED.value, actor=actor, detail=reason, data={"skipped": skipped}
         )
         history.write(connection, execution_id, entry)
+        if record.flow_key is not None:
+            flow.release(connection, execution_id, now)
         return len(outstanding)

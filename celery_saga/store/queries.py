@@ -15,6 +15,7 @@ from sqlalchemy.orm import aliased
 
 from celery_saga.records import ExecutionRecord, ExecutionState, RollbackStatus, StepRecord
 from celery_saga.store import drivers, history, prepared
+from celery_saga.store import flow as store_flow
 from celery_saga.store import labels as run_labels
 from celery_saga.store.codec import pack, unpack, unpack_or_sealed
 from celery_saga.store.database import Database, to_db_time
@@ -40,10 +41,12 @@ def create_execution(
     parent_execution_id: str | None = None,
     deadline_at: datetime | None = None,
     labels: Mapping[str, str] | None = None,
-) -> None:
+    flow: store_flow.RunFlow | None = None,
+) -> ExecutionState:
     """A plain INSERT, with the run's ``started`` history row: a duplicate id fails loudly
     instead of overwriting a live run. ``labels`` (checked): one more INSERT in the same
-    transaction; none without them."""
+    transaction; none without them. ``flow``: the run's key and its limit; without a free
+    slot the run is stored ``queued``. Returns the state stored."""
     stamp = to_db_time(now)
     values = {
         "id": execution_id,
@@ -61,19 +64,57 @@ def create_execution(
         "deadline_at": None if deadline_at is None else to_db_time(deadline_at),
         "members_settled": 0,
         "members_failed": 0,
+        "flow_key": None,
     }
+    if flow is not None:
+        return _create_limited(db, values, now, flow, labels)
     if db.dialect == "postgresql" and not labels:
         with db.single_statement() as connection:
             drivers.rowcount(connection, prepared.new_run_started(), values)
-        return
+        return state
     with db.transaction() as connection:  # two INSERTs in one (three with labels)
-        if db.dialect == "postgresql":
-            drivers.rowcount(connection, prepared.new_run_started(), values)
-        else:
-            drivers.rowcount(connection, prepared.new_run(), values)
-            history.write(connection, execution_id, HistoryEntry(now, Kind.STARTED.value))
-        if labels:
-            run_labels.write(connection, execution_id, labels)
+        _insert_run(db, connection, values, now, labels)
+    return state
+
+
+def _insert_run(
+    db: Database,
+    connection: Connection,
+    values: dict[str, Any],
+    now: datetime,
+    labels: Mapping[str, str] | None,
+) -> None:
+    """The run's row and its ``started`` history row (one statement on PostgreSQL), and
+    its labels."""
+    if db.dialect == "postgresql":
+        drivers.rowcount(connection, prepared.new_run_started(), values)
+    else:
+        drivers.rowcount(connection, prepared.new_run(), values)
+        history.write(connection, values["id"], HistoryEntry(now, Kind.STARTED.value))
+    if labels:
+        run_labels.write(connection, values["id"], labels)
+
+
+def _create_limited(
+    db: Database,
+    values: dict[str, Any],
+    now: datetime,
+    flow: store_flow.RunFlow,
+    labels: Mapping[str, str] | None,
+) -> ExecutionState:
+    """``create_execution`` of a run under a flow-control limit: its slot is taken, or the
+    run queued, in the transaction that stores it (an INSERT that fails gives the slot
+    back): one statement more than a run without a limit when a slot is free."""
+    key, run_id = flow.key, values["id"]
+    with db.transaction() as connection:
+        admitted = store_flow.admit_run(connection, values["saga_name"], flow)
+        state = ExecutionState(values["state"]) if admitted else ExecutionState.QUEUED
+        row = {**values, "state": state.value, "flow_key": key}
+        _insert_run(db, connection, row, now, labels)
+        if not admitted:
+            why = f"key {key!r} (limit {flow.limit}, saga total {flow.total}) has no slot free"
+            history.note(connection, run_id, Kind.QUEUED, now, why, data={"key": key})
+    return state
 
 
 def snapshot_query(run_id: Any) -> Any:

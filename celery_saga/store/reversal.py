@@ -32,7 +32,7 @@ from celery_saga.records import (
     RollbackStatus,
     StepRecord,
 )
-from celery_saga.store import attempts, drivers, history, prepared, unwind
+from celery_saga.store import attempts, drivers, flow, history, prepared, unwind
 from celery_saga.store.claims import Conflict
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.directions import REVERSE, held_params
@@ -296,12 +296,15 @@ def record_compensation(
     now: datetime,
     steps: Sequence[StepRecord],
     committed: bool,
+    holds_slot: bool = False,
 ) -> UnwindStep | None:
     """Record a reversal's definitive outcome together with the unwind's next move.
 
     ``steps``/``committed``: the run as this attempt's claim found it. A failure parks the
     run (HALT_FAILED); a success returns the next step to reverse, or DONE once the run was
     closed. None: the claim was lost to another worker (nothing was written).
+    ``holds_slot``: the run's saga has a flow-control limit (a run it closes gives its
+    slot back in the same transaction).
     """
     name = reversal.name
     plan = next_after_outcome(steps, committed, compensations, name, outcome, reason)
@@ -322,7 +325,8 @@ def record_compensation(
     }
     shape = tuple(sorted(changes))
     parks = plan.kind is UnwindKind.HALT_FAILED
-    if db.dialect == "postgresql" and not parks:
+    releases = holds_slot and plan.kind is UnwindKind.DONE
+    if db.dialect == "postgresql" and not parks and not releases:
         with db.single_statement() as connection:
             written = drivers.rowcount(connection, _outcome_in_one(shape), params) == 1
         return plan if written else None
@@ -341,6 +345,8 @@ def record_compensation(
                 history.write_parked(
                     connection, reversal.execution_id, name, reversal.attempt, reason, now
                 )
+            if releases:
+                flow.release(connection, reversal.execution_id, now)
     except Conflict:
         return None
     return plan

@@ -21,9 +21,9 @@ from dataclasses import replace
 from datetime import datetime
 
 from celery_saga.decisions.cursor import Advance
-from celery_saga.decisions.unwind import next_unwind_step
+from celery_saga.decisions.unwind import UnwindKind, next_unwind_step
 from celery_saga.records import Attempt, ExecutionState, StepStatus
-from celery_saga.store import drivers, forward, joins, prepared, queries
+from celery_saga.store import drivers, flow, forward, joins, prepared, queries
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.forward import GroupResult
 
@@ -86,6 +86,12 @@ def fail_held_step(
         **forward.prefixed("set_", changes),
     }
     statement = prepared.fail_in_one(tuple(sorted(changes)))
+    if execution.flow_key is not None and plan.kind is UnwindKind.DONE:
+        with db.transaction() as connection:  # the run ends: its slot goes with it
+            if drivers.rowcount(connection, statement, params) != 1:
+                return None
+            flow.release(connection, step.execution_id, now)
+        return GroupResult(settled=True, failure_reason=error, unwind=plan)
     with db.single_statement() as connection:
         if drivers.rowcount(connection, statement, params) != 1:
             return None

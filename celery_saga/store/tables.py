@@ -64,6 +64,8 @@ executions = Table(
     # that brings the first to the group's size joins it); NULL: not counted yet.
     Column("members_settled", Integer),
     Column("members_failed", Integer),
+    # The flow-control key the run was admitted or queued under (NULL: its saga has no limit).
+    Column("flow_key", String(200)),
     Index("ix_saga_executions_listing", "created_at", "id"),
     # No index may hold a column that every step changes (updated_at, version, cursor):
     # PostgreSQL then rewrites the run row in place (HOT). See migration 0003.
@@ -74,6 +76,8 @@ executions = Table(
     # list by rollback status, in listing order. See migration 0006.
     Index("ix_saga_executions_rollback", "rollback_status", "created_at", "id"),
     Index("ix_saga_executions_deadline", "deadline_at"),
+    # A key's queued runs in start order, for the run that ends and hands its slot on.
+    Index("ix_saga_executions_flow", "saga_name", "flow_key", "state", "created_at", "id"),
 )
 
 #: Failed runs whose unwind never started, for the recovery sweep: on PostgreSQL and SQLite
@@ -336,4 +340,17 @@ bulk_operations = Table(
     Column("created_at", Timestamp, nullable=False),
     Column("updated_at", Timestamp, nullable=False),
     Column("finished_at", Timestamp),
+)
+
+#: Flow control (guarantee 37): how many runs of a saga's key hold a slot (``live``), and
+#: the limit the last admission applied. A run takes a slot when it is admitted and gives
+#: it back (or hands it to the key's oldest queued run) in the transaction that ends it.
+flow_slots = Table(
+    "saga_flow_slots",
+    metadata,
+    Column("saga_name", String(200), nullable=False),
+    Column("flow_key", String(200), nullable=False),
+    Column("live", Integer, nullable=False),
+    Column("run_limit", Integer, nullable=False),
+    PrimaryKeyConstraint("saga_name", "flow_key", name="pk_saga_flow_slots"),
 )

@@ -22,7 +22,7 @@ from celery_saga.records import (
     RollbackStatus,
     StepRecord,
 )
-from celery_saga.store import claims, drivers, history, prepared
+from celery_saga.store import claims, drivers, flow, history, prepared
 from celery_saga.store.claims import Conflict
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.directions import REVERSE, claimed
@@ -146,6 +146,8 @@ def _plan_and_finish(
             )
         )
         history.write_unwind_closed(connection, record.id, plan.rollback_status, now)
+        if record.flow_key is not None:
+            flow.release(connection, record.id, now)
     elif plan.kind is not UnwindKind.COMPENSATE:
         assert plan.record is not None
         _park(connection, record.id, plan, now)

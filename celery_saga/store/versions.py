@@ -31,8 +31,13 @@ LIVE_STATES = tuple(
 
 
 #: Also not over: a cancelled run whose bodies in flight are being stopped, before its
-#: unwind; its version's code is still needed (not a state ``upgrade`` moves a run in).
-UNFINISHED_STATES = (*LIVE_STATES, ExecutionState.CANCELLING.value)
+#: unwind, and a run queued by its saga's flow-control limit; their version's code is still
+#: needed (not states ``upgrade`` moves a run in).
+UNFINISHED_STATES = (
+    *LIVE_STATES,
+    ExecutionState.CANCELLING.value,
+    ExecutionState.QUEUED.value,
+)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,12 @@ from celery_saga.records import ExecutionRecord, ExecutionState
 from celery_saga.store import drivers, history, prepared
 from celery_saga.store.codec import unpack
 from celery_saga.store.database import Database, to_db_time
-from celery_saga.store.forward import advance_values, fail_run_locked, prefixed
+from celery_saga.store.forward import (
+    advance_values,
+    fail_read_run,
+    prefixed,
+    release_if_ending,
+)
 from celery_saga.store.history import HistoryEntry, Kind
 from celery_saga.store.queries import keyset_after
 from celery_saga.store.rows import execution_from_row
@@ -77,7 +82,10 @@ def _resume(
     moved = {"state": ExecutionState.RUNNING.value, **advance_values(advance, now)}
     params = {"run_id": execution_id, "gate": gate, "run_updated_at": to_db_time(now)}
     statement = _resumed(tuple(sorted(moved)))
-    return drivers.rowcount(connection, statement, {**params, **prefixed("set_", moved)}) == 1
+    if drivers.rowcount(connection, statement, {**params, **prefixed("set_", moved)}) != 1:
+        return False
+    release_if_ending(connection, advance, execution_id, now)
+    return True
 
 
 @functools.cache
@@ -184,6 +192,7 @@ def park_for_signal(
             # no step ends the run: its signal, stored before, did (guarantee 33)
             why = f"{event!r}: its signal was stored when the run reached its last gate"
             history.note(connection, execution_id, Kind.RUN_COMPLETED, now, why)
+            release_if_ending(connection, advance, execution_id, now)
         if arrival is Arrival.PARK:
             until = None if wake_at is None else wake_at.isoformat()
             detail = f"for {event!r} " + (f"until {until}" if until else "(no deadline)")
@@ -270,8 +279,7 @@ def expire_wait(
             .where(executions.c.id == execution_id)
             .values(version=executions.c.version + 1)
         )
-        committed = run.committed_at is not None
-        plan = fail_run_locked(connection, execution_id, reason, committed, compensations, now)
+        plan = fail_read_run(connection, run, reason, compensations, now)
         entry = HistoryEntry(now, Kind.WAIT_TIMED_OUT.value, detail=reason)
         history.write(connection, execution_id, entry)
         return WakeResult(wake, plan)

@@ -102,6 +102,7 @@ PLANNED = {
     "compensation_stuck": ("resume", "resolve", "abandon"),
     "running": ("cancel",),
     "waiting": ("cancel",),
+    "queued": ("cancel",),
     "held": ("retry", "skip", "unwind", "cancel"),
 }
 

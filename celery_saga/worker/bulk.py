@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from celery_saga.decisions.cancel import CancelVerdict
+from celery_saga.decisions.cancel import CANCELLABLE_STATES, CancelVerdict
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.errors import SagaError, StoreUnavailableError
 from celery_saga.records import Execution, ExecutionState
@@ -160,7 +160,7 @@ def _unwind(
 MOVES: dict[str, BulkMove] = {
     move.name: move
     for move in (
-        BulkMove("cancel", _LIVE, _cancel),
+        BulkMove("cancel", CANCELLABLE_STATES, _cancel),
         BulkMove("resume", _PARKED, _resume),
         BulkMove("abandon", _PARKED, _abandon),
         BulkMove("upgrade", (*_LIVE, ExecutionState.COMPENSATING, *_PARKED), _upgrade),

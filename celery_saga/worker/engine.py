@@ -29,7 +29,7 @@ from celery_saga.runtime.catalog import Catalog
 from celery_saga.runtime.executor import Executor
 from celery_saga.runtime.ports import Settings
 from celery_saga.runtime.recovery import Recoverer
-from celery_saga.store import queries
+from celery_saga.store import flow, queries
 from celery_saga.store.codec import use_codec
 from celery_saga.store.database import Database
 from celery_saga.store.identity import shown_store, store_identity
@@ -265,7 +265,12 @@ class SagaEngine:
             "reading version waits", lambda: waiting_for_version(self.db, [record.id])
         )
         waiting = waits[record.id].definition_hash if record.id in waits else None
-        return Execution(record, tuple(steps), waiting_for_version=waiting)
+        behind = None
+        if record.state is ExecutionState.QUEUED:
+            behind = self.parts.store.run(
+                "reading a queued run's place", lambda: flow.queue_place(self.db, record.id)
+            )
+        return Execution(record, tuple(steps), waiting_for_version=waiting, queued_behind=behind)
 
     def list(
         self,

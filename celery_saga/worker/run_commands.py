@@ -83,7 +83,7 @@ def start_run(
     # Once per version and process: the run's version can be judged without its code.
     parts.store.run(f"storing the shape of saga {saga!r}", lambda: parts.shapes.store([definition]))
     try:
-        parts.store.run(
+        state = parts.store.run(
             f"starting saga {saga!r}",
             lambda: parts.executor.create(
                 definition, given, new_id, timeout=seconds, labels=given_labels
@@ -92,6 +92,8 @@ def start_run(
     except IntegrityError:
         _adopt(parts, definition, given, new_id)
         return new_id
+    if state is ExecutionState.QUEUED:
+        return new_id  # a run of its key that ends starts it (guarantee 37)
     _launch(parts, definition, new_id, announce=True)
     return new_id
 

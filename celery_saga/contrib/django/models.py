@@ -62,6 +62,7 @@ class Run(models.Model):  # type: ignore[misc]
     updated_at = StoredTime()
     cancelled_at = StoredTime(null=True)
     deadline_at = StoredTime(null=True)
+    flow_key = models.CharField("flow-control key", max_length=200, null=True)
     # The engine's bookkeeping, mapped so the model is the table (tests/test_django_models.py)
     # and not shown on the admin's pages.
     lease_expires_at = StoredTime(null=True)
