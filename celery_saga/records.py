@@ -67,6 +67,8 @@ class ExecutionRecord:
     wake_at: datetime | None = None
     cancelled_at: datetime | None = None
     deadline_at: datetime | None = None
+    #: The W3C traceparent of the run's root span (``celery_saga.tracing``), if traced.
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from celery_saga.runtime.moves import Move, Stay
 from celery_saga.runtime.outcomes import Interrupted, Outcome, no_body_if_taken_over
 from celery_saga.runtime.parts import Parts
 from celery_saga.runtime.stopping import give_up, worker_is_stopping
+from celery_saga.tracing.spans import AttemptSpan
 
 
 class AttemptBody(Protocol):
@@ -44,6 +45,14 @@ class AttemptBody(Protocol):
     @property
     def definition(self) -> SagaDefinition:
         """The definition its run runs on."""
+
+    @property
+    def key(self) -> str:
+        """Its idempotency key."""
+
+    @property
+    def trace(self) -> str | None:
+        """The run's stored trace (``celery_saga.tracing``), if known."""
 
     def context(self) -> Any:
         """The context its body sees."""
@@ -76,7 +85,16 @@ def attempt_fields(definition: SagaDefinition, held: Attempt, key: str) -> dict[
 
 
 def run_attempt(parts: Parts, body: AttemptBody) -> tuple[Outcome, Move]:
-    """Run ``body``'s claimed attempt; returns its outcome and the move that follows."""
+    """Run ``body``'s claimed attempt, in its span of the run's trace; returns its outcome
+    and the move that follows."""
+    held, definition = body.held, body.definition
+    with parts.tracer.attempt(definition.name, definition.hash, held, body.key, body.trace) as span:
+        outcome, move = _run_attempt(parts, body, span)
+        span.ended(outcome)
+    return outcome, move
+
+
+def _run_attempt(parts: Parts, body: AttemptBody, span: AttemptSpan) -> tuple[Outcome, Move]:
     held = body.held
     forward = held.direction is Direction.FORWARD
     kind: ClaimKind = "step" if forward else "reversal"
@@ -93,7 +111,7 @@ def run_attempt(parts: Parts, body: AttemptBody) -> tuple[Outcome, Move]:
         except (SQLAlchemyError, PayloadKeyError):
             raise  # the store (or a key) failed, not the attempt: the claim waits its lease
         except Exception as error:  # e.g. the soft time limit, spent before the body
-            return _before_the_body(body.failed(error))
+            return _before_the_body(_failed(body, span, error))
         try:
             result = body.call(ctx)
         except (Exception, SystemExit) as error:
@@ -102,7 +120,7 @@ def run_attempt(parts: Parts, body: AttemptBody) -> tuple[Outcome, Move]:
             # worker's own shutdown is not the attempt's (given up once the heartbeat has
             # stopped, below).
             if not worker_is_stopping(error):
-                return body.failed(error)
+                return _failed(body, span, error)
             stopped = error
         else:
             return body.succeeded(result)
@@ -118,6 +136,13 @@ def carried_out(carry_out: Callable[[Move], None], ran: tuple[Outcome, Move]) ->
     (tests/test_failure_memory.py)."""
     carry_out(ran[1])
     return ran[0]
+
+
+def _failed(body: AttemptBody, span: AttemptSpan, error: BaseException) -> tuple[Outcome, Move]:
+    """``body.failed``, then the error (scrubbed by it of the run's secrets) on the span."""
+    ran = body.failed(error)
+    span.failed(error)
+    return ran
 
 
 def _before_the_body(ran: tuple[Outcome, Move]) -> tuple[Outcome, Move]:

@@ -34,6 +34,7 @@ from celery_saga.runtime.unwinder import Unwinder
 from celery_saga.runtime.waits import Waits
 from celery_saga.store import queries
 from celery_saga.store.database import Database
+from celery_saga.tracing.carry import carried
 
 logger = logging.getLogger("celery_saga")
 
@@ -104,7 +105,7 @@ class Executor:
                 attempt = claim_step(self.parts, definition, position, message, None, holder)
                 if attempt is not None:
                     held = (attempt, holder)
-                    return self._run_claimed(definition, position, message, held, None)
+                    return self._run_claimed(definition, position, message, held, None, None)
         scope = record_at(definition, message) if definition is not None else None
         return self._run_checked(message, redelivered, scope)
 
@@ -234,7 +235,9 @@ class Executor:
             return self._refused(message, Admission.REJECT_IN_FLIGHT)
         if asked is not None:
             taken_over(*asked)
-        return self._run_claimed(definition, position, message, (attempt, holder), snapshot)
+        claimed = (attempt, holder)
+        trace = execution.trace_context
+        return self._run_claimed(definition, position, message, claimed, snapshot, trace)
 
     def _run_claimed(
         self,
@@ -243,8 +246,10 @@ class Executor:
         message: NodeMessage,
         claimed: tuple[int, str],
         snapshot: Snapshot | None,
+        stored_trace: str | None,
     ) -> Outcome:
-        """Run the attempt ``claimed`` (its number, and the holder name it was claimed by)."""
+        """Run the attempt ``claimed`` (its number, and the holder name it was claimed by);
+        ``stored_trace``: the run's trace, if its row was read."""
         (attempt, holder), now = claimed, get_clock().now()
         held = Attempt(
             message.execution_id,
@@ -256,6 +261,7 @@ class Executor:
             holder,
         )
         steps = self.interpreter.steps
-        run = StepSide(self.parts, steps, definition, position, message, held, snapshot)
+        trace = stored_trace or carried()
+        run = StepSide(self.parts, steps, definition, position, message, held, snapshot, trace)
         self.parts.emit("saga-step-started", {**run.fields, "version": definition.hash})
         return carried_out(self.carry_out, run_attempt(self.parts, run))

@@ -52,9 +52,11 @@ def create(
     *,
     parent_execution_id: str | None = None,
     timeout: float | None = None,
+    trace_context: str | None = None,
 ) -> None:
     """Store a new run at its first position (one INSERT; a taken id raises
-    ``IntegrityError``); ``timeout`` (else the saga's) sets its deadline."""
+    ``IntegrityError``); ``timeout`` (else the saga's) sets its deadline; ``trace_context``:
+    its root span's ``traceparent`` (``celery_saga.tracing``)."""
     blob = pack(
         saga_input,
         what=f"input of saga {definition.name!r}",
@@ -76,6 +78,7 @@ def create(
         now=now,
         parent_execution_id=parent_execution_id,
         deadline_at=None if seconds is None else now + timedelta(seconds=seconds),
+        trace_context=trace_context,
     )
 
 

@@ -36,6 +36,7 @@ from celery_saga.runtime.scrubbing import failure_secrets, log_failure, scrub_ex
 from celery_saga.runtime.stopping import RESEND_AFTER
 from celery_saga.store import claims, reversal, unwind
 from celery_saga.store.reversal import Unwinding
+from celery_saga.tracing.carry import carried
 
 logger = logging.getLogger("celery_saga")
 
@@ -103,6 +104,11 @@ class ReversalSide:
     @property
     def label(self) -> str:
         return f"the reversal of step {self.held.name!r}"
+
+    @property
+    def trace(self) -> str | None:
+        run = self.unwinding.run
+        return (run.trace_context if run else None) or carried()
 
     def __post_init__(self) -> None:
         self.key = record_key(self.held.execution_id, self.record.name, "compensate")

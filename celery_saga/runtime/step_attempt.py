@@ -101,6 +101,8 @@ class StepSide:
     message: NodeMessage
     held: Attempt
     snapshot: Snapshot | None
+    #: The run's stored trace, if known (carried by the message, or read with the run).
+    trace: str | None = None
     #: Its idempotency key and the fields of its events, made once (cached_property
     #: takes a lock at each read on Python 3.11).
     key: str = field(init=False)

@@ -47,7 +47,7 @@ FIRST_CLAIM_COLUMNS = (
 NEW_RUN_COLUMNS = (
     *("id", "saga_name", "definition_hash", "state", "cursor", "cursor_sub", "input"),
     *("committed_at", "parent_execution_id", "created_at", "updated_at", "version"),
-    *("deadline_at", "members_settled", "members_failed"),
+    *("deadline_at", "members_settled", "members_failed", "trace_context"),
 )
 
 

@@ -38,6 +38,7 @@ def create_execution(
     now: datetime,
     parent_execution_id: str | None = None,
     deadline_at: datetime | None = None,
+    trace_context: str | None = None,
 ) -> None:
     """A plain INSERT, with the run's ``started`` history row: a duplicate id fails loudly
     instead of overwriting a live run."""
@@ -58,6 +59,7 @@ def create_execution(
         "deadline_at": None if deadline_at is None else to_db_time(deadline_at),
         "members_settled": 0,
         "members_failed": 0,
+        "trace_context": trace_context,
     }
     if db.dialect == "postgresql":
         with db.single_statement() as connection:

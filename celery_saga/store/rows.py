@@ -44,6 +44,7 @@ def execution_from_row(row: Mapping[Any, Any], opener: Opener = unpack) -> Execu
         wake_at=from_db_time(row["wake_at"]),
         cancelled_at=from_db_time(row.get("cancelled_at")),
         deadline_at=from_db_time(row.get("deadline_at")),
+        trace_context=row.get("trace_context"),
     )
 
 

@@ -64,6 +64,9 @@ executions = Table(
     # that brings the first to the group's size joins it); NULL: not counted yet.
     Column("members_settled", Integer),
     Column("members_failed", Integer),
+    # The W3C traceparent of the run's root span (celery_saga.tracing), written with the
+    # run's INSERT; NULL when tracing was off at its start.
+    Column("trace_context", String(64)),
     Index("ix_saga_executions_listing", "created_at", "id"),
     # No index may hold a column that every step changes (updated_at, version, cursor):
     # PostgreSQL then rewrites the run row in place (HOT). See migration 0003.

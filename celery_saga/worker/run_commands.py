@@ -94,15 +94,19 @@ def start_run(
     parts.store.ensure_schema()
     # Once per version and process: the run's version can be judged without its code.
     parts.store.run(f"storing the shape of saga {saga!r}", lambda: parts.shapes.store([definition]))
-    try:
-        parts.store.run(
-            f"starting saga {saga!r}",
-            lambda: parts.executor.create(definition, given, new_id, timeout=seconds),
-        )
-    except IntegrityError:
-        _adopt(parts, definition, given, new_id)
-        return new_id
-    _launch(parts, definition, new_id, announce=True)
+    # The run's root span: around its start, its context stored with it (tracing/spans.py).
+    with parts.executor.parts.tracer.run(saga, definition.hash, new_id) as trace:
+        try:
+            parts.store.run(
+                f"starting saga {saga!r}",
+                lambda: parts.executor.create(
+                    definition, given, new_id, timeout=seconds, trace_context=trace
+                ),
+            )
+        except IntegrityError:
+            _adopt(parts, definition, given, new_id)
+            return new_id
+        _launch(parts, definition, new_id, announce=True)
     return new_id
 
 

@@ -68,6 +68,7 @@ class Run(models.Model):  # type: ignore[misc]
     version = models.IntegerField()
     members_settled = models.IntegerField(null=True)
     members_failed = models.IntegerField(null=True)
+    trace_context = models.CharField(max_length=64, null=True)
 
     objects = SagaManager()
 

@@ -1,0 +1,23 @@
+"""The run's trace: the W3C traceparent of its root span (``celery_saga.tracing``), written
+with the run's INSERT so every later span of the run, in any process, joins its trace.
+Runs stored before this revision, or started with tracing off, keep NULL.
+
+Revision ID: 0014
+Revises: 0010
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0014"
+down_revision = "0010"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.add_column("saga_executions", sa.Column("trace_context", sa.String(64)))
+
+
+def downgrade() -> None:
+    op.drop_column("saga_executions", "trace_context")

@@ -1,0 +1,29 @@
+"""``TraceIdsFilter``: the current trace and span ids on every log record, for a format.
+
+Add it to a handler (``handler.addFilter(TraceIdsFilter())``) and use ``%(otel_trace_id)s``
+and ``%(otel_span_id)s`` in its format: the engine writes its lines about a run while that
+run's span is current (an attempt, a reversal, an operator's move), so they carry the run's
+trace. Without the API, or outside any span, both are ``0`` (the ids OpenTelemetry's own
+logging instrumentation writes then)."""
+
+from __future__ import annotations
+
+import logging
+
+from celery_saga.tracing.api import otel_trace
+
+
+class TraceIdsFilter(logging.Filter):
+    """Sets ``otel_trace_id`` (32 hex digits) and ``otel_span_id`` (16) on each record;
+    keeps every record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        trace_id, span_id = "0", "0"
+        if otel_trace is not None:
+            context = otel_trace.get_current_span().get_span_context()
+            if context.is_valid:
+                trace_id = format(context.trace_id, "032x")
+                span_id = format(context.span_id, "016x")
+        record.otel_trace_id = trace_id
+        record.otel_span_id = span_id
+        return True
