@@ -15,9 +15,14 @@ branch_labels = None
 depends_on = None
 
 
+_TABLES = ("saga_executions", "saga_executions_archive")
+
+
 def upgrade() -> None:
-    op.add_column("saga_executions", sa.Column("trace_context", sa.String(64)))
+    for table in _TABLES:
+        op.add_column(table, sa.Column("trace_context", sa.String(64)))
 
 
 def downgrade() -> None:
-    op.drop_column("saga_executions", "trace_context")
+    for table in _TABLES:
+        op.drop_column(table, "trace_context")
