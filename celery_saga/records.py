@@ -98,6 +98,8 @@ class StepRecord:
     #: The worker process holding the forward (or reversal) claim: "node/pid/task id".
     holder: str | None = None
     compensation_holder: str | None = None
+    #: The traceparent of the span of the forward attempt that last claimed it, if traced.
+    trace_context: str | None = None
 
 
 class Direction(str, Enum):

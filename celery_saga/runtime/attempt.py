@@ -47,12 +47,8 @@ class AttemptBody(Protocol):
         """The definition its run runs on."""
 
     @property
-    def key(self) -> str:
-        """Its idempotency key."""
-
-    @property
-    def trace(self) -> str | None:
-        """The run's stored trace (``celery_saga.tracing``), if known."""
+    def span(self) -> AttemptSpan:
+        """Its span in the run's trace (``celery_saga.tracing``), begun before its claim."""
 
     def context(self) -> Any:
         """The context its body sees."""
@@ -87,8 +83,7 @@ def attempt_fields(definition: SagaDefinition, held: Attempt, key: str) -> dict[
 def run_attempt(parts: Parts, body: AttemptBody) -> tuple[Outcome, Move]:
     """Run ``body``'s claimed attempt, in its span of the run's trace; returns its outcome
     and the move that follows."""
-    held, definition = body.held, body.definition
-    with parts.tracer.attempt(definition.name, definition.hash, held, body.key, body.trace) as span:
+    with body.span.running(body.held.attempt) as span:
         outcome, move = _run_attempt(parts, body, span)
         span.ended(outcome)
     return outcome, move

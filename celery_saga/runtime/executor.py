@@ -12,7 +12,14 @@ from celery_saga.decisions.takeover import Takeover
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import ParallelNode, StepNode, SubSagaNode, WaitNode
 from celery_saga.errors import BranchPathError, LoopError, PayloadError
-from celery_saga.records import Attempt, ExecutionRecord, ExecutionState, StepRecord, StepStatus
+from celery_saga.records import (
+    Attempt,
+    Direction,
+    ExecutionRecord,
+    ExecutionState,
+    StepRecord,
+    StepStatus,
+)
 from celery_saga.runtime import forward_moves
 from celery_saga.runtime.attempt import carried_out, run_attempt
 from celery_saga.runtime.catalog import Catalog
@@ -23,6 +30,7 @@ from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.engine_calls import EngineCalls
 from celery_saga.runtime.holders import HeldClaim, Holders
 from celery_saga.runtime.interpreter import Interpreter
+from celery_saga.runtime.keys import record_key
 from celery_saga.runtime.moves import FailRun, FailStep, PublishNode
 from celery_saga.runtime.navigation import Position, node_at, record_at, resolve, route
 from celery_saga.runtime.outcomes import Failed, NoBody, Outcome, attempt_failed
@@ -35,6 +43,7 @@ from celery_saga.runtime.waits import Waits
 from celery_saga.store import queries
 from celery_saga.store.database import Database
 from celery_saga.tracing.carry import carried
+from celery_saga.tracing.spans import AttemptSpan
 
 logger = logging.getLogger("celery_saga")
 
@@ -102,10 +111,11 @@ class Executor:
                 spec = route(target, 0, message.member)
                 assert spec is not None
                 position, holder = Position(spec, spec.name), self.parts.holders.me()
-                attempt = claim_step(self.parts, definition, position, message, None, holder)
+                span = self._span(definition, position, message, None)
+                attempt = claim_step(self.parts, definition, position, message, None, holder, span)
                 if attempt is not None:
                     held = (attempt, holder)
-                    return self._run_claimed(definition, position, message, held, None, None)
+                    return self._run_claimed(definition, position, message, held, None, span)
         scope = record_at(definition, message) if definition is not None else None
         return self._run_checked(message, redelivered, scope)
 
@@ -230,14 +240,29 @@ class Executor:
             if lost is not None:
                 self.carry_out(lost)
                 return NoBody("no attempt left after lost ones")
-        attempt = claim_step(self.parts, definition, position, message, record, holder)
+        span = self._span(definition, position, message, execution.trace_context)
+        attempt = claim_step(self.parts, definition, position, message, record, holder, span)
         if attempt is None:
             return self._refused(message, Admission.REJECT_IN_FLIGHT)
         if asked is not None:
             taken_over(*asked)
         claimed = (attempt, holder)
-        trace = execution.trace_context
-        return self._run_claimed(definition, position, message, claimed, snapshot, trace)
+        return self._run_claimed(definition, position, message, claimed, snapshot, span)
+
+    def _span(
+        self,
+        definition: SagaDefinition,
+        position: Position,
+        message: NodeMessage,
+        stored_trace: str | None,
+    ) -> AttemptSpan:
+        """The span of the attempt about to be claimed, in the run's trace: as read with
+        the run (``stored_trace``), else as its message carries it."""
+        run = (definition.name, definition.hash, message.execution_id)
+        name = position.record_name
+        key = record_key(message.execution_id, name, "forward")
+        traces = (stored_trace or carried(), None)
+        return self.parts.tracer.attempt(Direction.FORWARD, run, name, key, traces)
 
     def _run_claimed(
         self,
@@ -246,10 +271,10 @@ class Executor:
         message: NodeMessage,
         claimed: tuple[int, str],
         snapshot: Snapshot | None,
-        stored_trace: str | None,
+        span: AttemptSpan,
     ) -> Outcome:
-        """Run the attempt ``claimed`` (its number, and the holder name it was claimed by);
-        ``stored_trace``: the run's trace, if its row was read."""
+        """Run the attempt ``claimed`` (its number, and the holder name it was claimed by)
+        in its ``span``."""
         (attempt, holder), now = claimed, get_clock().now()
         held = Attempt(
             message.execution_id,
@@ -261,7 +286,6 @@ class Executor:
             holder,
         )
         steps = self.interpreter.steps
-        trace = stored_trace or carried()
-        run = StepSide(self.parts, steps, definition, position, message, held, snapshot, trace)
+        run = StepSide(self.parts, steps, definition, position, message, held, snapshot, span)
         self.parts.emit("saga-step-started", {**run.fields, "version": definition.hash})
         return carried_out(self.carry_out, run_attempt(self.parts, run))

@@ -41,6 +41,7 @@ FIRST_CLAIM_COLUMNS = (
     "compensation_attempts",
     "child_execution_id",
     "holder",
+    "trace_context",
 )
 
 #: The columns a new run is stored with (the rest take their defaults).

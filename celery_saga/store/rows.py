@@ -76,4 +76,5 @@ def step_from_row(row: Mapping[Any, Any], prefix: str = "", opener: Opener = unp
         child_execution_id=get("child_execution_id"),
         holder=get("holder"),
         compensation_holder=get("compensation_holder"),
+        trace_context=row.get(prefix + "trace_context"),
     )

@@ -132,6 +132,9 @@ step_records = Table(
     # The worker process holding the claim ("node/pid/task id"): a takeover asks it first.
     Column("holder", String(200)),
     Column("compensation_holder", String(200)),
+    # The W3C traceparent of the span of the forward attempt that last claimed the step,
+    # written with its claim: its reversal's span links to it (celery_saga.tracing).
+    Column("trace_context", String(64)),
     UniqueConstraint("execution_id", "name", name="uq_saga_steps_execution_name"),
 )
 

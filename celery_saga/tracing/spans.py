@@ -24,17 +24,36 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-from celery_saga.records import Attempt
+from celery_saga.records import Direction
 from celery_saga.tracing import api
 from celery_saga.tracing.api import otel_trace
 from celery_saga.tracing.carry import carrying
 
 
 class AttemptSpan:
-    """What an attempt's span records besides its start and end (nothing when off)."""
+    """One attempt's span, begun before its claim (so the claim stores its traceparent)
+    and current while the attempt runs; never ended, it is never exported (a refused
+    claim). Nothing at all when tracing is off (``OFF``)."""
 
     def __init__(self, span: Any = None) -> None:
         self._span = span
+        self.traceparent = None if span is None else api.carrier_of(span.get_span_context())
+
+    @contextmanager
+    def running(self, attempt: int) -> Iterator[AttemptSpan]:
+        """Current while the claimed attempt number ``attempt`` runs; ended after."""
+        if self._span is None:
+            yield self
+            return
+        self._span.set_attribute("saga.attempt", attempt)
+        with otel_trace.use_span(
+            self._span, end_on_exit=True, record_exception=False, set_status_on_exception=False
+        ):
+            try:
+                yield self
+            except BaseException as error:
+                self._span.set_status(_error_status(error))
+                raise
 
     def failed(self, error: BaseException) -> None:
         """The body raised ``error`` (already scrubbed of the run's secrets): an
@@ -42,7 +61,7 @@ class AttemptSpan:
         if self._span is None:
             return
         self._span.record_exception(error, escaped=False)
-        self._span.set_status(otel_trace.Status(otel_trace.StatusCode.ERROR, type(error).__name__))
+        self._span.set_status(_error_status(error))
 
     def ended(self, outcome: object) -> None:
         """How the attempt ended: ``ran``, ``retrying``, ``failed``, ``stopped``,
@@ -51,7 +70,7 @@ class AttemptSpan:
             self._span.set_attribute("saga.outcome", type(outcome).__name__.lower())
 
 
-_OFF = AttemptSpan()
+OFF = AttemptSpan()
 
 
 class Tracer:
@@ -88,26 +107,34 @@ class Tracer:
             with carrying(traceparent):
                 yield traceparent
 
-    @contextmanager
     def attempt(
-        self, saga: str, version: str, held: Attempt, key: str, stored: str | None
-    ) -> Iterator[AttemptSpan]:
-        """The span of one claimed attempt, ``step <name>`` or ``reversal <name>``, in the
-        run's trace (``stored``), current while the body runs."""
+        self,
+        direction: Direction,
+        run: tuple[str, str, str],
+        step: str,
+        key: str,
+        traces: tuple[str | None, str | None] = (None, None),
+    ) -> AttemptSpan:
+        """Begin the span of an attempt of ``step`` in ``direction`` (``step <name>`` or
+        ``reversal <name>``) of ``run`` (saga, version, execution id), with its idempotency
+        ``key``; ``traces``: the run's stored trace, and a reversal's forward attempt's (a
+        link to it). ``OFF`` when tracing is off."""
         if not self.on:
-            yield _OFF
-            return
+            return OFF
+        stored, forward = traces
         attributes = {
-            **_run_attributes(saga, version, held.execution_id),
-            "saga.step": held.name,
-            "saga.attempt": held.attempt,
-            "saga.direction": held.direction.value,
+            **_run_attributes(*run),
+            "saga.step": step,
+            "saga.direction": direction.value,
             "saga.idempotency_key": key,
         }
         parent, links = _parent(stored)
-        name = f"{held.direction.value} {held.name}"
-        with self._span(name, parent, links, attributes) as span:
-            yield AttemptSpan(span)
+        undone = api.context_of(forward)
+        if undone is not None:
+            links.append(otel_trace.Link(undone, {"saga.link": "reverses"}))
+        tracer = otel_trace.get_tracer(api.SCOPE)
+        name = f"{direction.value} {step}"
+        return AttemptSpan(tracer.start_span(name, parent, links=links, attributes=attributes))
 
     def waited(
         self,
@@ -170,9 +197,7 @@ class Tracer:
             try:
                 yield span
             except BaseException as error:
-                span.set_status(
-                    otel_trace.Status(otel_trace.StatusCode.ERROR, type(error).__name__)
-                )
+                span.set_status(_error_status(error))
                 raise
 
 
@@ -182,6 +207,12 @@ def trace_id_of(traceparent: str | None) -> str | None:
         return None
     fields = traceparent.split("-")
     return fields[1] if len(fields) == 4 and len(fields[1]) == 32 else None
+
+
+def _error_status(error: BaseException) -> Any:
+    # Its type only: an error's text may carry what a payload held (the store's errors
+    # name their statement's parameters); the body's own is recorded as its event.
+    return otel_trace.Status(otel_trace.StatusCode.ERROR, type(error).__name__)
 
 
 def _run_attributes(saga: str, version: str, execution_id: str) -> dict[str, Any]:

@@ -126,6 +126,7 @@ class Step(models.Model):  # type: ignore[misc]
     lease_expires_at = StoredTime(null=True)
     compensation_lease_expires_at = StoredTime(null=True)
     compensation_holder = models.CharField(max_length=200, null=True)
+    trace_context = models.CharField(max_length=64, null=True)
 
     objects = SagaManager()
 
