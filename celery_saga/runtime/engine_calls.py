@@ -19,6 +19,7 @@ from celery_saga.runtime.moves import MoveOn, Stay
 from celery_saga.runtime.parts import Parts
 from celery_saga.runtime.waits import Waits
 from celery_saga.store import queries, waits
+from celery_saga.tracing.carry import carrying
 
 logger = logging.getLogger("celery_saga")
 
@@ -75,8 +76,9 @@ class EngineCalls:
             rows = waits.list_expired_waits(self.parts.db, now=now, limit=page, after=after)
             for row in rows:
                 try:
-                    move = self.waits.expire(row, now)
-                    self.carry_out(move)
+                    with carrying(row.trace_context):  # its messages stay in its trace
+                        move = self.waits.expire(row, now)
+                        self.carry_out(move)
                     acted += not isinstance(move, Stay)
                 except Exception:
                     logger.exception("the deadline of execution %s could not be fired", row.id)

@@ -168,16 +168,19 @@ class Tracer:
         self, action: str, execution_id: str, actor: str | None, stored: str | None
     ) -> Iterator[None]:
         """The span ``operator <action>`` (cancel, resume_compensation, ...) of a move
-        ``actor`` made on a run, in the run's trace, current while it is carried out."""
-        if not self.on:
-            yield
-            return
-        attributes = {"saga.execution_id": execution_id, "saga.action": action}
-        if actor is not None:
-            attributes["saga.actor"] = actor
-        parent, links = _parent(stored)
-        with self._span(f"operator {action}", parent, links, attributes):
-            yield
+        ``actor`` made on a run, in the run's trace (``stored``), current while it is
+        carried out; the messages it sends carry the run's trace (even with tracing off
+        here, for the processes that trace)."""
+        with carrying(stored):
+            if not self.on:
+                yield
+                return
+            attributes = {"saga.execution_id": execution_id, "saga.action": action}
+            if actor is not None:
+                attributes["saga.actor"] = actor
+            parent, links = _parent(stored)
+            with self._span(f"operator {action}", parent, links, attributes):
+                yield
 
     @contextmanager
     def _span(

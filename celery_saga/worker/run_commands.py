@@ -61,6 +61,11 @@ NO_OP = {
 def definition_of(parts: WorkerParts, execution_id: str) -> SagaDefinition:
     """The stored run's own version, never another: a process without it raises
     ``VersionNotDeployedError``, storing nothing."""
+    return run_of(parts, execution_id)[0]
+
+
+def run_of(parts: WorkerParts, execution_id: str) -> tuple[SagaDefinition, ExecutionRecord]:
+    """The stored run, and its own version (as ``definition_of``)."""
     check_lookup_id(execution_id)
     parts.store.ensure_schema()
     record = parts.store.run(
@@ -69,7 +74,7 @@ def definition_of(parts: WorkerParts, execution_id: str) -> SagaDefinition:
     )
     if record is None or record.id != execution_id:  # MySQL finds 'a1' for 'A1 '
         raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
-    return parts.catalog.for_run(record.saga_name, record.definition_hash, record.id)
+    return parts.catalog.for_run(record.saga_name, record.definition_hash, record.id), record
 
 
 # -- start ------------------------------------------------------------------------------
@@ -95,7 +100,7 @@ def start_run(
     # Once per version and process: the run's version can be judged without its code.
     parts.store.run(f"storing the shape of saga {saga!r}", lambda: parts.shapes.store([definition]))
     # The run's root span: around its start, its context stored with it (tracing/spans.py).
-    with parts.executor.parts.tracer.run(saga, definition.hash, new_id) as trace:
+    with parts.tracer.run(saga, definition.hash, new_id) as trace:
         try:
             parts.store.run(
                 f"starting saga {saga!r}",
@@ -160,7 +165,8 @@ def cancel_run(
         if record is None or record.id != execution_id:
             raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
         definition = parts.catalog.known(record.saga_name, record.definition_hash)
-        verdict = parts.executor.cancel(record, reason, actor)  # hands on if missing
+        with parts.tracer.action("cancel", execution_id, actor, record.trace_context):
+            verdict = parts.executor.cancel(record, reason, actor)  # hands on if missing
         if verdict is CancelVerdict.ENDED:  # it may have ended just now: say how
             record = queries.load_execution(parts.db, execution_id) or record
         _refuse(verdict, record, definition)
@@ -214,7 +220,7 @@ def signal_run(
         raise SagaError(f"a signal needs an event name, got {event!r}")
     check_actor(actor)
     try:
-        definition = definition_of(parts, execution_id)
+        definition, record = run_of(parts, execution_id)
     except VersionNotDeployedError as missing:
         blob = pack(
             payload,
@@ -226,10 +232,15 @@ def signal_run(
             missing, execution_id, "signal", event=event, payload=encoded, actor=actor
         )
         return False
-    return parts.store.run(
-        f"signalling {event!r} to {execution_id!r}",
-        lambda: parts.executor.signal(definition, execution_id, event, payload, actor),
-    )
+    with parts.tracer.action("signal", execution_id, actor, record.trace_context):
+        resumed = parts.store.run(
+            f"signalling {event!r} to {execution_id!r}",
+            lambda: parts.executor.signal(definition, execution_id, event, payload, actor),
+        )
+    if resumed and record.state is ExecutionState.WAITING:  # parked at its gate since
+        run = (definition.name, definition.hash, execution_id)
+        parts.tracer.waited(*run, event, record.updated_at, record.trace_context, "signal")
+    return resumed
 
 
 def _signal_handed_on(parts: WorkerParts, execution_id: str, arguments: dict[str, Any]) -> None:
@@ -244,7 +255,7 @@ def resume_run(parts: WorkerParts, execution_id: str, actor: str | None = None) 
     run's version (only a run whose unwind is parked is resumed, checked here first)."""
     check_actor(actor)
     try:
-        definition = definition_of(parts, execution_id)
+        definition, record = run_of(parts, execution_id)
     except VersionNotDeployedError as missing:
         parts.store.run(
             f"reading the unwind of {execution_id!r}",
@@ -252,10 +263,11 @@ def resume_run(parts: WorkerParts, execution_id: str, actor: str | None = None) 
         )
         parts.publisher.hand_on(missing, execution_id, "resume", actor=actor)
         return
-    parts.store.run(
-        f"resuming the unwind of {execution_id!r}",
-        lambda: parts.executor.unwinder.resume(definition, execution_id, actor),
-    )
+    with parts.tracer.action("resume_compensation", execution_id, actor, record.trace_context):
+        parts.store.run(
+            f"resuming the unwind of {execution_id!r}",
+            lambda: parts.executor.unwinder.resume(definition, execution_id, actor),
+        )
 
 
 def _resume_handed_on(parts: WorkerParts, execution_id: str, arguments: dict[str, Any]) -> None:
@@ -268,11 +280,12 @@ def abandon_run(
     """``engine.abandon_compensation``: only where the run's version is registered."""
     check_actor(actor)
     check_reason(reason, "an abandon reason")
-    definition = definition_of(parts, execution_id)
-    return parts.store.run(
-        f"abandoning the unwind of {execution_id!r}",
-        lambda: parts.executor.unwinder.abandon(definition, execution_id, actor, reason),
-    )
+    definition, record = run_of(parts, execution_id)
+    with parts.tracer.action("abandon_compensation", execution_id, actor, record.trace_context):
+        return parts.store.run(
+            f"abandoning the unwind of {execution_id!r}",
+            lambda: parts.executor.unwinder.abandon(definition, execution_id, actor, reason),
+        )
 
 
 # -- handed on --------------------------------------------------------------------------
