@@ -188,15 +188,16 @@ class Versions:
                 f"execution {execution_id!r} cannot move to version {target.hash}: "
                 f"{verdict.reason}; nothing was changed"
             )
-        moved = versions.move_to_version(
-            parts.db,
-            execution_id=execution_id,
-            seen_version=record.version,
-            from_hash=current.hash,
-            to_hash=target.hash,
-            actor=actor or process_name(),
-            now=get_clock().now(),
-        )
+        with parts.tracer.action("upgrade", execution_id, actor, record.trace_context):
+            moved = versions.move_to_version(
+                parts.db,
+                execution_id=execution_id,
+                seen_version=record.version,
+                from_hash=current.hash,
+                to_hash=target.hash,
+                actor=actor or process_name(),
+                now=get_clock().now(),
+            )
         if not moved:
             raise UpgradeRefusedError(
                 f"execution {execution_id!r} moved while it was checked; nothing was changed, "
