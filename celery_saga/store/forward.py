@@ -116,7 +116,7 @@ def _claim_again(
         result = connection.execute(
             update(step_records)
             .where(guard, prepared.run_live_here_locked())
-            .values(claimed(FORWARD, lease, holder), **_traced(trace_context)),
+            .values({**claimed(FORWARD, lease, holder), **_traced(trace_context)}),
             at,
         )
         if result.rowcount != 1:
