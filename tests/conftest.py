@@ -122,6 +122,7 @@ def _spawn_workers(
     events: bool = True,
     prefix: str = "w",
     concurrency: int = 2,
+    app: str = "tests.sagaapp:app",
 ) -> tuple[list[subprocess.Popen[bytes]], list[Path]]:
     workers, logs = [], []
     for index in range(count):
@@ -131,7 +132,7 @@ def _spawn_workers(
             "-m",
             "celery",
             "-A",
-            "tests.sagaapp:app",
+            app,
             "worker",
             "-P",
             "prefork",

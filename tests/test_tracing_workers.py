@@ -1,0 +1,213 @@
+"""One trace per run over real prefork workers, on RabbitMQ and on Redis: the SDK exports
+each worker process's spans to a file (``tests/traced_app.py``), the test process's own
+(the caller's span, the root, the signal's wait) to memory.
+
+The run: five steps, the 4th failing once (retried), the 5th for good (four reversals),
+a sub-saga and a wait signalled after a second. Its spans: exactly one trace, no span
+whose parent is missing, one span per attempt and per reversal, each reversal linked to
+its forward attempt, and the caller's span the root's parent. The same after a SIGKILL of
+the worker mid-step (the lost attempt's span is never exported: the re-run's is, with
+the next attempt number); with Celery's own instrumentation, ours nest in its task spans.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+
+from celery_saga import ExecutionState
+from tests.conftest import (
+    BROKERS,
+    PORTS,
+    _spawn_workers,
+    _test_database_url,
+    _wait_ready,
+    client_app,
+    require_services,
+    spawn_beat,
+    stop_workers,
+)
+from tests.traced_app import define_traced
+from tests.tracing_kit import as_dict, check_one_trace, read_spans, sdk_provider
+
+PLAN = {"t4": {"fail_attempts": 1}, "t5": {"fail": True}}
+
+
+class TracedRig:
+    """Workers of ``tests.traced_app`` on ``broker``, with a real beat sending the sweeps
+    (a lost message is sent again on Redis by the recovery sweep)."""
+
+    def __init__(self, broker: str, tmp: Path, celery_spans: bool) -> None:
+        self.tmp, self.queue = tmp, f"saga-trace-{uuid.uuid4().hex[:10]}"
+        self.spans = tmp / "spans"
+        self.spans.mkdir()
+        self.env = {
+            **os.environ,
+            "SAGA_TEST_BROKER": broker,
+            "SAGA_TEST_STORE": _test_database_url(),
+            "SAGA_TEST_QUEUE": self.queue,
+            "SAGA_TEST_DUPLICATE": "0",
+            "SAGA_TEST_LEASE": "3",
+            "SAGA_TEST_RECOVER_AFTER": "3",
+            "SAGA_TEST_SWEEP_INTERVAL": "1",
+            "SAGA_TEST_SPANS": str(self.spans),
+            "SAGA_TEST_OTEL_CELERY": "1" if celery_spans else "0",
+            "PYTHONPATH": str(Path.cwd()),
+        }
+        self.client = client_app(self.env, broker, self.env["SAGA_TEST_STORE"], self.queue)
+        define_traced(self.client)
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.beat = spawn_beat(self.env, tmp)
+
+    def start_worker(self) -> subprocess.Popen[bytes]:
+        logdir = self.tmp / f"gen{len(self.workers)}"
+        logdir.mkdir()
+        workers, _ = _spawn_workers(
+            self.env, self.queue, logdir, count=1, app="tests.traced_app:app"
+        )
+        self.workers.extend(workers)
+        _wait_ready(self.client, 1, workers)
+        return workers[0]
+
+    def run_until(self, execution_id: str, *states: ExecutionState) -> Any:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            execution = self.client.engine.get(execution_id)
+            if execution.state in states:
+                return execution
+            time.sleep(0.2)
+        raise AssertionError(f"run {execution_id} never got to {states}: {execution.state}")
+
+    def close(self) -> None:
+        stop_workers([*self.workers, self.beat])
+        with self.client.app.connection_for_write() as connection:
+            connection.default_channel.queue_purge(self.queue)
+
+
+@pytest.fixture(params=["postgres-rabbitmq", "postgres-redis"])
+def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TracedRig]:
+    require_services(PORTS["postgres"], PORTS[request.param])
+    rig = TracedRig(BROKERS[request.param], tmp_path, celery_spans=False)
+    try:
+        yield rig
+    finally:
+        rig.close()
+
+
+def _traced_run(rig: TracedRig, before_signal: Callable[[Any], None] | None = None) -> Any:
+    """Start the run under a caller's span, signal its wait a second after it parks, and
+    wait for its unwind to end; returns the run's id and every span of its trace."""
+    with sdk_provider() as memory:
+        tracer = trace.get_tracer("test")
+        with tracer.start_as_current_span("POST /orders") as caller:
+            run = rig.client.engine.start("traced", {"plan": PLAN})
+        if before_signal is not None:
+            before_signal(run)
+        rig.run_until(run.id, ExecutionState.WAITING)
+        time.sleep(1)
+        rig.client.engine.signal(run.id, "go", {})
+        ended = rig.run_until(run.id, ExecutionState.FAILED)
+        assert ended.rollback_status is not None and ended.rollback_status.value == "completed"
+        time.sleep(0.5)  # the last reversal's task ends after it is recorded
+        spans = [as_dict(s) for s in memory.get_finished_spans()] + read_spans(rig.spans)
+    trace_id = format(caller.get_span_context().trace_id, "032x")
+    return run.id, trace_id, [s for s in spans if s["trace"] == trace_id], spans
+
+
+def _check_the_run(run_id: str, trace_id: str, mine: list[dict[str, Any]]) -> None:
+    caller = next(s for s in mine if s["name"] == "POST /orders")
+    assert check_one_trace(mine) == trace_id
+    root = next(s for s in mine if s["name"] == "saga traced")
+    assert root["parent"] == caller["id"]
+    assert root["attributes"]["saga.execution_id"] == run_id
+    ours = Counter(s["name"] for s in mine if s["attributes"].get("saga.execution_id"))
+    assert ours == {
+        "saga traced": 1,
+        "saga traced_kid": 1,
+        **{f"step t{n}": 1 for n in (1, 2, 3, 5)},
+        "step t4": 2,
+        "step k1": 1,
+        **{f"reversal t{n}": 1 for n in (1, 2, 3, 4)},
+        "reversal k1": 1,
+        "wait go": 1,
+        "operator signal": 1,
+    }
+    t4 = sorted(s["attributes"]["saga.attempt"] for s in mine if s["name"] == "step t4")
+    assert t4 == [1, 2]
+
+
+def test_one_trace_per_run_over_prefork_workers(rig: TracedRig) -> None:
+    rig.start_worker()
+    run_id, trace_id, mine, everything = _traced_run(rig)
+    _check_the_run(run_id, trace_id, mine)
+    # Nothing of the run in another trace.
+    strays = [s["name"] for s in everything if s not in mine and s["attributes"].get("saga.name")]
+    assert strays == []
+
+
+def test_the_trace_holds_after_a_sigkill_mid_step(rig: TracedRig) -> None:
+    """The worker's process group dies while t2's body sleeps: the attempt's span is lost
+    with it (never exported); the re-run is attempt 2, in the same trace."""
+    worker = rig.start_worker()
+    PLAN["t2"] = {"first_sleep": 8, "mark_begin": True}
+    try:
+
+        def kill_mid_step(run: Any) -> None:
+            def begun() -> bool:
+                return any(
+                    e.step == "t2" and e.direction == "forward_begin"
+                    for e in rig.client.entries(run.id)
+                )
+
+            deadline = time.monotonic() + 45
+            while not begun():
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            time.sleep(0.5)
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(timeout=10)
+            rig.start_worker()
+
+        run_id, trace_id, mine, _ = _traced_run(rig, kill_mid_step)
+    finally:
+        del PLAN["t2"]
+    _check_the_run(run_id, trace_id, mine)
+    (t2,) = [s for s in mine if s["name"] == "step t2"]
+    assert t2["attributes"]["saga.attempt"] == 2
+
+
+@pytest.fixture
+def instrumented_rig(tmp_path: Path) -> Iterator[TracedRig]:
+    require_services(PORTS["postgres"], PORTS["postgres-rabbitmq"])
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+
+    rig = TracedRig(BROKERS["postgres-rabbitmq"], tmp_path, celery_spans=True)
+    CeleryInstrumentor().instrument()
+    try:
+        yield rig
+    finally:
+        CeleryInstrumentor().uninstrument()
+        rig.close()
+
+
+def test_with_celery_instrumentation_our_spans_nest_in_its_task_spans(
+    instrumented_rig: TracedRig,
+) -> None:
+    instrumented_rig.start_worker()
+    run_id, trace_id, mine, _ = _traced_run(instrumented_rig)
+    _check_the_run(run_id, trace_id, mine)
+    by_id = {s["id"]: s for s in mine}
+    steps = [s for s in mine if s["attributes"].get("saga.direction") == "step"]
+    # Each attempt's parent is the task span Celery's instrumentation opened for it.
+    parents = [by_id[s["parent"]] for s in steps]
+    assert all(p["name"].startswith("run/") for p in parents), [p["name"] for p in parents]
