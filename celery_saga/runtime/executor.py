@@ -42,7 +42,7 @@ from celery_saga.runtime.unwinder import Unwinder
 from celery_saga.runtime.waits import Waits
 from celery_saga.store import queries
 from celery_saga.store.database import Database
-from celery_saga.tracing.carry import carried
+from celery_saga.tracing.carry import adopt, carried
 from celery_saga.tracing.spans import AttemptSpan
 
 logger = logging.getLogger("celery_saga")
@@ -129,6 +129,7 @@ class Executor:
         snapshot = queries.load_run_with_step(self.parts.db, message.execution_id, scope)
         full = snapshot if scope is None else None
         execution, steps = snapshot
+        adopt(None if execution is None else execution.trace_context)
         definition = None
         if execution is not None and execution.state is ExecutionState.RUNNING:
             # Only the run's own version handles it; without it: VersionNotDeployedError.

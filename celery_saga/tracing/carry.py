@@ -23,15 +23,20 @@ _carried: ContextVar[str | None] = ContextVar("saga_trace", default=None)
 
 @contextmanager
 def carrying(traceparent: str | None) -> Iterator[None]:
-    """While the block runs, the carried trace is ``traceparent`` (unchanged for None)."""
-    if traceparent is None:
-        yield
-        return
+    """While the block runs, the carried trace is ``traceparent`` (None: none)."""
     token = _carried.set(traceparent)
     try:
         yield
     finally:
         _carried.reset(token)
+
+
+def adopt(traceparent: str | None) -> None:
+    """In a ``carrying`` block that carries no trace (a message sent by a sweep, or by a
+    process without tracing), the run's trace as read with its row, from here on: what the
+    handling sends next (a sub-saga's start, the next step's message) stays in the trace."""
+    if traceparent is not None and _carried.get() is None:
+        _carried.set(traceparent)  # reset with the enclosing block
 
 
 def carried() -> str | None:
