@@ -186,6 +186,50 @@ def test_the_trace_holds_after_a_sigkill_mid_step(rig: TracedRig) -> None:
     assert t2["attributes"]["saga.attempt"] == 2
 
 
+def test_a_parked_run_resumed_from_another_process_stays_in_its_trace(rig: TracedRig) -> None:
+    """The unwind parks (p1's reversal fails); this process resumes it under a span of
+    another trace: the move is a span of the run's trace, linked to that span, and the
+    reversal it sends runs in the run's trace."""
+    rig.start_worker()
+    switch = f"park-{uuid.uuid4().hex[:8]}"
+    rig.client.set_switch(switch, True)
+    plan = {"p1": {"undo_switch": switch}, "p3": {"fail": True}}
+    with sdk_provider() as memory:
+        tracer = trace.get_tracer("test")
+        with tracer.start_as_current_span("POST /orders") as caller:
+            run = rig.client.engine.start("traced_park", {"plan": plan})
+        rig.run_until(run.id, ExecutionState.COMPENSATION_STUCK)
+        rig.client.set_switch(switch, False)
+        with tracer.start_as_current_span("operator clicks resume") as operator:
+            rig.client.engine.resume_compensation(run.id, actor="oncall")
+        ended = rig.run_until(run.id, ExecutionState.FAILED)
+        assert ended.rollback_status.value == "completed"
+        time.sleep(0.5)
+        spans = [as_dict(s) for s in memory.get_finished_spans()] + read_spans(rig.spans)
+    trace_id = format(caller.get_span_context().trace_id, "032x")
+    mine = [s for s in spans if s["trace"] == trace_id]
+    check_one_trace(mine)
+    ours = Counter(s["name"] for s in mine if s["attributes"].get("saga.execution_id"))
+    assert ours == {
+        "saga traced_park": 1,
+        **{f"step p{n}": 1 for n in (1, 2, 3)},
+        "reversal p2": 1,
+        "reversal p1": 2,
+        "operator resume_compensation": 1,
+    }
+    resume = next(s for s in mine if s["name"] == "operator resume_compensation")
+    assert resume["attributes"]["saga.actor"] == "oncall"
+    asked_by = format(operator.get_span_context().span_id, "016x")
+    assert [link["id"] for link in resume["links"]] == [asked_by]
+    outcomes = sorted(
+        (s["attributes"]["saga.attempt"], s["attributes"]["saga.outcome"])
+        for s in mine
+        if s["name"] == "reversal p1"
+    )
+    # A resume gives the reversal a fresh set of attempts (docs/compensation.md).
+    assert outcomes == [(1, "failed"), (1, "ran")]
+
+
 @pytest.fixture
 def instrumented_rig(tmp_path: Path) -> Iterator[TracedRig]:
     require_services(PORTS["postgres"], PORTS["postgres-rabbitmq"])

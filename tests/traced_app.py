@@ -17,7 +17,8 @@ from tests.tracing_kit import JsonLinesExporter
 
 
 def define_traced(test_app: TestApp) -> None:
-    """Five steps (the 4th retried once on failure) around a sub-saga and a wait."""
+    """Five steps (the 4th retried once on failure) around a sub-saga and a wait; and
+    three whose unwind parks when a switch makes the first one's reversal fail."""
     fwd, rev = test_app.forward, test_app.reverse
     test_app.engine.register(
         Saga("traced_kid").step("k1", fwd, compensate=rev),
@@ -29,6 +30,10 @@ def define_traced(test_app: TestApp) -> None:
         .step("t3", fwd, compensate=rev)
         .step("t4", fwd, compensate=rev, retry=2, backoff=0.5)
         .step("t5", fwd),
+        Saga("traced_park")
+        .step("p1", fwd, compensate=rev, compensation_retry=1)
+        .step("p2", fwd, compensate=rev)
+        .step("p3", fwd),
     )
 
 
