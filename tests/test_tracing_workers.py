@@ -230,6 +230,40 @@ def test_a_parked_run_resumed_from_another_process_stays_in_its_trace(rig: Trace
     assert outcomes == [(1, "failed"), (1, "ran")]
 
 
+def test_a_sigterm_mid_reversal_keeps_the_trace(rig: TracedRig) -> None:
+    """The worker's process group gets SIGTERM while p1's reversal sleeps: its span ends
+    ``interrupted``, the message sent again runs attempt 2 in the same trace, linked to
+    the same forward attempt."""
+    worker = rig.start_worker()
+    plan = {"p3": {"fail": True}, "p1": {"undo_first_sleep": 8, "undo_mark_begin": True}}
+    with sdk_provider() as memory:
+        tracer = trace.get_tracer("test")
+        with tracer.start_as_current_span("POST /orders") as caller:
+            run = rig.client.engine.start("traced_park", {"plan": plan})
+        deadline = time.monotonic() + 45
+        while not any(e.direction == "compensate_begin" for e in rig.client.entries(run.id)):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.5)
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(timeout=30)
+        rig.start_worker()
+        rig.run_until(run.id, ExecutionState.FAILED)
+        time.sleep(0.5)
+        spans = [as_dict(s) for s in memory.get_finished_spans()] + read_spans(rig.spans)
+    trace_id = format(caller.get_span_context().trace_id, "032x")
+    mine = [s for s in spans if s["trace"] == trace_id]
+    check_one_trace(mine)
+    undo = sorted(
+        (s["attributes"]["saga.attempt"], s["attributes"]["saga.outcome"])
+        for s in mine
+        if s["name"] == "reversal p1"
+    )
+    assert undo == [(1, "interrupted"), (2, "ran")]
+    strays = [s["name"] for s in spans if s not in mine and s["attributes"].get("saga.name")]
+    assert strays == []
+
+
 @pytest.fixture
 def instrumented_rig(tmp_path: Path) -> Iterator[TracedRig]:
     require_services(PORTS["postgres"], PORTS["postgres-rabbitmq"])
