@@ -184,6 +184,7 @@ def test_the_trace_holds_after_a_sigkill_mid_step(rig: TracedRig) -> None:
     _check_the_run(run_id, trace_id, mine)
     (t2,) = [s for s in mine if s["name"] == "step t2"]
     assert t2["attributes"]["saga.attempt"] == 2
+    assert t2["attributes"]["saga.lost_attempt"] == 1
 
 
 def test_a_parked_run_resumed_from_another_process_stays_in_its_trace(rig: TracedRig) -> None:

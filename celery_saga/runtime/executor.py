@@ -242,6 +242,8 @@ class Executor:
                 self.carry_out(lost)
                 return NoBody("no attempt left after lost ones")
         span = self._span(definition, position, message, execution.trace_context)
+        if record is not None and record.status is StepStatus.RUNNING:
+            span.after_lost(record.attempts)
         attempt = claim_step(self.parts, definition, position, message, record, holder, span)
         if attempt is None:
             return self._refused(message, Admission.REJECT_IN_FLIGHT)

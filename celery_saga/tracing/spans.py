@@ -55,6 +55,12 @@ class AttemptSpan:
                 self._span.set_status(_error_status(error))
                 raise
 
+    def after_lost(self, attempt: int) -> None:
+        """This attempt takes over from ``attempt``, whose claim was never settled (its
+        process died: its span was never exported): ``saga.lost_attempt``."""
+        if self._span is not None:
+            self._span.set_attribute("saga.lost_attempt", attempt)
+
     def failed(self, error: BaseException) -> None:
         """The body raised ``error`` (already scrubbed of the run's secrets): an
         ``exception`` event, and the span's status."""
