@@ -81,12 +81,20 @@ def attempt_fields(definition: SagaDefinition, held: Attempt, key: str) -> dict[
 
 
 def run_attempt(parts: Parts, body: AttemptBody) -> tuple[Outcome, Move]:
-    """Run ``body``'s claimed attempt, in its span of the run's trace; returns its outcome
-    and the move that follows."""
-    with body.span.running(body.held.attempt) as span:
-        outcome, move = _run_attempt(parts, body, span)
-        span.ended(outcome)
-    return outcome, move
+    """Run ``body``'s claimed attempt; returns its outcome and the move that follows.
+
+    This frame is the caller of one on the body's traceback: it keeps no outcome (see
+    ``carried_out``), which ``_ended`` records on the span."""
+    return _ended(body.span, _run_attempt(parts, body, body.span))
+
+
+def run_and_carry_out(
+    parts: Parts, body: AttemptBody, carry_out: Callable[[Move], None]
+) -> Outcome:
+    """Run ``body``'s claimed attempt and carry out its move, in the attempt's span of the
+    run's trace: the log lines about it and the messages it leads to are in that span."""
+    with body.span.running(body.held.attempt):
+        return carried_out(carry_out, run_attempt(parts, body))
 
 
 def _run_attempt(parts: Parts, body: AttemptBody, span: AttemptSpan) -> tuple[Outcome, Move]:
@@ -131,6 +139,11 @@ def carried_out(carry_out: Callable[[Move], None], ran: tuple[Outcome, Move]) ->
     (tests/test_failure_memory.py)."""
     carry_out(ran[1])
     return ran[0]
+
+
+def _ended(span: AttemptSpan, ran: tuple[Outcome, Move]) -> tuple[Outcome, Move]:
+    span.ended(ran[0])
+    return ran
 
 
 def _failed(body: AttemptBody, span: AttemptSpan, error: BaseException) -> tuple[Outcome, Move]:

@@ -21,7 +21,7 @@ from celery_saga.records import (
     StepStatus,
 )
 from celery_saga.runtime import forward_moves
-from celery_saga.runtime.attempt import carried_out, run_attempt
+from celery_saga.runtime.attempt import run_and_carry_out
 from celery_saga.runtime.catalog import Catalog
 from celery_saga.runtime.children import Children
 from celery_saga.runtime.clock import get_clock
@@ -291,4 +291,4 @@ class Executor:
         steps = self.interpreter.steps
         run = StepSide(self.parts, steps, definition, position, message, held, snapshot, span)
         self.parts.emit("saga-step-started", {**run.fields, "version": definition.hash})
-        return carried_out(self.carry_out, run_attempt(self.parts, run))
+        return run_and_carry_out(self.parts, run, self.carry_out)
