@@ -12,6 +12,7 @@ the next attempt number); with Celery's own instrumentation, ours nest in its ta
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -37,6 +38,7 @@ from tests.conftest import (
     spawn_beat,
     stop_workers,
 )
+from tests.redaction_sagas import token_of
 from tests.traced_app import define_traced
 from tests.tracing_kit import as_dict, check_one_trace, read_spans, sdk_provider
 
@@ -263,6 +265,27 @@ def test_a_sigterm_mid_reversal_keeps_the_trace(rig: TracedRig) -> None:
     assert undo == [(1, "interrupted"), (2, "ran")]
     strays = [s["name"] for s in spans if s not in mine and s["attributes"].get("saga.name")]
     assert strays == []
+
+
+def test_no_plaintext_of_a_marked_field_in_a_span_of_any_worker(rig: TracedRig) -> None:
+    """``private`` marks its input's card and address and tokenize's whole result; charge
+    fails naming all three, detokenize's first attempt names the token: every attribute
+    and event of every exported span is swept for them."""
+    rig.start_worker()
+    order = 4503
+    card, address = "4000-0566-5566-5556", "7 Hidden Mews"
+    with sdk_provider() as memory:
+        run = rig.client.engine.start("private", {"order": order, "card": card, "address": address})
+        rig.run_until(run.id, ExecutionState.FAILED)
+        time.sleep(0.5)
+        spans = [as_dict(s) for s in memory.get_finished_spans()] + read_spans(rig.spans)
+    mine = [s for s in spans if s["attributes"].get("saga.execution_id") == run.id]
+    assert {"step charge", "reversal tokenize"} <= {s["name"] for s in mine}
+    events = [e for s in mine for e in s["events"]]
+    assert any("declined" in str(e["attributes"]) for e in events), "the failure is there"
+    exported = json.dumps(spans)
+    for secret in (card, address, token_of(order)):
+        assert secret not in exported
 
 
 @pytest.fixture
