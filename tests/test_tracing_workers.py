@@ -38,6 +38,7 @@ from tests.conftest import (
     spawn_beat,
     stop_workers,
 )
+from tests.deploy_rig import DeployRig
 from tests.redaction_sagas import token_of
 from tests.traced_app import define_traced
 from tests.tracing_kit import as_dict, check_one_trace, read_spans, sdk_provider
@@ -286,6 +287,42 @@ def test_no_plaintext_of_a_marked_field_in_a_span_of_any_worker(rig: TracedRig) 
     exported = json.dumps(spans)
     for secret in (card, address, token_of(order)):
         assert secret not in exported
+
+
+def test_a_run_handed_back_between_versions_stays_in_its_trace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run of version 2 started while only a worker of version 1 runs: its messages are
+    handed back until a worker with version 2 starts, which runs them in the run's trace."""
+    require_services(PORTS["postgres"], PORTS["postgres-rabbitmq"])
+    folder = tmp_path / "spans"
+    folder.mkdir()
+    monkeypatch.setenv("SAGA_TEST_SPANS", str(folder))
+    rig = DeployRig(BROKERS["postgres-rabbitmq"], _test_database_url(), tmp_path)
+    try:
+        rig.start_worker("old", "1")
+        with sdk_provider() as memory:
+            with trace.get_tracer("test").start_as_current_span("POST /deploys") as caller:
+                (run_id,) = rig.start("2", 1)
+            deadline = time.monotonic() + 30
+            while "handed back" not in rig.log("old"):
+                assert time.monotonic() < deadline, rig.log("old")
+                time.sleep(0.2)
+            rig.start_worker("new", "1,2")
+            ended = rig.drive([run_id], timeout=90)
+            assert ended[run_id].state is ExecutionState.COMPLETED
+            time.sleep(0.5)
+            spans = [as_dict(s) for s in memory.get_finished_spans()] + read_spans(folder)
+    finally:
+        rig.close()
+    trace_id = format(caller.get_span_context().trace_id, "032x")
+    mine = [s for s in spans if s["trace"] == trace_id]
+    check_one_trace(mine)
+    strays = [s["name"] for s in spans if s not in mine and s["attributes"].get("saga.name")]
+    assert strays == []
+    steps = Counter(s["name"] for s in mine if s["attributes"].get("saga.direction") == "step")
+    names = ("reserve", "fraud", "stock", "tick:0", "tick:1", "card", "audit", "bill")
+    assert steps == {f"step {n}": 1 for n in names}
 
 
 @pytest.fixture

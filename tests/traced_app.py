@@ -1,19 +1,14 @@
 """The app of the tracing tests' worker processes: the test app (``tests.sagaapp``) with
-the sagas ``traced`` and ``traced_kid``, and an SDK tracer provider that writes every
-finished span as a JSON line in the folder ``SAGA_TEST_SPANS`` names (a file per process).
-With ``SAGA_TEST_OTEL_CELERY=1``, Celery's own instrumentation runs too."""
+the sagas ``traced``, ``traced_kid`` and ``traced_park``, and an SDK tracer provider that
+writes every finished span to files (``tracing_kit.trace_to_files``)."""
 
 from __future__ import annotations
 
 import os
 
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-
 from celery_saga import Saga
 from tests.sagaapp import TestApp, from_environment
-from tests.tracing_kit import JsonLinesExporter
+from tests.tracing_kit import trace_to_files
 
 
 def define_traced(test_app: TestApp) -> None:
@@ -37,18 +32,7 @@ def define_traced(test_app: TestApp) -> None:
     )
 
 
-def trace_to_files(folder: str, celery: bool) -> None:
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(JsonLinesExporter(folder)))
-    trace.set_tracer_provider(provider)
-    if celery:
-        from opentelemetry.instrumentation.celery import CeleryInstrumentor
-
-        CeleryInstrumentor().instrument()
-
-
-if "SAGA_TEST_SPANS" in os.environ:
-    trace_to_files(os.environ["SAGA_TEST_SPANS"], os.environ.get("SAGA_TEST_OTEL_CELERY") == "1")
+trace_to_files()
 if "SAGA_TEST_BROKER" in os.environ:
     _test_app = from_environment()
     define_traced(_test_app)

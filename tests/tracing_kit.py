@@ -50,6 +50,22 @@ class JsonLinesExporter(SpanExporter):
         return SpanExportResult.SUCCESS
 
 
+def trace_to_files() -> None:
+    """In a worker's app module: with ``SAGA_TEST_SPANS`` set, an SDK tracer provider that
+    writes every finished span as a JSON line in that folder (a file per process), and
+    with ``SAGA_TEST_OTEL_CELERY=1`` Celery's own instrumentation too."""
+    folder = os.environ.get("SAGA_TEST_SPANS")
+    if folder is None:
+        return
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(JsonLinesExporter(folder)))
+    trace.set_tracer_provider(provider)
+    if os.environ.get("SAGA_TEST_OTEL_CELERY") == "1":
+        from opentelemetry.instrumentation.celery import CeleryInstrumentor
+
+        CeleryInstrumentor().instrument()
+
+
 def as_dict(span: ReadableSpan) -> dict[str, Any]:
     """What the checks read of a span, the same from memory and from a file."""
     context, parent = span.get_span_context(), span.parent
