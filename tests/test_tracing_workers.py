@@ -7,11 +7,14 @@ a sub-saga and a wait signalled after a second. Its spans: exactly one trace, no
 whose parent is missing, one span per attempt and per reversal, each reversal linked to
 its forward attempt, and the caller's span the root's parent. The same after a SIGKILL of
 the worker mid-step (the lost attempt's span is never exported: the re-run's is, with
-the next attempt number); with Celery's own instrumentation, ours nest in its task spans.
+the next attempt number), a SIGTERM mid-reversal, a 30 s store outage, a parked unwind
+resumed from another process and a hand-back between versions; with Celery's own
+instrumentation, ours nest in its task spans. No marked field's plaintext in any span.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -323,6 +326,43 @@ def test_a_run_handed_back_between_versions_stays_in_its_trace(
     steps = Counter(s["name"] for s in mine if s["attributes"].get("saga.direction") == "step")
     names = ("reserve", "fraud", "stock", "tick:0", "tick:1", "card", "audit", "bill")
     assert steps == {f"step {n}": 1 for n in names}
+
+
+def test_a_30_s_store_outage_while_a_step_records_its_result_keeps_the_trace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """p2's body cuts the store for 30 s just before its result is recorded: the record
+    waits the outage out inside the attempt's span, and the run goes on in its trace."""
+    from tests import test_faults
+
+    folder = tmp_path / "spans"
+    folder.mkdir()
+    monkeypatch.setenv("SAGA_TEST_SPANS", str(folder))
+    traced = functools.partial(_spawn_workers, app="tests.traced_app:app")
+    monkeypatch.setattr(test_faults, "_spawn_workers", traced)
+    rig = test_faults.FaultRig(tmp_path)
+    define_traced(rig.client)
+    try:
+        plan = {"p2": {"cut_after": 30}, "p3": {"fail": True}}
+        with sdk_provider() as memory:
+            with trace.get_tracer("test").start_as_current_span("POST /orders") as caller:
+                run = rig.client.engine.start("traced_park", {"plan": plan})
+            ended = rig.wait_terminal(run.id, timeout=180)
+            assert ended.state is ExecutionState.FAILED
+            assert rig.proxy.cuts, "the step's body did cut the store"
+            time.sleep(0.5)
+            spans = [as_dict(s) for s in memory.get_finished_spans()] + read_spans(folder)
+    finally:
+        rig.close()
+    trace_id = format(caller.get_span_context().trace_id, "032x")
+    mine = [s for s in spans if s["trace"] == trace_id]
+    check_one_trace(mine)
+    ours = Counter(s["name"] for s in mine if s["attributes"].get("saga.execution_id"))
+    assert ours == {
+        "saga traced_park": 1,
+        **{f"step p{n}": 1 for n in (1, 2, 3)},
+        **{f"reversal p{n}": 1 for n in (1, 2)},
+    }
 
 
 @pytest.fixture
