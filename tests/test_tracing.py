@@ -183,3 +183,16 @@ def test_log_lines_about_an_attempt_carry_its_trace(
     line = next(r for r in caplog.records if "step 'c' attempt 1 failed" in r.getMessage())
     assert (line.otel_trace_id, line.otel_span_id) == (failed["trace"], failed["id"])
     assert run.get().state is ExecutionState.FAILED
+
+
+def test_a_failed_attempt_leaves_nothing_behind_with_tracing_on() -> None:
+    """The failure-memory guarantees (tests/test_failure_memory.py) with every attempt in
+    a span: the span records the error's text, never holds the error."""
+    from tests import test_failure_memory as memory
+
+    with sdk_provider() as exported:
+        memory.test_a_failed_steps_exception_is_freed_without_a_garbage_collection()
+        memory.test_a_failed_compensations_exception_is_freed_without_a_garbage_collection()
+        memory.test_a_step_that_retried_itself_leaves_its_frames_to_be_freed_at_once()
+        names = {s.name for s in exported.get_finished_spans()}
+    assert {"step charge", "reversal charge"} & names, names
