@@ -196,3 +196,20 @@ def test_a_failed_attempt_leaves_nothing_behind_with_tracing_on() -> None:
         memory.test_a_step_that_retried_itself_leaves_its_frames_to_be_freed_at_once()
         names = {s.name for s in exported.get_finished_spans()}
     assert {"step charge", "reversal charge"} & names, names
+
+
+def test_a_line_outside_any_span_carries_the_trace_of_the_run_being_handled() -> None:
+    """A sweep's line about a run (no span current, the run's trace carried) names the
+    run's trace and root span; a line about nothing names none."""
+    from celery_saga.tracing.carry import carrying
+
+    root = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+    def ids() -> tuple[str, str]:
+        record = logging.LogRecord("celery_saga", logging.INFO, __file__, 1, "x", None, None)
+        TraceIdsFilter().filter(record)
+        return record.otel_trace_id, record.otel_span_id
+
+    with carrying(root):
+        assert ids() == ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7")
+    assert ids() == ("0", "0")
