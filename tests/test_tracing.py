@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -213,3 +214,16 @@ def test_a_line_outside_any_span_carries_the_trace_of_the_run_being_handled() ->
     with carrying(root):
         assert ids() == ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7")
     assert ids() == ("0", "0")
+
+
+def test_a_deadline_cancel_is_a_span_of_the_run(tmp_path: Path, spans: Any) -> None:
+    engine = _engine(tmp_path)
+    run = engine.start("gated", {}, timeout=0.05)
+    time.sleep(0.1)
+    assert engine.executor.cancel_overdue() == 1
+    assert run.get().state is ExecutionState.CANCELLED
+    mine = of_run(_exported(spans), run.id)
+    check_one_trace(mine)
+    cancel = next(s for s in mine if s["name"] == "operator cancel")
+    assert "saga.actor" not in cancel["attributes"]
+    assert any(s["name"] == "reversal a" for s in mine)

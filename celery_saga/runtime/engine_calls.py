@@ -59,7 +59,9 @@ class EngineCalls:
             execution = queries.load_execution(self.parts.db, execution_id)
             if execution is None:
                 continue
-            verdict = self.cancel(execution, DEADLINE)
+            traced = execution.trace_context  # a span of the run's trace, as a cancel's
+            with self.parts.tracer.action("cancel", execution_id, None, traced):
+                verdict = self.cancel(execution, DEADLINE)
             if verdict is CancelVerdict.CANCEL:
                 acted += 1
             else:
