@@ -44,7 +44,13 @@ from tests.conftest import (
 from tests.deploy_rig import DeployRig
 from tests.redaction_sagas import token_of
 from tests.traced_app import define_traced
-from tests.tracing_kit import as_dict, check_one_trace, read_spans, sdk_provider
+from tests.tracing_kit import (
+    check_one_trace,
+    collected,
+    in_trace_of,
+    run_span_names,
+    sdk_provider,
+)
 
 PLAN = {"t4": {"fail_attempts": 1}, "t5": {"fail": True}}
 
@@ -125,9 +131,8 @@ def _traced_run(rig: TracedRig, before_signal: Callable[[Any], None] | None = No
         ended = rig.run_until(run.id, ExecutionState.FAILED)
         assert ended.rollback_status is not None and ended.rollback_status.value == "completed"
         time.sleep(0.5)  # the last reversal's task ends after it is recorded
-        spans = [as_dict(s) for s in memory.get_finished_spans()] + read_spans(rig.spans)
-    trace_id = format(caller.get_span_context().trace_id, "032x")
-    return run.id, trace_id, [s for s in spans if s["trace"] == trace_id], spans
+        spans = collected(memory, rig.spans)
+    return run.id, *in_trace_of(caller, spans), spans
 
 
 def _check_the_run(run_id: str, trace_id: str, mine: list[dict[str, Any]]) -> None:
@@ -136,7 +141,7 @@ def _check_the_run(run_id: str, trace_id: str, mine: list[dict[str, Any]]) -> No
     root = next(s for s in mine if s["name"] == "saga traced")
     assert root["parent"] == caller["id"]
     assert root["attributes"]["saga.execution_id"] == run_id
-    ours = Counter(s["name"] for s in mine if s["attributes"].get("saga.execution_id"))
+    ours = run_span_names(mine)
     assert ours == {
         "saga traced": 1,
         "saga traced_kid": 1,
@@ -212,11 +217,10 @@ def test_a_parked_run_resumed_from_another_process_stays_in_its_trace(rig: Trace
         ended = rig.run_until(run.id, ExecutionState.FAILED)
         assert ended.rollback_status.value == "completed"
         time.sleep(0.5)
-        spans = [as_dict(s) for s in memory.get_finished_spans()] + read_spans(rig.spans)
-    trace_id = format(caller.get_span_context().trace_id, "032x")
-    mine = [s for s in spans if s["trace"] == trace_id]
+        spans = collected(memory, rig.spans)
+    _, mine = in_trace_of(caller, spans)
     check_one_trace(mine)
-    ours = Counter(s["name"] for s in mine if s["attributes"].get("saga.execution_id"))
+    ours = run_span_names(mine)
     assert ours == {
         "saga traced_park": 1,
         **{f"step p{n}": 1 for n in (1, 2, 3)},
@@ -257,9 +261,8 @@ def test_a_sigterm_mid_reversal_keeps_the_trace(rig: TracedRig) -> None:
         rig.start_worker()
         rig.run_until(run.id, ExecutionState.FAILED)
         time.sleep(0.5)
-        spans = [as_dict(s) for s in memory.get_finished_spans()] + read_spans(rig.spans)
-    trace_id = format(caller.get_span_context().trace_id, "032x")
-    mine = [s for s in spans if s["trace"] == trace_id]
+        spans = collected(memory, rig.spans)
+    _, mine = in_trace_of(caller, spans)
     check_one_trace(mine)
     undo = sorted(
         (s["attributes"]["saga.attempt"], s["attributes"]["saga.outcome"])
@@ -282,7 +285,7 @@ def test_no_plaintext_of_a_marked_field_in_a_span_of_any_worker(rig: TracedRig) 
         run = rig.client.engine.start("private", {"order": order, "card": card, "address": address})
         rig.run_until(run.id, ExecutionState.FAILED)
         time.sleep(0.5)
-        spans = [as_dict(s) for s in memory.get_finished_spans()] + read_spans(rig.spans)
+        spans = collected(memory, rig.spans)
     mine = [s for s in spans if s["attributes"].get("saga.execution_id") == run.id]
     assert {"step charge", "reversal tokenize"} <= {s["name"] for s in mine}
     events = [e for s in mine for e in s["events"]]
@@ -315,11 +318,10 @@ def test_a_run_handed_back_between_versions_stays_in_its_trace(
             ended = rig.drive([run_id], timeout=90)
             assert ended[run_id].state is ExecutionState.COMPLETED
             time.sleep(0.5)
-            spans = [as_dict(s) for s in memory.get_finished_spans()] + read_spans(folder)
+            spans = collected(memory, folder)
     finally:
         rig.close()
-    trace_id = format(caller.get_span_context().trace_id, "032x")
-    mine = [s for s in spans if s["trace"] == trace_id]
+    _, mine = in_trace_of(caller, spans)
     check_one_trace(mine)
     strays = [s["name"] for s in spans if s not in mine and s["attributes"].get("saga.name")]
     assert strays == []
@@ -351,13 +353,12 @@ def test_a_30_s_store_outage_while_a_step_records_its_result_keeps_the_trace(
             assert ended.state is ExecutionState.FAILED
             assert rig.proxy.cuts, "the step's body did cut the store"
             time.sleep(0.5)
-            spans = [as_dict(s) for s in memory.get_finished_spans()] + read_spans(folder)
+            spans = collected(memory, folder)
     finally:
         rig.close()
-    trace_id = format(caller.get_span_context().trace_id, "032x")
-    mine = [s for s in spans if s["trace"] == trace_id]
+    _, mine = in_trace_of(caller, spans)
     check_one_trace(mine)
-    ours = Counter(s["name"] for s in mine if s["attributes"].get("saga.execution_id"))
+    ours = run_span_names(mine)
     assert ours == {
         "saga traced_park": 1,
         **{f"step p{n}": 1 for n in (1, 2, 3)},

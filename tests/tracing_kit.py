@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -86,6 +87,22 @@ def as_dict(span: ReadableSpan) -> dict[str, Any]:
 
 def read_spans(folder: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for f in sorted(folder.glob("*.jsonl")) for line in f.open()]
+
+
+def collected(memory: InMemorySpanExporter, folder: Path) -> list[dict[str, Any]]:
+    """This process's spans and the worker processes' (written to ``folder``)."""
+    return [as_dict(s) for s in memory.get_finished_spans()] + read_spans(folder)
+
+
+def in_trace_of(caller: Any, spans: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+    """The trace id of the span ``caller`` and the spans in that trace."""
+    trace_id = format(caller.get_span_context().trace_id, "032x")
+    return trace_id, [s for s in spans if s["trace"] == trace_id]
+
+
+def run_span_names(spans: list[dict[str, Any]]) -> Counter[str]:
+    """How many spans of each name are about a run (all but the callers')."""
+    return Counter(s["name"] for s in spans if s["attributes"].get("saga.execution_id"))
 
 
 def of_run(spans: list[dict[str, Any]], execution_id: str) -> list[dict[str, Any]]:
