@@ -41,6 +41,7 @@ import sys
 import threading
 from typing import Any
 
+import tracing_modes
 from bench_infra import WRITE_SQL
 from celery import Celery
 from sqlalchemy import Engine, create_engine, text
@@ -57,6 +58,10 @@ SCHEMA = os.environ.get("BENCH_SCHEMA") or "celery_saga_bench"
 QUEUE = os.environ.get("BENCH_QUEUE") or "celery_saga_bench"
 CHAIN_ACKS_LATE = os.environ.get("BENCH_CHAIN_ACKS_LATE", "0") == "1"
 PROFILE = os.environ.get("BENCH_PROFILE", "0") == "1"
+#: ``off`` (``saga_tracing = False``), ``api`` (the OpenTelemetry API, no SDK: the
+#: setting's default finds no tracer provider), ``sdk`` (an SDK provider whose exporter
+#: drops every span): see ``tracing_modes``.
+TRACING = os.environ.get("BENCH_TRACING", "off")
 
 SAGA_NAME = "bench_five"
 UNWIND_NAME = "bench_unwind"
@@ -101,6 +106,8 @@ if PROFILE:
     import bench_profile
 
     bench_profile.count_store_statements()
+
+app.conf.saga_tracing = tracing_modes.setting(TRACING)
 
 engine = SagaEngine(app, store_url=STORE_URL)
 

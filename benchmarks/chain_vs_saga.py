@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -83,6 +84,12 @@ def _parse_args() -> argparse.Namespace:
         help="do not VACUUM ANALYZE the tables before each throughput round",
     )
     add("--profile", action="store_true", help="instrument the timed worker (bench_profile)")
+    add(
+        "--tracing",
+        choices=("off", "api", "sdk"),
+        default="off",
+        help="tracing in the workers: off, the API without an SDK, an SDK dropping every span",
+    )
     add("--keep", action="store_true", help="keep the schema and the worker logs")
     add("--json-out", help=argparse.SUPPRESS)  # used by --broker both
     return parser.parse_args()
@@ -123,6 +130,7 @@ def _measure(bench: Any, args: argparse.Namespace) -> dict[str, Any]:
 def run_broker(args: argparse.Namespace) -> int:
     run_id = uuid.uuid4().hex[:10]
     configure_environment(run_id, args.broker, args.profile)
+    os.environ["BENCH_TRACING"] = args.tracing
     import bench_app as bench  # after configure_environment: it reads the environment
 
     began = time.monotonic()

@@ -76,6 +76,8 @@ class ExecutionRecord:
     deadline_at: datetime | None = None
     #: The flow-control key the run was admitted (or queued) under; None: no limit.
     flow_key: str | None = None
+    #: The W3C traceparent of the run's root span (``celery_saga.tracing``), if traced.
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,8 @@ class StepRecord:
     #: The worker process holding the forward (or reversal) claim: "node/pid/task id".
     holder: str | None = None
     compensation_holder: str | None = None
+    #: The traceparent of the span of the forward attempt that last claimed it, if traced.
+    trace_context: str | None = None
 
 
 class Direction(str, Enum):

@@ -134,6 +134,7 @@ def _spawn_workers(
     events: bool = True,
     prefix: str = "w",
     concurrency: int = 2,
+    app: str = "tests.sagaapp:app",
 ) -> tuple[list[subprocess.Popen[bytes]], list[Path]]:
     workers, logs = [], []
     for index in range(count):
@@ -143,7 +144,7 @@ def _spawn_workers(
             "-m",
             "celery",
             "-A",
-            "tests.sagaapp:app",
+            app,
             "worker",
             "-P",
             "prefork",

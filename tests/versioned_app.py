@@ -138,6 +138,10 @@ def make_app(broker: str, store: str, queue: str, versions: str) -> SagaEngine:
 
 
 if "SAGA_TEST_VERSIONS" in os.environ:
+    if "SAGA_TEST_SPANS" in os.environ:  # tests/test_tracing_workers.py
+        from tests.tracing_kit import trace_to_files
+
+        trace_to_files()
     app = make_app(
         os.environ["SAGA_TEST_BROKER"],
         os.environ["SAGA_TEST_STORE"],

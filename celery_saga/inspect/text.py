@@ -75,6 +75,8 @@ def run_lines(run: RunView) -> list[str]:
         lines.append(f"parent {record.parent_execution_id}")
     if run.labels:
         lines.append("labels " + "  ".join(f"{key}={value}" for key, value in run.labels))
+    if run.trace_id:
+        lines.append(f"trace {run.trace_id}")
     waits = run.waiting
     if waits and run.waiting_for_version:
         waits += "; a worker that has it carries the run on (`saga versions`)"

@@ -13,6 +13,7 @@ from typing import Any
 from celery_saga.records import ExecutionRecord
 from celery_saga.store.history import HistoryEntry
 from celery_saga.store.inspection import Signal
+from celery_saga.tracing.spans import trace_id_of
 
 #: One history row as stored (``store.history``): what happened, to which step, by whom.
 HistoryRow = HistoryEntry
@@ -212,6 +213,11 @@ class RunView:
     def rollback_status(self) -> str | None:
         status = self.record.rollback_status
         return None if status is None else status.value
+
+    @property
+    def trace_id(self) -> str | None:
+        """The id of the run's OpenTelemetry trace (``celery_saga.tracing``), if traced."""
+        return trace_id_of(self.record.trace_context)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from celery_saga.runtime.moves import Move, Stay
 from celery_saga.runtime.outcomes import Interrupted, Outcome, no_body_if_taken_over
 from celery_saga.runtime.parts import Parts
 from celery_saga.runtime.stopping import give_up, worker_is_stopping
+from celery_saga.tracing.spans import AttemptSpan
 
 
 class AttemptBody(Protocol):
@@ -44,6 +45,10 @@ class AttemptBody(Protocol):
     @property
     def definition(self) -> SagaDefinition:
         """The definition its run runs on."""
+
+    @property
+    def span(self) -> AttemptSpan:
+        """Its span in the run's trace (``celery_saga.tracing``), begun before its claim."""
 
     def context(self) -> Any:
         """The context its body sees."""
@@ -76,7 +81,23 @@ def attempt_fields(definition: SagaDefinition, held: Attempt, key: str) -> dict[
 
 
 def run_attempt(parts: Parts, body: AttemptBody) -> tuple[Outcome, Move]:
-    """Run ``body``'s claimed attempt; returns its outcome and the move that follows."""
+    """Run ``body``'s claimed attempt; returns its outcome and the move that follows.
+
+    This frame is the caller of one on the body's traceback: it keeps no outcome (see
+    ``carried_out``), which ``_ended`` records on the span."""
+    return _ended(body.span, _run_attempt(parts, body, body.span))
+
+
+def run_and_carry_out(
+    parts: Parts, body: AttemptBody, carry_out: Callable[[Move], None]
+) -> Outcome:
+    """Run ``body``'s claimed attempt and carry out its move, in the attempt's span of the
+    run's trace: the log lines about it and the messages it leads to are in that span."""
+    with body.span.running(body.held.attempt):
+        return carried_out(carry_out, run_attempt(parts, body))
+
+
+def _run_attempt(parts: Parts, body: AttemptBody, span: AttemptSpan) -> tuple[Outcome, Move]:
     held = body.held
     forward = held.direction is Direction.FORWARD
     kind: ClaimKind = "step" if forward else "reversal"
@@ -93,7 +114,7 @@ def run_attempt(parts: Parts, body: AttemptBody) -> tuple[Outcome, Move]:
         except (SQLAlchemyError, PayloadKeyError):
             raise  # the store (or a key) failed, not the attempt: the claim waits its lease
         except Exception as error:  # e.g. the soft time limit, spent before the body
-            return _before_the_body(body.failed(error))
+            return _before_the_body(_failed(body, span, error))
         try:
             result = body.call(ctx)
         except (Exception, SystemExit) as error:
@@ -102,7 +123,7 @@ def run_attempt(parts: Parts, body: AttemptBody) -> tuple[Outcome, Move]:
             # worker's own shutdown is not the attempt's (given up once the heartbeat has
             # stopped, below).
             if not worker_is_stopping(error):
-                return body.failed(error)
+                return _failed(body, span, error)
             stopped = error
         else:
             return body.succeeded(result)
@@ -118,6 +139,18 @@ def carried_out(carry_out: Callable[[Move], None], ran: tuple[Outcome, Move]) ->
     (tests/test_failure_memory.py)."""
     carry_out(ran[1])
     return ran[0]
+
+
+def _ended(span: AttemptSpan, ran: tuple[Outcome, Move]) -> tuple[Outcome, Move]:
+    span.ended(ran[0])
+    return ran
+
+
+def _failed(body: AttemptBody, span: AttemptSpan, error: BaseException) -> tuple[Outcome, Move]:
+    """``body.failed``, then the error (scrubbed by it of the run's secrets) on the span."""
+    ran = body.failed(error)
+    span.failed(error)
+    return ran
 
 
 def _before_the_body(ran: tuple[Outcome, Move]) -> tuple[Outcome, Move]:

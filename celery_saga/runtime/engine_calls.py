@@ -22,6 +22,7 @@ from celery_saga.runtime.parts import Parts
 from celery_saga.runtime.pauses import Pauses
 from celery_saga.runtime.waits import Waits
 from celery_saga.store import queries, waits
+from celery_saga.tracing.carry import carrying
 
 logger = logging.getLogger("celery_saga")
 
@@ -63,7 +64,9 @@ class EngineCalls:
             execution = queries.load_execution(self.parts.db, execution_id)
             if execution is None:
                 continue
-            verdict = self.cancel(execution, DEADLINE)
+            traced = execution.trace_context  # a span of the run's trace, as a cancel's
+            with self.parts.tracer.action("cancel", execution_id, None, traced):
+                verdict = self.cancel(execution, DEADLINE)
             if verdict is CancelVerdict.CANCEL:
                 acted += 1
             else:
@@ -80,8 +83,9 @@ class EngineCalls:
             rows = waits.list_expired_waits(self.parts.db, now=now, limit=page, after=after)
             for row in rows:
                 try:
-                    move = self.waits.expire(row, now)
-                    self.carry_out(move)
+                    with carrying(row.trace_context):  # its messages stay in its trace
+                        move = self.waits.expire(row, now)
+                        self.carry_out(move)
                     acted += not isinstance(move, Stay)
                 except Exception:
                     logger.exception("the deadline of execution %s could not be fired", row.id)

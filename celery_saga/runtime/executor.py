@@ -12,9 +12,16 @@ from celery_saga.decisions.takeover import Takeover
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import ParallelNode, StepNode, SubSagaNode, WaitNode
 from celery_saga.errors import BranchPathError, LoopError, PayloadError
-from celery_saga.records import Attempt, ExecutionRecord, ExecutionState, StepRecord, StepStatus
+from celery_saga.records import (
+    Attempt,
+    Direction,
+    ExecutionRecord,
+    ExecutionState,
+    StepRecord,
+    StepStatus,
+)
 from celery_saga.runtime import forward_moves
-from celery_saga.runtime.attempt import carried_out, run_attempt
+from celery_saga.runtime.attempt import run_and_carry_out
 from celery_saga.runtime.catalog import Catalog
 from celery_saga.runtime.children import Children
 from celery_saga.runtime.clock import get_clock
@@ -23,6 +30,7 @@ from celery_saga.runtime.describe import describe_error
 from celery_saga.runtime.engine_calls import EngineCalls
 from celery_saga.runtime.holders import HeldClaim, Holders
 from celery_saga.runtime.interpreter import Interpreter
+from celery_saga.runtime.keys import record_key
 from celery_saga.runtime.moves import FailRun, FailStep, PublishNode
 from celery_saga.runtime.navigation import Position, node_at, record_at, resolve, route
 from celery_saga.runtime.outcomes import Failed, NoBody, Outcome, attempt_failed
@@ -34,6 +42,8 @@ from celery_saga.runtime.unwinder import Unwinder
 from celery_saga.runtime.waits import Waits
 from celery_saga.store import queries
 from celery_saga.store.database import Database
+from celery_saga.tracing.carry import adopt, carried
+from celery_saga.tracing.spans import AttemptSpan
 
 logger = logging.getLogger("celery_saga")
 
@@ -105,10 +115,11 @@ class Executor:
                 spec = route(target, 0, message.member)
                 assert spec is not None
                 position, holder = Position(spec, spec.name), self.parts.holders.me()
-                attempt = claim_step(self.parts, definition, position, message, None, holder)
+                span = self._span(definition, position, message, None)
+                attempt = claim_step(self.parts, definition, position, message, None, holder, span)
                 if attempt is not None:
                     held = (attempt, holder)
-                    return self._run_claimed(definition, position, message, held, None)
+                    return self._run_claimed(definition, position, message, held, None, span)
         scope = record_at(definition, message) if definition is not None else None
         return self._run_checked(message, redelivered, scope)
 
@@ -122,6 +133,7 @@ class Executor:
         snapshot = queries.load_run_with_step(self.parts.db, message.execution_id, scope)
         full = snapshot if scope is None else None
         execution, steps = snapshot
+        adopt(None if execution is None else execution.trace_context)
         definition = None
         if execution is not None and execution.state is ExecutionState.RUNNING:
             # Only the run's own version handles it; without it: VersionNotDeployedError.
@@ -233,13 +245,32 @@ class Executor:
             if lost is not None:
                 self.carry_out(lost)
                 return NoBody("no attempt left after lost ones")
-        attempt = claim_step(self.parts, definition, position, message, record, holder)
+        span = self._span(definition, position, message, execution.trace_context)
+        if record is not None and record.status is StepStatus.RUNNING:
+            span.after_lost(record.attempts)
+        attempt = claim_step(self.parts, definition, position, message, record, holder, span)
         if attempt is None:
             read_as = (record, holder, snapshot)
-            return self._claim_refused(definition, position, message, read_as)
+            return self._claim_refused(definition, position, message, read_as, span)
         if asked is not None:
             taken_over(*asked)
-        return self._run_claimed(definition, position, message, (attempt, holder), snapshot)
+        claimed = (attempt, holder)
+        return self._run_claimed(definition, position, message, claimed, snapshot, span)
+
+    def _span(
+        self,
+        definition: SagaDefinition,
+        position: Position,
+        message: NodeMessage,
+        stored_trace: str | None,
+    ) -> AttemptSpan:
+        """The span of the attempt about to be claimed, in the run's trace: as read with
+        the run (``stored_trace``), else as its message carries it."""
+        run = (definition.name, definition.hash, message.execution_id)
+        name = position.record_name
+        key = record_key(message.execution_id, name, "forward")
+        traces = (stored_trace or carried(), None)
+        return self.parts.tracer.attempt(Direction.FORWARD, run, name, key, traces)
 
     def _claim_refused(
         self,
@@ -247,8 +278,10 @@ class Executor:
         position: Position,
         message: NodeMessage,
         read_as: tuple[StepRecord | None, str, Snapshot | None],
+        span: AttemptSpan,
     ) -> Outcome:
-        """A claim refused (``read_as``: the record, holder and snapshot it was made with):
+        """A claim refused (``read_as``: the record, holder and snapshot it was made with,
+        ``span``: the attempt's, never ended unless a claim is granted):
         a pause of the step holds the run at its door; a pause lifted between the claim
         and the hold lets the claim be tried once more. (A pause lifted and stored again
         in that instant leaves the run to the recovery sweep, which sends its message.)"""
@@ -259,10 +292,10 @@ class Executor:
             if held is not None:
                 self.carry_out(held)
                 return NoBody(f"step {spec.name!r} is paused")
-            attempt = claim_step(self.parts, definition, position, message, record, holder)
+            attempt = claim_step(self.parts, definition, position, message, record, holder, span)
             if attempt is not None:
                 claimed = (attempt, holder)
-                return self._run_claimed(definition, position, message, claimed, snapshot)
+                return self._run_claimed(definition, position, message, claimed, snapshot, span)
         return self._refused(message, Admission.REJECT_IN_FLIGHT)
 
     def _run_claimed(
@@ -272,8 +305,10 @@ class Executor:
         message: NodeMessage,
         claimed: tuple[int, str],
         snapshot: Snapshot | None,
+        span: AttemptSpan,
     ) -> Outcome:
-        """Run the attempt ``claimed`` (its number, and the holder name it was claimed by)."""
+        """Run the attempt ``claimed`` (its number, and the holder name it was claimed by)
+        in its ``span``."""
         (attempt, holder), now = claimed, get_clock().now()
         held = Attempt(
             message.execution_id,
@@ -285,6 +320,6 @@ class Executor:
             holder,
         )
         steps = self.interpreter.steps
-        run = StepSide(self.parts, steps, definition, position, message, held, snapshot)
+        run = StepSide(self.parts, steps, definition, position, message, held, snapshot, span)
         self.parts.emit("saga-step-started", {**run.fields, "version": definition.hash})
-        return carried_out(self.carry_out, run_attempt(self.parts, run))
+        return run_and_carry_out(self.parts, run, self.carry_out)

@@ -56,10 +56,12 @@ def create(
     parent_execution_id: str | None = None,
     timeout: float | None = None,
     labels: Mapping[str, str] | None = None,
+    trace_context: str | None = None,
 ) -> ExecutionState:
     """Store a new run at its first position (one INSERT; a taken id raises
     ``IntegrityError``); ``timeout`` (else the saga's) sets its deadline; ``labels``
-    (checked) are stored with it. Returns the state stored: ``queued`` when its saga's
+    (checked) are stored with it; ``trace_context``: its root span's ``traceparent``
+    (``celery_saga.tracing``). Returns the state stored: ``queued`` when its saga's
     flow-control limit holds it back (nothing to send)."""
     blob = pack(
         saga_input,
@@ -87,6 +89,7 @@ def create(
         deadline_at=None if seconds is None else now + timedelta(seconds=seconds),
         labels=labels,
         flow=flow,
+        trace_context=trace_context,
     )
     if state is ExecutionState.QUEUED:
         assert flow is not None

@@ -42,6 +42,7 @@ from celery_saga.runtime.moves import (
 from celery_saga.runtime.parts import Parts
 from celery_saga.runtime.reversal_outcome import ReversalOutcomes
 from celery_saga.runtime.step_outcomes import StepOutcomes
+from celery_saga.tracing.carry import carried
 
 logger = logging.getLogger("celery_saga")
 
@@ -140,19 +141,26 @@ class Interpreter:
         )
 
     def _start_child(self, move: StartChild) -> None:
-        parts = self.parts
-        try:
-            state = forward_moves.create(
-                parts,
-                move.definition,
-                move.child_input,
-                move.child_id,
-                parent_execution_id=move.parent_id,
-            )
-        except IntegrityError:
-            logger.info("execution %s adopts its existing child %s", move.parent_id, move.child_id)
-            return
-        if state is ExecutionState.QUEUED:
-            return  # a run of its key that ends starts it
-        launch = forward_moves.launch(parts, move.definition, move.child_id, move.parent_id)
-        self.carry_out(launch)
+        """Store and launch a sub-saga's run: its root span a child span in its parent's
+        trace (the one the parent's message carries). A child queued by its flow-control
+        limit is launched by the run of its key that ends."""
+        parts, definition = self.parts, move.definition
+        child = (definition.name, definition.hash, move.child_id)
+        with parts.tracer.run(*child, parent_trace=carried()) as trace:
+            try:
+                state = forward_moves.create(
+                    parts,
+                    definition,
+                    move.child_input,
+                    move.child_id,
+                    parent_execution_id=move.parent_id,
+                    trace_context=trace,
+                )
+            except IntegrityError:
+                adopted = (move.parent_id, move.child_id)
+                logger.info("execution %s adopts its existing child %s", *adopted)
+                return
+            if state is ExecutionState.QUEUED:
+                return
+            launch = forward_moves.launch(parts, definition, move.child_id, move.parent_id)
+            self.carry_out(launch)

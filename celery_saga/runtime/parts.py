@@ -1,7 +1,7 @@
 """The runtime's shared parts, as one frozen value that every piece of the runtime is
 handed (never a base class to inherit): the store, the deployed definitions, the way out to
 the broker, the event sink, the settings, who this process is as a claim's holder, and what
-follows from those (writing back lost claims, renewing leases)."""
+follows from those (writing back lost claims, renewing leases, tracing runs)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from celery_saga.runtime.lost_claims import LostClaims
 from celery_saga.runtime.ports import EventSink, Publisher, Settings
 from celery_saga.runtime.takeovers import Renewals
 from celery_saga.store.database import Database
+from celery_saga.tracing import Tracer
 
 
 @dataclass(frozen=True)
@@ -36,12 +37,14 @@ class Parts:
     holders: Holders = field(default_factory=Holders)
     lost_claims: LostClaims = field(init=False)
     renewals: Renewals = field(init=False)
+    tracer: Tracer = field(init=False)
 
     def __post_init__(self) -> None:
         # What derives from the store and the lease, built once with the parts.
         lost = LostClaims(self.db, self.settings.lease_seconds)
         object.__setattr__(self, "lost_claims", lost)
         object.__setattr__(self, "renewals", Renewals(self.db, lost))
+        object.__setattr__(self, "tracer", Tracer(self.settings.tracing))
 
     @property
     def lease(self) -> float:

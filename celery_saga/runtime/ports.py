@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from celery_saga.decisions.admission import NodeMessage
 from celery_saga.definition.nodes import StepSpec
-from celery_saga.errors import VersionNotDeployedError
+from celery_saga.errors import SagaError, VersionNotDeployedError
 from celery_saga.runtime.catalog import Catalog
 from celery_saga.store.codec import DEFAULT_MAX_PAYLOAD_BYTES
 
@@ -69,7 +69,8 @@ class Settings:
     ``store_retry_budget``: how long a call that has done nothing yet (the public API, a
     claim) retries a store that cannot be reached; ``outcome_retry_budget``: how long the
     record of something already done (a step's result, a reversal's outcome) is retried
-    before the engine gives up on it (guarantee 20).
+    before the engine gives up on it (guarantee 20); ``tracing``: whether runs are traced
+    with OpenTelemetry (``celery_saga.tracing``).
     """
 
     lease_seconds: float = 30.0
@@ -79,6 +80,8 @@ class Settings:
     recover_after: float = 45.0
     store_retry_budget: float = 15.0
     outcome_retry_budget: float = 600.0
+    #: ``saga_tracing``: True, False, or None (on when a tracer provider is set).
+    tracing: bool | None = None
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> Settings:
@@ -98,4 +101,11 @@ class Settings:
             recover_after=number("recover_after"),
             store_retry_budget=number("store_retry_budget"),
             outcome_retry_budget=number("outcome_retry_budget"),
+            tracing=_tracing(conf.get("saga_tracing")),
         )
+
+
+def _tracing(value: Any) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise SagaError(f"saga_tracing must be True, False or None (unset), got {value!r}")

@@ -34,6 +34,7 @@ from celery_saga.runtime.moves import (
 from celery_saga.runtime.process_name import process_name
 from celery_saga.store import queries, recovery, unwind, versions
 from celery_saga.store.transient import retry_transient
+from celery_saga.tracing.carry import carrying
 
 logger = logging.getLogger("celery_saga")
 
@@ -198,9 +199,9 @@ class Recoverer:
             logger.info(
                 "sending the owed message of execution %s: %s", execution_id, action.kind.value
             )
-            self.carry_out(
-                self._move(definition, execution_id, execution.cursor, execution.cursor_sub, action)
-            )
+            with carrying(execution.trace_context):
+                node, sub = execution.cursor, execution.cursor_sub
+                self.carry_out(self._move(definition, execution_id, node, sub, action))
             acted += 1
         return acted
 
@@ -250,7 +251,8 @@ class Recoverer:
             {"execution_id": execution_id, "saga": definition.name, "action": action.kind.value},
         )
         node, sub = execution.cursor, execution.cursor_sub
-        self.carry_out(self._move(definition, execution_id, node, sub, action))
+        with carrying(execution.trace_context):  # what it sends stays in the run's trace
+            self.carry_out(self._move(definition, execution_id, node, sub, action))
         return 1
 
     def _version_of(self, execution: ExecutionRecord) -> SagaDefinition | None:

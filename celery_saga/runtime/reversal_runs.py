@@ -12,7 +12,7 @@ from celery_saga.decisions.lost_claims import MINE
 from celery_saga.decisions.retry import backoff_delay
 from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import StepSpec
-from celery_saga.records import Attempt, CompensationOutcome, StepRecord
+from celery_saga.records import Attempt, CompensationOutcome, Direction, StepRecord
 from celery_saga.redaction import scrub
 from celery_saga.runtime.async_bodies import run_body
 from celery_saga.runtime.attempt import attempt_fields
@@ -36,6 +36,8 @@ from celery_saga.runtime.scrubbing import failure_secrets, log_failure, scrub_ex
 from celery_saga.runtime.stopping import RESEND_AFTER
 from celery_saga.store import claims, reversal, unwind
 from celery_saga.store.reversal import Unwinding
+from celery_saga.tracing.carry import carried
+from celery_saga.tracing.spans import AttemptSpan
 
 logger = logging.getLogger("celery_saga")
 
@@ -99,10 +101,18 @@ class ReversalSide:
     #: Its idempotency key and the fields of its events, made once.
     key: str = field(init=False)
     fields: dict[str, Any] = field(init=False)
+    #: Its span, linked to the forward attempt's it undoes (``celery_saga.tracing``).
+    span: AttemptSpan = field(init=False)
 
     @property
     def label(self) -> str:
         return f"the reversal of step {self.held.name!r}"
+
+    @property
+    def trace(self) -> str | None:
+        """The run's stored trace: read with the run, else carried by the message."""
+        run = self.unwinding.run
+        return (run.trace_context if run else None) or carried()
 
     def __post_init__(self) -> None:
         self.key = record_key(self.held.execution_id, self.record.name, "compensate")
@@ -110,6 +120,10 @@ class ReversalSide:
             **attempt_fields(self.definition, self.held, self.key),
             "forward_key": self.record.idempotency_key,
         }
+        definition, held = self.definition, self.held
+        run = (definition.name, definition.hash, held.execution_id)
+        traces = (self.trace, self.record.trace_context)
+        self.span = self.parts.tracer.attempt(Direction.REVERSE, run, held.name, self.key, traces)
 
     def context(self) -> Any:
         return reversal_context(

@@ -54,6 +54,7 @@ from celery_saga.runtime.stopping import RESEND_AFTER
 from celery_saga.runtime.takeovers import keep_late_outcome
 from celery_saga.store import claims, forward
 from celery_saga.store.codec import pack
+from celery_saga.tracing.spans import OFF, AttemptSpan
 
 logger = logging.getLogger("celery_saga")
 
@@ -65,9 +66,11 @@ def claim_step(
     message: NodeMessage,
     record: StepRecord | None,
     holder: str,
+    span: AttemptSpan = OFF,
 ) -> int | None:
     """Claim the step at ``position`` for ``holder`` (this process; ``record``: as read,
-    None when it has none yet); its attempt number, or None if the claim was refused."""
+    None when it has none yet), with the attempt's ``span`` (its traceparent kept for its
+    reversal's link); its attempt number, or None if the claim was refused."""
     spec = position.spec
     assert spec is not None
     now = get_clock().now()
@@ -88,6 +91,7 @@ def claim_step(
         # A group settles together: its members are never held alone (a pause holds the
         # run at the next step that is not a member).
         pause_step=None if parallel else spec.name,
+        trace_context=span.traceparent,
     )
 
 
@@ -104,6 +108,8 @@ class StepSide:
     message: NodeMessage
     held: Attempt
     snapshot: Snapshot | None
+    #: Its span, begun before its claim (``celery_saga.tracing``).
+    span: AttemptSpan = OFF
     #: Its idempotency key and the fields of its events, made once (cached_property
     #: takes a lock at each read on Python 3.11).
     key: str = field(init=False)

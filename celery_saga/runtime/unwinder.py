@@ -25,7 +25,7 @@ from celery_saga.records import (
     StepRecord,
 )
 from celery_saga.runtime import unwind_exits
-from celery_saga.runtime.attempt import carried_out, run_attempt
+from celery_saga.runtime.attempt import run_and_carry_out
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.holders import HeldClaim
 from celery_saga.runtime.interpreter import Interpreter
@@ -225,7 +225,7 @@ class Unwinder:
         """Run the reversal this worker claimed (``held``; ``record`` as claimed)."""
         run = ReversalSide(self.parts, self.outcomes, definition, held, unwinding, spec, record)
         self.parts.emit("saga-compensation-started", run.fields)
-        return carried_out(self.carry_out, run_attempt(self.parts, run))
+        return run_and_carry_out(self.parts, run, self.carry_out)
 
     # -- operator exits ------------------------------------------------------------------
     def resume(

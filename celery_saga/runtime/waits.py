@@ -131,6 +131,11 @@ class Waits:
             now=now,
         )
         fields = {"execution_id": row.id, "saga": definition.name, "event": gate.event}
+        if result.wake is not Wake.NOTHING:
+            entered = row.wake_at - timedelta(seconds=gate.timeout or 0)
+            run = (definition.name, definition.hash, row.id)
+            ending = "timeout" if result.wake is Wake.TIME_OUT else "signal"
+            ex.tracer.waited(*run, gate.event, entered, row.trace_context, ending)
         if result.wake is Wake.TIME_OUT:
             assert result.unwind is not None
             ex.emit("saga-wait-expired", fields)

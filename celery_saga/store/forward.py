@@ -39,6 +39,7 @@ def claim_step(
     holder: str | None = None,
     restored_at: datetime | None = None,
     pause_step: str | None = None,
+    trace_context: str | None = None,
 ) -> int | None:
     """Claim the step for this worker; returns the attempt number, or None if not ours.
 
@@ -50,6 +51,8 @@ def claim_step(
     holder writes back a claim the store lost (``decisions/lost_claims.py``), begun at
     ``now``; it waits for its flush, with its ``claim-restored`` history row.
     ``pause_step``: the step's name, to refuse the claim while it (or its saga) is paused.
+    ``trace_context``: the traceparent of the attempt's span (``celery_saga.tracing``),
+    kept for its reversal's link.
     """
     lease = None if lease_expires_at is None else to_db_time(lease_expires_at)
     at = {"run_id": execution_id, "run_node": node, "run_sub": sub, "run_hash": definition_hash}
@@ -57,7 +60,8 @@ def claim_step(
         at["pause_step"] = pause_step
     restored = None if restored_at is None else history.claim_restored(name, holder, restored_at)
     if existing is not None:
-        return _claim_again(db, existing, lease, holder, at, now, restored)
+        claim = (lease, holder, trace_context)
+        return _claim_again(db, existing, claim, at, now, restored)
     # The START record's columns, as the insert's bind parameters (``new_<column>``).
     params = {
         **at,
@@ -74,6 +78,7 @@ def claim_step(
         "new_compensation_attempts": 0,
         "new_child_execution_id": child_execution_id,
         "new_holder": holder,
+        "new_trace_context": trace_context,
     }
     durable = db.durable_claims or restored is not None
     with db.single_statement() if restored is None else db.transaction() as connection:
@@ -91,14 +96,15 @@ def claim_step(
 def _claim_again(
     db: Database,
     existing: StepRecord,
-    lease: datetime | None,
-    holder: str | None,
+    claim: tuple[datetime | None, str | None, str | None],
     at: dict[str, Any],
     now: datetime,
     restored: history.HistoryEntry | None,
 ) -> int | None:
     """A retry's claim, or a takeover of a claim whose attempt never settled (its
-    ``step-lost`` history row is written with it): a compare-and-set on ``existing``."""
+    ``step-lost`` history row is written with it): a compare-and-set on ``existing``;
+    ``claim``: its lease, holder and trace context."""
+    lease, holder, trace_context = claim
     guard = (
         (step_records.c.execution_id == existing.execution_id)
         & (step_records.c.name == existing.name)
@@ -114,7 +120,7 @@ def _claim_again(
         result = connection.execute(
             update(step_records)
             .where(guard, prepared.run_live_here_locked("pause_step" in at))
-            .values(claimed(FORWARD, lease, holder)),
+            .values({**claimed(FORWARD, lease, holder), **_traced(trace_context)}),
             at,
         )
         if result.rowcount != 1:
@@ -130,6 +136,11 @@ def _claim_again(
             now=now,
         )
         return number
+
+
+def _traced(trace_context: str | None) -> dict[str, str]:
+    """A claim's trace context, set when it has one (a claim written back keeps its own)."""
+    return {} if trace_context is None else {"trace_context": trace_context}
 
 
 def _inserted_one(

@@ -41,13 +41,14 @@ FIRST_CLAIM_COLUMNS = (
     "compensation_attempts",
     "child_execution_id",
     "holder",
+    "trace_context",
 )
 
 #: The columns a new run is stored with (the rest take their defaults).
 NEW_RUN_COLUMNS = (
     *("id", "saga_name", "definition_hash", "state", "cursor", "cursor_sub", "input"),
     *("committed_at", "parent_execution_id", "created_at", "updated_at", "version"),
-    *("deadline_at", "members_settled", "members_failed", "flow_key"),
+    *("deadline_at", "members_settled", "members_failed", "flow_key", "trace_context"),
 )
 
 

@@ -42,6 +42,7 @@ def create_execution(
     deadline_at: datetime | None = None,
     labels: Mapping[str, str] | None = None,
     flow: store_flow.RunFlow | None = None,
+    trace_context: str | None = None,
 ) -> ExecutionState:
     """A plain INSERT, with the run's ``started`` history row: a duplicate id fails loudly
     instead of overwriting a live run. ``labels`` (checked): one more INSERT in the same
@@ -65,6 +66,7 @@ def create_execution(
         "members_settled": 0,
         "members_failed": 0,
         "flow_key": None,
+        "trace_context": trace_context,
     }
     if flow is not None:
         return _create_limited(db, values, now, flow, labels)

@@ -45,6 +45,7 @@ def execution_from_row(row: Mapping[Any, Any], opener: Opener = unpack) -> Execu
         cancelled_at=from_db_time(row.get("cancelled_at")),
         deadline_at=from_db_time(row.get("deadline_at")),
         flow_key=row.get("flow_key"),
+        trace_context=row.get("trace_context"),
     )
 
 
@@ -76,4 +77,5 @@ def step_from_row(row: Mapping[Any, Any], prefix: str = "", opener: Opener = unp
         child_execution_id=get("child_execution_id"),
         holder=get("holder"),
         compensation_holder=get("compensation_holder"),
+        trace_context=row.get(prefix + "trace_context"),
     )

@@ -66,6 +66,9 @@ executions = Table(
     Column("members_failed", Integer),
     # The flow-control key the run was admitted or queued under (NULL: its saga has no limit).
     Column("flow_key", String(200)),
+    # The W3C traceparent of the run's root span (celery_saga.tracing), written with the
+    # run's INSERT; NULL when tracing was off at its start.
+    Column("trace_context", String(64)),
     Index("ix_saga_executions_listing", "created_at", "id"),
     # No index may hold a column that every step changes (updated_at, version, cursor):
     # PostgreSQL then rewrites the run row in place (HOT). See migration 0003.
@@ -133,6 +136,9 @@ step_records = Table(
     # The worker process holding the claim ("node/pid/task id"): a takeover asks it first.
     Column("holder", String(200)),
     Column("compensation_holder", String(200)),
+    # The W3C traceparent of the span of the forward attempt that last claimed the step,
+    # written with its claim: its reversal's span links to it (celery_saga.tracing).
+    Column("trace_context", String(64)),
     UniqueConstraint("execution_id", "name", name="uq_saga_steps_execution_name"),
 )
 

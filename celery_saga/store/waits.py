@@ -209,6 +209,11 @@ class ExpiredWait:
     definition_hash: str
     cursor: int
     wake_at: datetime
+    #: The run's stored trace (``celery_saga.tracing``), if traced.
+    trace_context: str | None = None
+
+
+_EXPIRED_COLUMNS = ("id", "saga_name", "definition_hash", "cursor", "wake_at", "trace_context")
 
 
 def list_expired_waits(
@@ -217,13 +222,7 @@ def list_expired_waits(
     """Parked runs whose deadline has passed (inclusive), by deadline, one page after
     ``after`` (a (wake_at, id) the previous page ended on)."""
     query = (
-        select(
-            executions.c.id,
-            executions.c.saga_name,
-            executions.c.definition_hash,
-            executions.c.cursor,
-            executions.c.wake_at,
-        )
+        select(*(executions.c[c] for c in _EXPIRED_COLUMNS))
         .where(
             executions.c.state == ExecutionState.WAITING.value,
             executions.c.wake_at <= to_db_time(now),
@@ -234,7 +233,14 @@ def list_expired_waits(
     if after is not None:
         query = query.where(keyset_after(executions.c.wake_at, after))
     return [
-        ExpiredWait(r["id"], r["saga_name"], r["definition_hash"], r["cursor"], r["wake_at"])
+        ExpiredWait(
+            r["id"],
+            r["saga_name"],
+            r["definition_hash"],
+            r["cursor"],
+            r["wake_at"],
+            r["trace_context"],
+        )
         for r in db.read(query)
     ]
 

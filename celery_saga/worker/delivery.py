@@ -22,6 +22,7 @@ from celery_saga.runtime.outcomes import Outcome
 from celery_saga.runtime.timeouts import restore_soft_limit
 from celery_saga.store.identity import holds_run
 from celery_saga.store.transient import describe_store_error, is_transient
+from celery_saga.tracing.carry import carried_by, carrying
 from celery_saga.worker.hand_back_pool import drop_absent_run, hand_back_running
 from celery_saga.worker.parts import WorkerParts
 from celery_saga.worker.saga_header import HANDED, STORE, read_header, version_of
@@ -68,7 +69,8 @@ def handle_message(
             saga, version = str(header.get("saga")), version_of(header)
             return hand_back_running(parts, task, HandBackReason.RUN_NOT_IN_STORE, saga, version)
         try:
-            return handle(redelivered(task.request, resends))
+            with carrying(carried_by(header)):
+                return handle(redelivered(task.request, resends))
         except VersionNotDeployedError as missing:
             if eager:
                 raise

@@ -79,8 +79,8 @@ class SagaEngine:
     names a read replica of it for the operators' reads (``store.replica``). Other settings:
     ``saga_lease_seconds``, ``saga_lease_margin``, ``saga_compensation_timeout``,
     ``saga_max_payload_bytes``, ``saga_recover_after``, ``saga_queue`` (queue for
-    plain-function steps and the engine's own tasks), and the beat settings of
-    `celery_saga.worker.beat`.
+    plain-function steps and the engine's own tasks), ``saga_tracing`` (OpenTelemetry,
+    ``celery_saga.tracing``), and the beat settings of `celery_saga.worker.beat`.
     """
 
     def __init__(self, app: Celery, *, store_url: str | None = None) -> None:

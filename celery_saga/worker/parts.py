@@ -12,6 +12,7 @@ from celery_saga.runtime.catalog import Catalog
 from celery_saga.runtime.executor import Executor
 from celery_saga.runtime.ports import Settings
 from celery_saga.store.database import Database
+from celery_saga.tracing import Tracer
 from celery_saga.worker.event_hub import EventHub
 from celery_saga.worker.hand_back_notes import HandBackNotes
 from celery_saga.worker.publisher import CeleryPublisher
@@ -39,6 +40,11 @@ class WorkerParts:
     shown_store: str
     notes: HandBackNotes
     shapes: ShapeBook
+
+    @property
+    def tracer(self) -> Tracer:
+        """The spans of runs (``celery_saga.tracing``)."""
+        return self.executor.parts.tracer
 
     @property
     def settings(self) -> Settings:

@@ -22,6 +22,7 @@ from celery_saga.decisions.admission import NodeMessage
 from celery_saga.definition.nodes import StepSpec
 from celery_saga.errors import StepRetryRequested, VersionNotDeployedError
 from celery_saga.runtime.invoke import running_body
+from celery_saga.tracing.carry import TRACE, carry_on
 from celery_saga.worker.eager import EagerRunner
 from celery_saga.worker.saga_header import (
     HEADER,
@@ -84,6 +85,7 @@ class CeleryPublisher:
         """Send one message of the run ``execution_id`` (run in place under
         ``task_always_eager``)."""
         self._name_store(options.get("headers"))
+        _carry_trace(options.get("headers"))
         if self.app.conf.task_always_eager:
             self.eager.send(name, options)
             return
@@ -235,7 +237,14 @@ class CeleryPublisher:
         self.send(str(header["id"]), task.name, **self._limits(options, timeout))
 
 
-_ATTEMPT_FIELDS = ("attempt", "resent", "handed")
+_ATTEMPT_FIELDS = ("attempt", "resent", "handed", TRACE)
+
+
+def _carry_trace(headers: dict[str, Any] | None) -> None:
+    """The message carries the trace of the run whose message or start sends it."""
+    header = None if headers is None else headers.get(HEADER)
+    if isinstance(header, dict):
+        carry_on(header)
 
 
 def _unwind_root() -> dict[str, str]:

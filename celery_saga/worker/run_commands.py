@@ -43,7 +43,7 @@ from celery_saga.store.operator_exits import require_resolvable, require_stuck
 from celery_saga.worker import held_moves, pause_moves
 from celery_saga.worker.arguments import check_actor, check_reason
 from celery_saga.worker.parts import WorkerParts
-from celery_saga.worker.run_lookup import definition_of, pivot_name
+from celery_saga.worker.run_lookup import definition_of, pivot_name, run_of
 from celery_saga.worker.sealed_commands import UnsealedCommand, open_arguments
 from celery_saga.worker.start_checks import refuse_before_start
 
@@ -82,19 +82,26 @@ def start_run(
     parts.store.ensure_schema()
     # Once per version and process: the run's version can be judged without its code.
     parts.store.run(f"storing the shape of saga {saga!r}", lambda: parts.shapes.store([definition]))
-    try:
-        state = parts.store.run(
-            f"starting saga {saga!r}",
-            lambda: parts.executor.create(
-                definition, given, new_id, timeout=seconds, labels=given_labels
-            ),
-        )
-    except IntegrityError:
-        _adopt(parts, definition, given, new_id)
-        return new_id
-    if state is ExecutionState.QUEUED:
-        return new_id  # a run of its key that ends starts it (guarantee 37)
-    _launch(parts, definition, new_id, announce=True)
+    # The run's root span: around its start, its context stored with it (tracing/spans.py).
+    with parts.tracer.run(saga, definition.hash, new_id) as trace:
+        try:
+            state = parts.store.run(
+                f"starting saga {saga!r}",
+                lambda: parts.executor.create(
+                    definition,
+                    given,
+                    new_id,
+                    timeout=seconds,
+                    labels=given_labels,
+                    trace_context=trace,
+                ),
+            )
+        except IntegrityError:
+            _adopt(parts, definition, given, new_id)
+            return new_id
+        if state is ExecutionState.QUEUED:
+            return new_id  # a run of its key that ends starts it (guarantee 37)
+        _launch(parts, definition, new_id, announce=True)
     return new_id
 
 
@@ -148,7 +155,8 @@ def cancel_run(
         if record is None or record.id != execution_id:
             raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
         definition = parts.catalog.known(record.saga_name, record.definition_hash)
-        verdict = parts.executor.cancel(record, reason, actor)  # hands on if missing
+        with parts.tracer.action("cancel", execution_id, actor, record.trace_context):
+            verdict = parts.executor.cancel(record, reason, actor)  # hands on if missing
         if verdict is CancelVerdict.ENDED:  # it may have ended just now: say how
             record = queries.load_execution(parts.db, execution_id) or record
         _refuse(verdict, record, definition)
@@ -188,7 +196,7 @@ def signal_run(
         raise SagaError(f"a signal needs an event name, got {event!r}")
     check_actor(actor)
     try:
-        definition = definition_of(parts, execution_id)
+        definition, record = run_of(parts, execution_id)
     except VersionNotDeployedError as missing:
         blob = pack(
             payload,
@@ -200,10 +208,15 @@ def signal_run(
             missing, execution_id, "signal", event=event, payload=encoded, actor=actor
         )
         return False
-    return parts.store.run(
-        f"signalling {event!r} to {execution_id!r}",
-        lambda: parts.executor.signal(definition, execution_id, event, payload, actor),
-    )
+    with parts.tracer.action("signal", execution_id, actor, record.trace_context):
+        resumed = parts.store.run(
+            f"signalling {event!r} to {execution_id!r}",
+            lambda: parts.executor.signal(definition, execution_id, event, payload, actor),
+        )
+    if resumed and record.state is ExecutionState.WAITING:  # parked at its gate since
+        run = (definition.name, definition.hash, execution_id)
+        parts.tracer.waited(*run, event, record.updated_at, record.trace_context, "signal")
+    return resumed
 
 
 def _signal_handed_on(parts: WorkerParts, execution_id: str, arguments: dict[str, Any]) -> None:
@@ -218,7 +231,7 @@ def resume_run(parts: WorkerParts, execution_id: str, actor: str | None = None) 
     run's version (only a run whose unwind is parked is resumed, checked here first)."""
     check_actor(actor)
     try:
-        definition = definition_of(parts, execution_id)
+        definition, record = run_of(parts, execution_id)
     except VersionNotDeployedError as missing:
         parts.store.run(
             f"reading the unwind of {execution_id!r}",
@@ -226,10 +239,11 @@ def resume_run(parts: WorkerParts, execution_id: str, actor: str | None = None) 
         )
         parts.publisher.hand_on(missing, execution_id, "resume", actor=actor)
         return
-    parts.store.run(
-        f"resuming the unwind of {execution_id!r}",
-        lambda: parts.executor.unwinder.resume(definition, execution_id, actor),
-    )
+    with parts.tracer.action("resume_compensation", execution_id, actor, record.trace_context):
+        parts.store.run(
+            f"resuming the unwind of {execution_id!r}",
+            lambda: parts.executor.unwinder.resume(definition, execution_id, actor),
+        )
 
 
 def _resume_handed_on(parts: WorkerParts, execution_id: str, arguments: dict[str, Any]) -> None:
@@ -272,11 +286,12 @@ def abandon_run(
     """``engine.abandon_compensation``: only where the run's version is registered."""
     check_actor(actor)
     check_reason(reason, "an abandon reason")
-    definition = definition_of(parts, execution_id)
-    return parts.store.run(
-        f"abandoning the unwind of {execution_id!r}",
-        lambda: parts.executor.unwinder.abandon(definition, execution_id, actor, reason),
-    )
+    definition, record = run_of(parts, execution_id)
+    with parts.tracer.action("abandon_compensation", execution_id, actor, record.trace_context):
+        return parts.store.run(
+            f"abandoning the unwind of {execution_id!r}",
+            lambda: parts.executor.unwinder.abandon(definition, execution_id, actor, reason),
+        )
 
 
 # -- handed on --------------------------------------------------------------------------

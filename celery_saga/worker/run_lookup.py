@@ -7,6 +7,7 @@ from celery_saga.definition.builder import SagaDefinition
 from celery_saga.definition.nodes import PivotNode, WaitNode, node_name
 from celery_saga.errors import ExecutionNotFoundError
 from celery_saga.limits import check_lookup_id
+from celery_saga.records import ExecutionRecord
 from celery_saga.store import queries
 from celery_saga.worker.parts import WorkerParts
 
@@ -14,6 +15,11 @@ from celery_saga.worker.parts import WorkerParts
 def definition_of(parts: WorkerParts, execution_id: str) -> SagaDefinition:
     """The stored run's own version, never another: a process without it raises
     ``VersionNotDeployedError``, storing nothing."""
+    return run_of(parts, execution_id)[0]
+
+
+def run_of(parts: WorkerParts, execution_id: str) -> tuple[SagaDefinition, ExecutionRecord]:
+    """The stored run, and its own version (as ``definition_of``)."""
     check_lookup_id(execution_id)
     parts.store.ensure_schema()
     record = parts.store.run(
@@ -22,7 +28,7 @@ def definition_of(parts: WorkerParts, execution_id: str) -> SagaDefinition:
     )
     if record is None or record.id != execution_id:  # MySQL finds 'a1' for 'A1 '
         raise ExecutionNotFoundError(f"no saga execution with id {execution_id!r}")
-    return parts.catalog.for_run(record.saga_name, record.definition_hash, record.id)
+    return parts.catalog.for_run(record.saga_name, record.definition_hash, record.id), record
 
 
 def pivot_name(definition: SagaDefinition) -> str:

@@ -171,15 +171,16 @@ class Versions:
             )
         if dry_run:  # every refusal above made: the move would be allowed now
             return target
-        moved = versions.move_to_version(
-            parts.db,
-            execution_id=execution_id,
-            seen_version=record.version,
-            from_hash=current.hash,
-            to_hash=target.hash,
-            actor=actor or process_name(),
-            now=get_clock().now(),
-        )
+        with parts.tracer.action("upgrade", execution_id, actor, record.trace_context):
+            moved = versions.move_to_version(
+                parts.db,
+                execution_id=execution_id,
+                seen_version=record.version,
+                from_hash=current.hash,
+                to_hash=target.hash,
+                actor=actor or process_name(),
+                now=get_clock().now(),
+            )
         if not moved:
             raise UpgradeRefusedError(
                 f"execution {execution_id!r} moved while it was checked; nothing was changed, "

@@ -69,6 +69,7 @@ class Run(models.Model):  # type: ignore[misc]
     version = models.IntegerField()
     members_settled = models.IntegerField(null=True)
     members_failed = models.IntegerField(null=True)
+    trace_context = models.CharField(max_length=64, null=True)
 
     objects = SagaManager()
 
@@ -127,6 +128,7 @@ class Step(models.Model):  # type: ignore[misc]
     lease_expires_at = StoredTime(null=True)
     compensation_lease_expires_at = StoredTime(null=True)
     compensation_holder = models.CharField(max_length=200, null=True)
+    trace_context = models.CharField(max_length=64, null=True)
 
     objects = SagaManager()
 
