@@ -227,3 +227,29 @@ def test_a_deadline_cancel_is_a_span_of_the_run(tmp_path: Path, spans: Any) -> N
     cancel = next(s for s in mine if s["name"] == "operator cancel")
     assert "saga.actor" not in cancel["attributes"]
     assert any(s["name"] == "reversal a" for s in mine)
+
+
+def test_the_moves_on_a_held_run_are_spans_of_its_trace_with_their_actor(
+    tmp_path: Path, spans: Any
+) -> None:
+    app = Celery("traced_hold", set_as_current=False)
+    app.conf.update(task_always_eager=True, task_eager_propagates=False, broker_url="memory://")
+    engine = SagaEngine(app, store_url=f"sqlite:///{tmp_path}/held.sqlite3")
+    provider = {"down": True}
+
+    def charge(ctx: SagaContext) -> str:
+        if provider["down"]:
+            raise ConnectionError("provider down")
+        return "charged"
+
+    engine.register(Saga("held_trace").step("charge", charge, on_failure="hold"))
+    run = engine.start("held_trace", {})
+    assert run.get().state is ExecutionState.HELD
+    provider["down"] = False
+    engine.retry(run.id, actor="ops", reason="provider back")
+    assert run.get().state is ExecutionState.COMPLETED
+    mine = of_run(_exported(spans), run.id)
+    check_one_trace(mine)
+    retry = next(s for s in mine if s["name"] == "operator retry")
+    assert retry["attributes"]["saga.actor"] == "ops"
+    assert [s["name"] for s in mine].count("step charge") == 2

@@ -20,7 +20,7 @@ from celery_saga.store import holds
 from celery_saga.store.codec import pack, unpack
 from celery_saga.worker.arguments import check_actor, check_reason
 from celery_saga.worker.parts import WorkerParts
-from celery_saga.worker.run_lookup import definition_of, pivot_name
+from celery_saga.worker.run_lookup import definition_of, pivot_name, run_of
 
 
 def _held(parts: WorkerParts, execution_id: str, move: str) -> ExecutionRecord:
@@ -39,15 +39,16 @@ def retry_run(parts: WorkerParts, execution_id: str, actor: str | None, reason: 
     """``engine.retry``: here, or handed on when this process lacks the run's version."""
     _checked(actor, reason, "retry")
     try:
-        definition = definition_of(parts, execution_id)
+        definition, record = run_of(parts, execution_id)
     except VersionNotDeployedError as missing:
         _held(parts, execution_id, "retry")
         parts.publisher.hand_on(missing, execution_id, "retry", actor=actor, reason=reason)
         return
-    parts.store.run(
-        f"retrying the held step of {execution_id!r}",
-        lambda: parts.executor.retry_held(definition, execution_id, actor, reason),
-    )
+    with parts.tracer.action("retry", execution_id, actor, record.trace_context):
+        parts.store.run(
+            f"retrying the held step of {execution_id!r}",
+            lambda: parts.executor.retry_held(definition, execution_id, actor, reason),
+        )
 
 
 def skip_run(
@@ -57,7 +58,7 @@ def skip_run(
     or handed on when this process lacks the run's version (the worker checks it then)."""
     _checked(actor, reason, "skip")
     try:
-        definition = definition_of(parts, execution_id)
+        definition, record = run_of(parts, execution_id)
     except VersionNotDeployedError as missing:
         _held(parts, execution_id, "skip")
         blob = pack(
@@ -69,10 +70,11 @@ def skip_run(
         fields = {"result": encoded, "actor": actor, "reason": reason}
         parts.publisher.hand_on(missing, execution_id, "skip", **fields)
         return
-    parts.store.run(
-        f"skipping the held step of {execution_id!r}",
-        lambda: parts.executor.skip_held(definition, execution_id, result, actor, reason),
-    )
+    with parts.tracer.action("skip", execution_id, actor, record.trace_context):
+        parts.store.run(
+            f"skipping the held step of {execution_id!r}",
+            lambda: parts.executor.skip_held(definition, execution_id, result, actor, reason),
+        )
 
 
 def unwind_run(
@@ -91,10 +93,11 @@ def unwind_run(
     run = _held(parts, execution_id, "unwind")
     if run.committed_at is not None:
         _refuse_past_pivot(run, pivot_name(definition))
-    parts.store.run(
-        f"unwinding the held run {execution_id!r}",
-        lambda: parts.executor.unwind_held(definition, execution_id, actor, reason),
-    )
+    with parts.tracer.action("unwind", execution_id, actor, run.trace_context):
+        parts.store.run(
+            f"unwinding the held run {execution_id!r}",
+            lambda: parts.executor.unwind_held(definition, execution_id, actor, reason),
+        )
 
 
 def _refuse_past_pivot(run: ExecutionRecord, pivot: str) -> None:

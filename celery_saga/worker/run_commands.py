@@ -43,7 +43,7 @@ from celery_saga.store.operator_exits import require_resolvable, require_stuck
 from celery_saga.worker import held_moves, pause_moves
 from celery_saga.worker.arguments import check_actor, check_reason
 from celery_saga.worker.parts import WorkerParts
-from celery_saga.worker.run_lookup import definition_of, pivot_name, run_of
+from celery_saga.worker.run_lookup import pivot_name, run_of
 from celery_saga.worker.sealed_commands import UnsealedCommand, open_arguments
 from celery_saga.worker.start_checks import refuse_before_start
 
@@ -262,7 +262,7 @@ def resolve_run(
         raise SagaError("resolve needs a note: what was done by hand (it is kept in the history)")
     check_reason(note, "a resolve note")
     try:
-        definition = definition_of(parts, execution_id)
+        definition, record = run_of(parts, execution_id)
     except VersionNotDeployedError as missing:
         parts.store.run(
             f"reading the unwind of {execution_id!r}",
@@ -270,10 +270,11 @@ def resolve_run(
         )
         parts.publisher.hand_on(missing, execution_id, "resolve", step=step, note=note, actor=actor)
         return
-    parts.store.run(
-        f"resolving the reversal of {step!r} in {execution_id!r}",
-        lambda: parts.executor.unwinder.resolve(definition, execution_id, (step, note), actor),
-    )
+    with parts.tracer.action("resolve", execution_id, actor, record.trace_context):
+        parts.store.run(
+            f"resolving the reversal of {step!r} in {execution_id!r}",
+            lambda: parts.executor.unwinder.resolve(definition, execution_id, (step, note), actor),
+        )
 
 
 def _resolve_handed_on(parts: WorkerParts, execution_id: str, arguments: dict[str, Any]) -> None:
