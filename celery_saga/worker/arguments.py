@@ -1,14 +1,15 @@
-"""Checking the arguments of the engine's public calls: ages, enum filters, actors and
-reasons."""
+"""Checking the arguments of the engine's public calls: ages, enum filters, list pages,
+actors and reasons."""
 
 from __future__ import annotations
 
 import math
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from celery_saga.errors import SagaError
-from celery_saga.limits import text_problem
+from celery_saga.limits import storable_cursor_id, text_problem
+from celery_saga.store.queries import decode_cursor
 
 
 def check_age(value: float | timedelta, what: str) -> timedelta:
@@ -32,6 +33,21 @@ def enum_values(kind: type[Any], values: Any, what: str) -> list[Any]:
     except ValueError:
         allowed = ", ".join(member.value for member in kind)
         raise SagaError(f"unknown {what} in {items!r}; expected one of: {allowed}") from None
+
+
+def page_start(limit: object, cursor: object) -> tuple[datetime, str] | None:
+    """``list()``'s ``limit`` checked, and where its ``cursor`` says the page starts."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
+        raise SagaError(f"limit must be an integer between 1 and 1000, got {limit!r}")
+    if cursor is None:
+        return None
+    try:
+        if not isinstance(cursor, str):
+            raise ValueError(cursor)
+        stamp, last_id = decode_cursor(cursor)
+        return (stamp, storable_cursor_id(last_id))
+    except (ValueError, UnicodeDecodeError):
+        raise SagaError(f"{cursor!r} is not a cursor returned by list()") from None
 
 
 def check_actor(actor: str | None) -> None:

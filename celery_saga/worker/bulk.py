@@ -419,3 +419,28 @@ def dry_run(
         return report
 
     return engine.parts.store.run(f"counting the runs of a bulk {move}", read)
+
+
+def carry_out(
+    engine: SagaEngine,
+    move: str,
+    where: str | Iterable[str],
+    dry: bool,
+    rate: float | None,
+    actor: str | None,
+    reason: str | None,
+    resume: str | None,
+    progress: Callable[[BulkReport], None] | None,
+    options: Mapping[str, Any],
+) -> BulkReport:
+    """``engine.bulk`` (its arguments in its order): a dry run's count, or a new (or
+    resumed) operation carried out."""
+    check_rate(rate)
+    engine.parts.store.ensure_schema()
+    if resume is not None:
+        operation = resumed(engine, resume)
+    elif dry:
+        return dry_run(engine, move, where)
+    else:
+        operation = start(engine, move, where, actor=actor, reason=reason, options=options)
+    return BulkRun(engine, operation, rate=rate, progress=progress).run()

@@ -1,13 +1,12 @@
 """``SagaEngine``: attaches sagas to an existing Celery app and is the Python API.
 
 What it changes in Celery, it changes for its own app only, through ``celery_hooks``. The
-engine builds its parts once (``WorkerParts``) and hands them to each module that acts for
-it; none of them reaches back into the engine."""
+engine builds its parts once (``WorkerParts``, in ``assembly``) and hands them to each module
+that acts for it; none of them reaches back into the engine."""
 
 from __future__ import annotations
 
 import builtins
-import functools
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any
@@ -19,54 +18,28 @@ from celery_saga.decisions.plan import Plan
 from celery_saga.decisions.versions import VersionRef
 from celery_saga.definition.builder import Saga, SagaDefinition
 from celery_saga.definition.sub_sagas import check_no_cycle
-from celery_saga.encryption import codec_from_conf
 from celery_saga.errors import DefinitionError, ExecutionNotFoundError, SagaError, UnknownSagaError
 from celery_saga.inspect.reads import Inspector
-from celery_saga.limits import check_lookup_id, listed_saga_names, storable_cursor_id
+from celery_saga.limits import check_lookup_id, listed_saga_names
 from celery_saga.records import Execution, ExecutionState, Pause, RollbackStatus
-from celery_saga.runtime import revocation, stopping
-from celery_saga.runtime.catalog import Catalog
-from celery_saga.runtime.executor import Executor
 from celery_saga.runtime.ports import Settings
-from celery_saga.runtime.recovery import Recoverer
 from celery_saga.store import flow, queries
-from celery_saga.store.codec import use_codec
-from celery_saga.store.database import Database
-from celery_saga.store.identity import shown_store, store_identity
-from celery_saga.store.replica import open_replica
 from celery_saga.store.versions import waiting_for_version
 from celery_saga.worker import (
-    arrivals,
     bulk,
-    hand_back_notes,
     held_moves,
-    holders,
     pause_moves,
-    pool_loss,
     run_commands,
     version_check,
 )
-from celery_saga.worker.arguments import check_actor, enum_values
-from celery_saga.worker.beat import install_beat_entries
-from celery_saga.worker.celery_hooks import CeleryHooks
-from celery_saga.worker.delivery import stopped_by_worker
-from celery_saga.worker.discovery import Packages, SagaDiscovery
-from celery_saga.worker.event_hub import EventHub, Listener
-from celery_saga.worker.hand_back import HandBacks
-from celery_saga.worker.hand_back_notes import HandBackNotes
+from celery_saga.worker.arguments import check_actor, enum_values, page_start
+from celery_saga.worker.assembly import assemble
+from celery_saga.worker.discovery import Packages
+from celery_saga.worker.event_hub import Listener
 from celery_saga.worker.handle import SagaHandle
-from celery_saga.worker.parts import WorkerParts
 from celery_saga.worker.pause_moves import Unpaused
-from celery_saga.worker.publisher import CeleryPublisher
-from celery_saga.worker.revocation import remember_worker_process, revoke_announced
-from celery_saga.worker.shape_book import ShapeBook
-from celery_saga.worker.step_run import StepRun
-from celery_saga.worker.step_tasks import StepTasks
-from celery_saga.worker.store_calls import StoreCalls
-from celery_saga.worker.sweeps import Sweeps
-from celery_saga.worker.tasks import register_tasks
 from celery_saga.worker.version_check import VersionCheck
-from celery_saga.worker.versioning import VersionInfo, Versions
+from celery_saga.worker.versioning import VersionInfo
 
 DEFAULT_STORE_URL = "sqlite:///celery_saga.sqlite3"
 
@@ -85,83 +58,14 @@ class SagaEngine:
 
     def __init__(self, app: Celery, *, store_url: str | None = None) -> None:
         self.app = app
-        self.db = Database(
-            store_url or app.conf.get("saga_store_url") or DEFAULT_STORE_URL,
-            sqlite_synchronous=app.conf.get("saga_sqlite_synchronous") or "NORMAL",
-        )
-        if app.conf.get("saga_durable_claims"):
-            self.db.durable_claims = True
-        # Operators' reads (list, show, stats, the web view, the admin) off the primary.
-        self.db.replica = open_replica(self.db, app.conf.get("saga_read_store_url"))
-        # Every payload this process stores or reads goes through the app's codec.
-        use_codec(codec_from_conf(app.conf))
-        self.events = EventHub(app)
-        self.catalog = Catalog(discover=lambda: self.discovery.discover())
-        self.parts = parts = self._parts(app, Settings.from_conf(app.conf))
-        self.publisher, self.executor = parts.publisher, parts.executor
-        self.hooks = CeleryHooks(app, StepRun(parts), self.events)
-        self.discovery = SagaDiscovery(app, self.hooks.when_modules_imported)
-        self.step_tasks = self.publisher.tasks = StepTasks(app, self.hooks)
-        self.recoverer = Recoverer(self.executor)
-        self.publisher.on_unsent = self.recoverer.owe_message
-        self.sweeps = Sweeps(parts, self.recoverer)
-        register_tasks(parts, self.sweeps)
-        install_beat_entries(app)
-        self.versioning = Versions(parts, self.hooks)
-        self.hand_backs = HandBacks(parts)
-        self._hook_in(parts)
+        built = assemble(app, store_url or app.conf.get("saga_store_url") or DEFAULT_STORE_URL)
+        self.db, self.events, self.catalog = built.db, built.events, built.catalog
+        self.parts = built.parts
+        self.publisher, self.executor = built.parts.publisher, built.parts.executor
+        self.hooks, self.discovery, self.step_tasks = built.hooks, built.discovery, built.step_tasks
+        self.recoverer, self.sweeps = built.recoverer, built.sweeps
+        self.versioning, self.hand_backs = built.versioning, built.hand_backs
         app.saga_engine = self
-
-    def _parts(self, app: Celery, settings: Settings) -> WorkerParts:
-        store_id = store_identity(self.db.url)
-        publisher = CeleryPublisher(
-            app,
-            # The hard limit must not kill a process that is still recording what its body
-            # did through a store outage (guarantee 20): an outcome, then perhaps the park
-            # of an unwind, each retried for that budget.
-            hard_limit_grace=settings.hard_limit_grace + 2 * settings.outcome_retry_budget,
-            compensation_timeout=settings.compensation_timeout,
-        )
-        publisher.store = store_id
-        # The holders ask other workers through this engine's app.
-        executor = Executor(
-            self.db, self.catalog, publisher, self.events, settings, holders.CeleryHolders(app)
-        )
-        return WorkerParts(
-            app=app,
-            db=self.db,
-            store=StoreCalls(self.db, settings),
-            catalog=self.catalog,
-            events=self.events,
-            publisher=publisher,
-            executor=executor,
-            store_id=store_id,
-            shown_store=shown_store(self.db.url),
-            notes=HandBackNotes(),
-            shapes=ShapeBook(self.db),
-        )
-
-    def _hook_in(self, parts: WorkerParts) -> None:
-        """Give the hooks what they call, then change Celery for this app."""
-        hooks, hand_backs = self.hooks, self.hand_backs
-        hooks.commands[holders.COMMAND] = functools.partial(holders.answer_holder, parts)
-        hooks.commands[holders.RUNS_COMMAND] = holders.answer_runs
-        hooks.commands[hand_back_notes.COMMAND] = functools.partial(
-            hand_back_notes.answer, parts.notes, parts.shown_store
-        )
-        hooks.commands[arrivals.COMMAND] = functools.partial(arrivals.answer, hand_backs)
-        hooks.on_pool_loss = functools.partial(pool_loss.on_pool_loss, parts)
-        hooks.when_worker_starts(pool_loss.PoolWatch(parts).start)
-        hooks.when_worker_starts(self.versioning.announce)
-        hooks.task_handler = hand_backs.task_handler
-        hooks.on_consumer_start = functools.partial(arrivals.announce, parts)
-        hooks.on_consumer_stop = hand_backs.let_go
-        hooks.install()
-        # A body cut short by this worker's shutdown is a lost attempt, not a failure.
-        stopping.set_probe(stopped_by_worker)
-        # A body its run's cancel stopped ends REVOKED only if its worker announced so.
-        revocation.set_probe(revoke_announced)
-        hooks.when_worker_starts(remember_worker_process)
 
     @property
     def settings(self) -> Settings:
@@ -282,17 +186,7 @@ class SagaEngine:
         cursor: str | None = None,
     ) -> queries.Page:
         """One page of executions, oldest first; ``page.next_cursor`` fetches the next."""
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
-            raise SagaError(f"limit must be an integer between 1 and 1000, got {limit!r}")
-        after = None
-        if cursor is not None:
-            try:
-                if not isinstance(cursor, str):
-                    raise ValueError(cursor)
-                stamp, last_id = queries.decode_cursor(cursor)
-                after = (stamp, storable_cursor_id(last_id))
-            except (ValueError, UnicodeDecodeError):
-                raise SagaError(f"{cursor!r} is not a cursor returned by list()") from None
+        after = page_start(limit, cursor)
         names = listed_saga_names(saga)
         states = enum_values(ExecutionState, state, "state")
         rollback = enum_values(RollbackStatus, rollback_status, "rollback status")
@@ -512,15 +406,9 @@ class SagaEngine:
         page to ``progress``. ``resume`` (an operation's id) carries on an interrupted one:
         no run it acted on is acted on again. ``options``: the move's own (an upgrade's
         ``to``, a resolve's ``step`` and ``note``, a skip's JSON ``result``)."""
-        bulk.check_rate(rate)
-        self.ensure_schema()
-        if resume is not None:
-            operation = bulk.resumed(self, resume)
-        elif dry_run:
-            return bulk.dry_run(self, move, where)
-        else:
-            operation = bulk.start(self, move, where, actor=actor, reason=reason, options=options)
-        return bulk.BulkRun(self, operation, rate=rate, progress=progress).run()
+        return bulk.carry_out(
+            self, move, where, dry_run, rate, actor, reason, resume, progress, options
+        )
 
     # -- events -----------------------------------------------------------------------
     def on(self, event: str, listener: Listener) -> Listener:

@@ -1,24 +1,20 @@
 """Runs, their steps and their history in the Django admin: read-only pages over the saga
-tables, with the operator actions of ``actions`` (each behind its own permission); pages
+tables, with the operator actions of ``admin_actions`` (each behind its own permission); pages
 read from a replica behind the store say so (``staleness``)."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from django import forms
 from django.contrib import admin, messages
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
-from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
-from celery_saga.contrib.django import actions as run_actions
-from celery_saga.contrib.django import labels, staleness
+from celery_saga.contrib.django import admin_actions, labels, staleness
 from celery_saga.contrib.django.app import project_engine
 from celery_saga.contrib.django.lookups import only_filter_lookups
 from celery_saga.contrib.django.models import HistoryRow, PausedRun, PausedStep, Run, Step
@@ -29,7 +25,6 @@ from celery_saga.definition.sensitivity import Sensitivity
 from celery_saga.inspect import RunView
 from celery_saga.records import ExecutionState, RollbackStatus
 
-_CONFIRM = "admin/celery_saga/run/action.html"
 #: Where a run's page keeps the read model it drew its fields from.
 _READ = "saga_read_model"
 F = TypeVar("F", bound=Callable[..., Any])
@@ -38,11 +33,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 def display(**options: Any) -> Callable[[F], F]:
     """``admin.display``, typed: mypy keeps the method's own signature."""
     decorate: Callable[[F], F] = admin.display(**options)
-    return decorate
-
-
-def action(**options: Any) -> Callable[[F], F]:
-    decorate: Callable[[F], F] = admin.action(**options)
     return decorate
 
 
@@ -230,16 +220,16 @@ class RunAdmin(SaysStaleness, ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
     fields = readonly_fields
     inlines = (StepInline, HistoryInline)
     actions = (
-        "resume",
-        "resolve",
-        "abandon",
-        "signal",
-        "cancel",
-        "retry",
-        "skip",
-        "unwind",
-        "bulk_cancel",
-        "bulk_resume",
+        admin_actions.resume,
+        admin_actions.resolve,
+        admin_actions.abandon,
+        admin_actions.signal,
+        admin_actions.cancel,
+        admin_actions.retry,
+        admin_actions.skip,
+        admin_actions.unwind,
+        admin_actions.bulk_cancel,
+        admin_actions.bulk_resume,
     )
 
     def get_search_results(
@@ -301,133 +291,6 @@ class RunAdmin(SaysStaleness, ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
 
     def has_move_held_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm("celery_saga.move_held_run"))
-
-    @action(description="Retry the held step (asks first)", permissions=["move_held"])
-    def retry(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
-        return self._held_move(request, queryset, run_actions.HELD_MOVES["retry"])
-
-    @action(description="Skip the held step by hand (asks first)", permissions=["move_held"])
-    def skip(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
-        return self._held_move(request, queryset, run_actions.HELD_MOVES["skip"])
-
-    @action(description="Unwind the held run (asks first)", permissions=["move_held"])
-    def unwind(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
-        return self._held_move(request, queryset, run_actions.HELD_MOVES["unwind"])
-
-    def _held_move(
-        self, request: HttpRequest, queryset: QuerySet[Any], move: run_actions.HeldMove
-    ) -> HttpResponse | None:
-        """A move on held runs, asked first with its form (a reason; a skip's result)."""
-        form = move.form(request.POST if "apply" in request.POST else None)
-        if not form.is_valid():
-            return self._confirm(request, queryset, move.name, move.question, form)
-        self._act(request, queryset, move.act(form.cleaned_data), move.done)
-        return None
-
-    @action(description="Resume the parked unwind", permissions=["resume"])
-    def resume(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-        self._act(request, queryset, run_actions.resume, "resumed")
-
-    @action(description="Resolve the parked reversal: done by hand", permissions=["resume"])
-    def resolve(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
-        form = run_actions.ResolveForm(request.POST if "apply" in request.POST else None)
-        if not form.is_valid():
-            question = "Record each run's failed reversal as done by hand, and go on?"
-            return self._confirm(request, queryset, "resolve", question, form)
-        self._act(request, queryset, run_actions.resolve(form.cleaned_data["note"]), "resolved")
-        return None
-
-    @action(description="Abandon the parked unwind", permissions=["abandon"])
-    def abandon(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
-        if "apply" not in request.POST:
-            question = (
-                "Abandon the unwind of these runs? Their outstanding reversals are marked "
-                "skipped and the runs end failed with rollback status stuck; nothing undoes it."
-            )
-            return self._confirm(request, queryset, "abandon", question, None)
-        self._act(request, queryset, run_actions.abandon, "abandoned")
-        return None
-
-    @action(description="Signal an event", permissions=["signal"])
-    def signal(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
-        form = run_actions.SignalForm(request.POST if "apply" in request.POST else None)
-        if not form.is_valid():
-            return self._confirm(request, queryset, "signal", "Signal these runs:", form)
-        act = run_actions.signal(form.cleaned_data["event"], form.cleaned_data["payload"])
-        self._act(request, queryset, act, "signalled")
-        return None
-
-    @action(description="Cancel the run (asks first)", permissions=["cancel"])
-    def cancel(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
-        form = run_actions.CancelForm(request.POST if "apply" in request.POST else None)
-        if not form.is_valid():
-            question = (
-                "Cancel these runs? No step starts any more, the bodies in flight are stopped "
-                "and what each run did is unwound; it ends cancelled."
-            )
-            return self._confirm(request, queryset, "cancel", question, form)
-        self._act(request, queryset, run_actions.cancel(form.cleaned_data["reason"]), "cancelled")
-        return None
-
-    @action(
-        description="Cancel every run the search and filters select, as one operation",
-        permissions=["cancel"],
-    )
-    def bulk_cancel(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
-        return self._bulk(request, queryset, "cancel")
-
-    @action(
-        description="Resume every parked run the search and filters select, as one operation",
-        permissions=["resume"],
-    )
-    def bulk_resume(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
-        return self._bulk(request, queryset, "resume")
-
-    def _bulk(
-        self, request: HttpRequest, queryset: QuerySet[Any], move: str
-    ) -> HttpResponse | None:
-        """``move`` on every run the changelist's search and filters select."""
-        confirm = functools.partial(self._confirm, request, queryset[:20], f"bulk_{move}")
-        done, said = run_actions.bulk_from_changelist(request, move, confirm)
-        for text, level in said:
-            self.message_user(request, text, level)
-        return done
-
-    def _act(
-        self,
-        request: HttpRequest,
-        queryset: QuerySet[Any],
-        act: run_actions.Act,
-        kind: str,
-    ) -> None:
-        run_ids = list(queryset.values_list("id", flat=True))
-        done, refused = run_actions.carry_out(run_ids, act, run_actions.actor_of(request))
-        if done:
-            self.message_user(request, f"{kind}: {', '.join(done)}", messages.SUCCESS)
-        for reason in refused:
-            self.message_user(request, f"refused: {reason}", messages.ERROR)
-
-    def _confirm(
-        self,
-        request: HttpRequest,
-        queryset: QuerySet[Any],
-        action: str,
-        question: str,
-        form: forms.Form | None,
-    ) -> TemplateResponse:
-        runs = list(queryset)
-        plans = run_actions.plans([run.pk for run in runs], action)
-        context = {
-            **self.admin_site.each_context(request),
-            "title": question,
-            "opts": self.model._meta,
-            "runs": runs,
-            "planned": [(run, plans.get(run.pk)) for run in runs],
-            "action": action,
-            "form": form,
-            "selected": admin.helpers.ACTION_CHECKBOX_NAME,
-        }
-        return TemplateResponse(request, _CONFIRM, context)
 
 
 @admin.register(Step)
