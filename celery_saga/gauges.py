@@ -93,39 +93,39 @@ class StoreGauges(Collector):
         for (saga, state), count in sorted(reading.runs.items()):
             runs.add_metric([saga, state], count)
         yield runs
-        age = GaugeMetricFamily(
+        yield _ages(
             f"{prefix}_oldest_unfinished_run_age_seconds",
             "Age of the oldest unfinished run of each saga",
-            labels=["saga"],
+            reading.oldest,
+            reading.at,
         )
-        if reading.at is not None:
-            for saga, created in sorted(reading.oldest.items()):
-                age.add_metric([saga], max(0.0, (reading.at - created).total_seconds()))
-        yield age
-        waited = GaugeMetricFamily(
+        yield _ages(
             f"{prefix}_oldest_queued_run_age_seconds",
             "How long the oldest run of each saga queued by its flow-control limit has waited",
-            labels=["saga"],
+            reading.oldest_queued,
+            reading.at,
         )
-        if reading.at is not None:
-            for saga, created in sorted(reading.oldest_queued.items()):
-                waited.add_metric([saga], max(0.0, (reading.at - created).total_seconds()))
-        yield waited
-        held = GaugeMetricFamily(
+        yield _ages(
             f"{prefix}_oldest_held_run_age_seconds",
             "How long the longest held run of each saga has waited for an operator",
-            labels=["saga"],
+            reading.held_since,
+            reading.at,
         )
-        if reading.at is not None:
-            for saga, since in sorted(reading.held_since.items()):
-                held.add_metric([saga], max(0.0, (reading.at - since).total_seconds()))
-        yield held
         yield from _paused(reading.pauses, prefix)
         yield GaugeMetricFamily(
             f"{prefix}_store_up",
             "1 if the last reading of the store for these gauges succeeded",
             value=1.0 if self.up else 0.0,
         )
+
+
+def _ages(name: str, documentation: str, since: dict[str, datetime], at: datetime | None) -> Metric:
+    """A gauge by saga of the seconds from each saga's ``since`` to the reading (``at``)."""
+    gauge = GaugeMetricFamily(name, documentation, labels=["saga"])
+    if at is not None:
+        for saga, then in sorted(since.items()):
+            gauge.add_metric([saga], max(0.0, (at - then).total_seconds()))
+    return gauge
 
 
 def _paused(stored: tuple[Pause, ...], prefix: str) -> Iterator[Metric]:

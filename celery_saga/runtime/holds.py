@@ -31,7 +31,6 @@ from celery_saga.runtime.moves import (
     then,
 )
 from celery_saga.runtime.parts import Parts
-from celery_saga.runtime.store_retry import write_outcome
 from celery_saga.store import holds, queries
 from celery_saga.store.codec import pack
 
@@ -71,14 +70,14 @@ class Holds:
                 and record.attempts == step.attempt
             )
 
-        held = write_outcome(
+        held = parts.write_step_outcome(
+            definition,
+            step,
             lambda: holds.hold_step(parts.db, step, error=reason, hold_until=until, now=now),
-            budget=parts.settings.outcome_retry_budget,
             what=f"the hold of step {step.name!r} of execution {step.execution_id}",
             landed=landed,
             if_landed=True,
             cause=error,
-            restore=lambda: parts.restore_step(definition, step),
         )
         if not held:
             return Stay()

@@ -5,9 +5,11 @@ follows from those (writing back lost claims, renewing leases, tracing runs)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TypeVar
 
 from celery_saga.decisions.lost_claims import MINE
 from celery_saga.definition.builder import SagaDefinition
@@ -18,9 +20,12 @@ from celery_saga.runtime.heartbeat import Renewal, keep_lease
 from celery_saga.runtime.holders import Holders
 from celery_saga.runtime.lost_claims import LostClaims
 from celery_saga.runtime.ports import EventSink, Publisher, Settings
+from celery_saga.runtime.store_retry import write_outcome
 from celery_saga.runtime.takeovers import Renewals
 from celery_saga.store.database import Database
 from celery_saga.tracing import Tracer
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,29 @@ class Parts:
         spec = definition.find_step(step.name)
         compensatable = True if spec is None else spec.compensatable
         return self.lost_claims.step(step, compensatable) in MINE
+
+    def write_step_outcome(
+        self,
+        definition: SagaDefinition,
+        step: Attempt,
+        write: Callable[[], T],
+        *,
+        what: str,
+        landed: Callable[[], bool],
+        if_landed: T,
+        cause: BaseException | None = None,
+    ) -> T:
+        """Write an outcome of ``step`` through store outages (``write_outcome``, for the
+        settings' ``outcome_retry_budget``), writing it again once its lost claim is back."""
+        return write_outcome(
+            write,
+            budget=self.settings.outcome_retry_budget,
+            what=what,
+            landed=landed,
+            if_landed=if_landed,
+            cause=cause,
+            restore=lambda: self.restore_step(definition, step),
+        )
 
     def holding(self, renew: Renewal, what: str) -> AbstractContextManager[None]:
         """Keep this claim's lease alive while the block runs: the body, and the write of

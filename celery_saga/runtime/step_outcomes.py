@@ -32,7 +32,6 @@ from celery_saga.runtime.moves import (
 from celery_saga.runtime.navigation import Position, next_position
 from celery_saga.runtime.parts import Parts
 from celery_saga.runtime.scrubbing import failure_secrets
-from celery_saga.runtime.store_retry import write_outcome
 from celery_saga.store import claims, forward, joins, queries, recovery, step_failure
 from celery_saga.store.forward import GroupResult
 
@@ -68,15 +67,15 @@ class StepOutcomes:
         parts = self.parts
         target = definition.nodes[step.node]
         if not isinstance(target, ParallelNode):
-            if not write_outcome(
+            if not parts.write_step_outcome(
+                definition,
+                step,
                 lambda: forward.record_step_completed(
                     parts.db, step, result_blob=blob, advance=onward, now=get_clock().now()
                 ),
-                budget=parts.settings.outcome_retry_budget,
                 what=f"the result of step {step.name!r} of execution {step.execution_id}",
                 landed=lambda: self.landed(step, StepStatus.COMPLETED),
                 if_landed=True,
-                restore=lambda: parts.restore_step(definition, step),
             ):
                 return None
             parts.emit("saga-step-completed", fields)
@@ -149,14 +148,14 @@ class StepOutcomes:
             return joins.record_step_settled(parts.db, step, result_blob=result_blob, **fields)
 
         unknown: GroupResult | None = GroupResult(settled=False)
-        result = write_outcome(
+        result = parts.write_step_outcome(
+            definition,
+            step,
             record,
-            budget=parts.settings.outcome_retry_budget,
             what=f"the outcome of step {step.name!r} of execution {step.execution_id}",
             landed=landed,
             if_landed=unknown,
             cause=cause,
-            restore=lambda: parts.restore_step(definition, step),
         )
         return self._ended_by_us(step.execution_id) if result is unknown else result
 

@@ -36,6 +36,17 @@ ShapeText = Text().with_variant(mysql.MEDIUMTEXT(), "mysql", "mariadb")
 #: SQLite only autoincrements INTEGER PRIMARY KEY.
 RecordId = BigInteger().with_variant(Integer(), "sqlite")
 
+
+def _run_id(**options: Any) -> Column[Any]:
+    """The ``execution_id`` column of a run's child table: its rows go with the run."""
+    return Column(
+        "execution_id",
+        String(64),
+        ForeignKey("saga_executions.id", ondelete="CASCADE"),
+        **options,
+    )
+
+
 executions = Table(
     "saga_executions",
     metadata,
@@ -109,12 +120,7 @@ step_records = Table(
     "saga_steps",
     metadata,
     Column("id", RecordId, primary_key=True, autoincrement=True),
-    Column(
-        "execution_id",
-        String(64),
-        ForeignKey("saga_executions.id", ondelete="CASCADE"),
-        nullable=False,
-    ),
+    _run_id(nullable=False),
     Column("name", String(200), nullable=False),
     Column("node", Integer, nullable=False),
     Column("sub", Integer, nullable=False),
@@ -142,35 +148,32 @@ step_records = Table(
     UniqueConstraint("execution_id", "name", name="uq_saga_steps_execution_name"),
 )
 
-decisions = Table(
+
+def _one_per_run_and(name: str, key: Column[Any], *rest: Any) -> Table:
+    """A table of at most one row per run and ``key``: the primary key is the guarantee."""
+    return Table(
+        name,
+        metadata,
+        _run_id(nullable=False),
+        key,
+        *rest,
+        PrimaryKeyConstraint("execution_id", key.name, name=f"pk_{name}"),
+    )
+
+
+decisions = _one_per_run_and(
     "saga_decisions",
-    metadata,
-    Column(
-        "execution_id",
-        String(64),
-        ForeignKey("saga_executions.id", ondelete="CASCADE"),
-        nullable=False,
-    ),
     Column("key", String(200), nullable=False),
     Column("value", Blob),
     Column("created_at", Timestamp, nullable=False),
-    PrimaryKeyConstraint("execution_id", "key", name="pk_saga_decisions"),
 )
 
-signals = Table(
+# First writer wins per (execution, event): the key is the guarantee (13).
+signals = _one_per_run_and(
     "saga_signals",
-    metadata,
-    Column(
-        "execution_id",
-        String(64),
-        ForeignKey("saga_executions.id", ondelete="CASCADE"),
-        nullable=False,
-    ),
     Column("event", String(200), nullable=False),
     Column("payload", Blob),
     Column("received_at", Timestamp, nullable=False),
-    # First writer wins per (execution, event): the key is the guarantee (13).
-    PrimaryKeyConstraint("execution_id", "event", name="pk_saga_signals"),
 )
 
 
@@ -178,12 +181,7 @@ history = Table(
     "saga_history",
     metadata,
     Column("id", RecordId, primary_key=True, autoincrement=True),
-    Column(
-        "execution_id",
-        String(64),
-        ForeignKey("saga_executions.id", ondelete="CASCADE"),
-        nullable=False,
-    ),
+    _run_id(nullable=False),
     Column("at", Timestamp, nullable=False),
     Column("kind", String(40), nullable=False),
     Column("step", String(200)),
@@ -199,18 +197,10 @@ history = Table(
 
 #: A run's searchable labels (``start(..., labels=...)``), written once with the run. The
 #: index leads with (key, value): a filter on a label pages through its runs by id.
-run_labels = Table(
+run_labels = _one_per_run_and(
     "saga_run_labels",
-    metadata,
-    Column(
-        "execution_id",
-        String(64),
-        ForeignKey("saga_executions.id", ondelete="CASCADE"),
-        nullable=False,
-    ),
     Column("key", String(100), nullable=False),
     Column("value", String(200), nullable=False),
-    PrimaryKeyConstraint("execution_id", "key", name="pk_saga_run_labels"),
     Index("ix_saga_run_labels_key_value", "key", "value", "execution_id"),
 )
 
@@ -269,12 +259,7 @@ versions = Table(
 version_waits = Table(
     "saga_version_waits",
     metadata,
-    Column(
-        "execution_id",
-        String(64),
-        ForeignKey("saga_executions.id", ondelete="CASCADE"),
-        primary_key=True,
-    ),
+    _run_id(primary_key=True),
     Column("definition_hash", String(64), nullable=False),
     Column("handed_back_by", String(200), nullable=False),
     Column("handed_back_at", Timestamp, nullable=False),
@@ -315,12 +300,7 @@ pauses = Table(
 paused_runs = Table(
     "saga_paused_runs",
     metadata,
-    Column(
-        "execution_id",
-        String(64),
-        ForeignKey("saga_executions.id", ondelete="CASCADE"),
-        primary_key=True,
-    ),
+    _run_id(primary_key=True),
     Column("saga_name", String(200), nullable=False),
     Column("pause_step", String(200), nullable=False),
     Column("step_name", String(200), nullable=False),

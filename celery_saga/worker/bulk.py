@@ -99,6 +99,18 @@ class BulkMove:
     parsed: tuple[str, ...] = ()
 
 
+def _moves_or_raises(call: Callable[[SagaEngine], Callable[..., object]]) -> Act:
+    """A move whose engine call (``run, actor=, reason=``) moves the run or raises."""
+
+    def act(
+        engine: SagaEngine, run: str, actor: str, reason: str | None, options: Mapping[str, Any]
+    ) -> bool:
+        call(engine)(run, actor=actor, reason=reason)
+        return True
+
+    return act
+
+
 def _cancel(
     engine: SagaEngine, run: str, actor: str, reason: str | None, options: Mapping[str, Any]
 ) -> bool:
@@ -109,13 +121,6 @@ def _resume(
     engine: SagaEngine, run: str, actor: str, reason: str | None, options: Mapping[str, Any]
 ) -> bool:
     engine.resume_compensation(run, actor=actor)
-    return True
-
-
-def _abandon(
-    engine: SagaEngine, run: str, actor: str, reason: str | None, options: Mapping[str, Any]
-) -> bool:
-    engine.abandon_compensation(run, actor=actor, reason=reason)
     return True
 
 
@@ -133,13 +138,6 @@ def _resolve(
     return True
 
 
-def _retry(
-    engine: SagaEngine, run: str, actor: str, reason: str | None, options: Mapping[str, Any]
-) -> bool:
-    engine.retry(run, actor=actor, reason=reason)
-    return True
-
-
 def _skip(
     engine: SagaEngine, run: str, actor: str, reason: str | None, options: Mapping[str, Any]
 ) -> bool:
@@ -149,25 +147,18 @@ def _skip(
     return True
 
 
-def _unwind(
-    engine: SagaEngine, run: str, actor: str, reason: str | None, options: Mapping[str, Any]
-) -> bool:
-    engine.unwind(run, actor=actor, reason=reason)
-    return True
-
-
 #: Every move a bulk operation can make, by the name the CLI and ``engine.bulk`` take.
 MOVES: dict[str, BulkMove] = {
     move.name: move
     for move in (
         BulkMove("cancel", CANCELLABLE_STATES, _cancel),
         BulkMove("resume", _PARKED, _resume),
-        BulkMove("abandon", _PARKED, _abandon),
+        BulkMove("abandon", _PARKED, _moves_or_raises(lambda e: e.abandon_compensation)),
         BulkMove("upgrade", (*_LIVE, ExecutionState.COMPENSATING, *_PARKED), _upgrade),
         BulkMove("resolve", _PARKED, _resolve, needs=("step", "note")),
-        BulkMove("retry", _HELD, _retry),
+        BulkMove("retry", _HELD, _moves_or_raises(lambda e: e.retry)),
         BulkMove("skip", _HELD, _skip, parsed=("result",)),
-        BulkMove("unwind", _HELD, _unwind),
+        BulkMove("unwind", _HELD, _moves_or_raises(lambda e: e.unwind)),
     )
 }
 

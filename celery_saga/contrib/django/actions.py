@@ -28,12 +28,17 @@ from celery_saga.worker.run_commands import NO_OP
 FROM_ADMIN = "from the Django admin"
 
 
+def _json_field(help_text: str) -> Any:
+    """A form's optional field of JSON text (read with ``json_or_none``)."""
+    return forms.CharField(
+        required=False, widget=forms.Textarea(attrs={"rows": 6, "cols": 60}), help_text=help_text
+    )
+
+
 class SignalForm(forms.Form):  # type: ignore[misc]
     event = forms.CharField(max_length=200, help_text="The event the run waits for.")
-    payload = forms.CharField(
-        required=False,
-        widget=forms.Textarea(attrs={"rows": 6, "cols": 60}),
-        help_text='The signal\'s payload as JSON (for example {"approved": true}); empty: none.',
+    payload = _json_field(
+        'The signal\'s payload as JSON (for example {"approved": true}); empty: none.'
     )
 
     def clean_payload(self) -> Any:
@@ -73,10 +78,8 @@ class HeldMoveForm(forms.Form):  # type: ignore[misc]
 
 
 class SkipForm(HeldMoveForm):
-    result = forms.CharField(
-        required=False,
-        widget=forms.Textarea(attrs={"rows": 6, "cols": 60}),
-        help_text="The held step's result as JSON, checked against its output_schema; empty: none.",
+    result = _json_field(
+        "The held step's result as JSON, checked against its output_schema; empty: none."
     )
 
     def clean_result(self) -> Any:

@@ -44,7 +44,20 @@ class StoredTime(models.DateTimeField):  # type: ignore[misc]
         return value
 
 
-class Run(models.Model):  # type: ignore[misc]
+class _Stored(models.Model):  # type: ignore[misc]
+    """What every model here is: a row of the store's tables, unmanaged and read only
+    through ``SagaManager``."""
+
+    objects = SagaManager()
+
+    class Meta:
+        abstract = True
+        managed = False
+        # Nothing is added, changed or deleted here: the engine's calls do it (actions).
+        default_permissions = ("view",)
+
+
+class Run(_Stored):
     id = models.CharField(max_length=64, primary_key=True)
     saga_name = models.CharField("saga", max_length=200)
     definition_hash = models.CharField("version", max_length=64)
@@ -71,15 +84,10 @@ class Run(models.Model):  # type: ignore[misc]
     members_failed = models.IntegerField(null=True)
     trace_context = models.CharField(max_length=64, null=True)
 
-    objects = SagaManager()
-
-    class Meta:
-        managed = False
+    class Meta(_Stored.Meta):
         db_table = "saga_executions"
         verbose_name = "saga run"
         ordering = ("-created_at", "-id")
-        # Nothing is added, changed or deleted here: the engine's calls do it (actions).
-        default_permissions = ("view",)
         permissions = (
             ("resume_run", "Can resume a parked unwind"),
             ("abandon_run", "Can abandon a parked unwind"),
@@ -104,7 +112,7 @@ def _of_run(related_name: str) -> Any:
     )
 
 
-class Step(models.Model):  # type: ignore[misc]
+class Step(_Stored):
     id = models.BigIntegerField(primary_key=True)
     run = _of_run("steps")
     name = models.CharField(max_length=200)
@@ -130,20 +138,16 @@ class Step(models.Model):  # type: ignore[misc]
     compensation_holder = models.CharField(max_length=200, null=True)
     trace_context = models.CharField(max_length=64, null=True)
 
-    objects = SagaManager()
-
-    class Meta:
-        managed = False
+    class Meta(_Stored.Meta):
         db_table = "saga_steps"
         verbose_name = "saga step"
         ordering = ("node", "sub", "id")
-        default_permissions = ("view",)
 
     def __str__(self) -> str:
         return f"{self.name} of {self.run_id}"
 
 
-class HistoryRow(models.Model):  # type: ignore[misc]
+class HistoryRow(_Stored):
     id = models.BigIntegerField(primary_key=True)
     run = _of_run("history")
     at = StoredTime()
@@ -157,21 +161,17 @@ class HistoryRow(models.Model):  # type: ignore[misc]
     #: A step attempt's start (its end is ``at``).
     started_at = StoredTime("attempt started", null=True)
 
-    objects = SagaManager()
-
-    class Meta:
-        managed = False
+    class Meta(_Stored.Meta):
         db_table = "saga_history"
         verbose_name = "saga history entry"
         verbose_name_plural = "saga history"
         ordering = ("id",)
-        default_permissions = ("view",)
 
     def __str__(self) -> str:
         return f"{self.kind} of {self.run_id}"
 
 
-class PausedStep(models.Model):  # type: ignore[misc]
+class PausedStep(_Stored):
     """A paused step (``step_name`` '': the whole saga). The store keys it by saga and
     step; Django (before 5.2) takes one key column, so the admin lists these rows and links
     to none (``PausedStepAdmin``)."""
@@ -182,20 +182,16 @@ class PausedStep(models.Model):  # type: ignore[misc]
     actor = models.CharField(max_length=200, null=True)
     paused_at = StoredTime()
 
-    objects = SagaManager()
-
-    class Meta:
-        managed = False
+    class Meta(_Stored.Meta):
         db_table = "saga_pauses"
         verbose_name = "paused step"
         ordering = ("saga_name", "step_name")
-        default_permissions = ("view",)
 
     def __str__(self) -> str:
         return f"{self.saga_name}.{self.step_name or '*'}"
 
 
-class PausedRun(models.Model):  # type: ignore[misc]
+class PausedRun(_Stored):
     """A run held at the door of a paused step, until an unpause releases it."""
 
     run = models.OneToOneField(
@@ -211,14 +207,10 @@ class PausedRun(models.Model):  # type: ignore[misc]
     step_name = models.CharField("step", max_length=200)
     held_at = StoredTime()
 
-    objects = SagaManager()
-
-    class Meta:
-        managed = False
+    class Meta(_Stored.Meta):
         db_table = "saga_paused_runs"
         verbose_name = "run held at a paused step"
         ordering = ("held_at",)
-        default_permissions = ("view",)
 
     def __str__(self) -> str:
         return f"{self.run_id} at {self.step_name}"

@@ -14,6 +14,17 @@ Blob = sa.LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
 Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
 RecordId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
+
+def run_id(**options: Any) -> sa.Column:  # type: ignore[type-arg]
+    """The ``execution_id`` column of a run's child table, whose rows go with the run."""
+    return sa.Column(
+        "execution_id",
+        sa.String(64),
+        sa.ForeignKey("saga_executions.id", ondelete="CASCADE"),
+        **options,
+    )
+
+
 #: Where a run's row is: live, and archived.
 RUN_TABLES = ("saga_executions", "saga_executions_archive")
 

@@ -2,24 +2,10 @@
 
 from django.db import migrations
 
+from celery_saga.contrib.django.migrations._shared import CANCEL_RUN, run_options
+
 
 class Migration(migrations.Migration):  # type: ignore[misc]
     dependencies = [("celery_saga", "0001_initial")]
 
-    operations = [
-        migrations.AlterModelOptions(
-            name="run",
-            options={
-                "verbose_name": "saga run",
-                "ordering": ("-created_at", "-id"),
-                "permissions": (
-                    ("resume_run", "Can resume a parked unwind"),
-                    ("abandon_run", "Can abandon a parked unwind"),
-                    ("signal_run", "Can signal a run"),
-                    ("cancel_run", "Can cancel a run"),
-                ),
-                "managed": False,
-                "default_permissions": ("view",),
-            },
-        ),
-    ]
+    operations = [run_options(CANCEL_RUN)]

@@ -7,7 +7,7 @@ Revises:
 import sqlalchemy as sa
 from alembic import op
 
-from celery_saga.store.migrations.shared import Blob, RecordId, Timestamp
+from celery_saga.store.migrations.shared import Blob, RecordId, Timestamp, run_id
 
 revision = "0001"
 down_revision = None
@@ -43,12 +43,7 @@ def upgrade() -> None:
     op.create_table(
         "saga_steps",
         sa.Column("id", RecordId, primary_key=True, autoincrement=True),
-        sa.Column(
-            "execution_id",
-            sa.String(64),
-            sa.ForeignKey("saga_executions.id", ondelete="CASCADE"),
-            nullable=False,
-        ),
+        run_id(nullable=False),
         sa.Column("name", sa.String(200), nullable=False),
         sa.Column("node", sa.Integer, nullable=False),
         sa.Column("sub", sa.Integer, nullable=False),
@@ -70,12 +65,7 @@ def upgrade() -> None:
     )
     op.create_table(
         "saga_decisions",
-        sa.Column(
-            "execution_id",
-            sa.String(64),
-            sa.ForeignKey("saga_executions.id", ondelete="CASCADE"),
-            nullable=False,
-        ),
+        run_id(nullable=False),
         sa.Column("key", sa.String(200), nullable=False),
         sa.Column("value", Blob),
         sa.Column("created_at", Timestamp, nullable=False),

@@ -9,7 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import op
 
-from celery_saga.store.migrations.shared import Blob, RecordId, Timestamp
+from celery_saga.store.migrations.shared import Blob, RecordId, Timestamp, run_id
 
 revision = "0002"
 down_revision = "0001"
@@ -70,12 +70,7 @@ def upgrade() -> None:
     op.create_index("ix_saga_executions_wake", "saga_executions", ["state", "wake_at"])
     op.create_table(
         "saga_signals",
-        sa.Column(
-            "execution_id",
-            sa.String(64),
-            sa.ForeignKey("saga_executions.id", ondelete="CASCADE"),
-            nullable=False,
-        ),
+        run_id(nullable=False),
         sa.Column("event", sa.String(200), nullable=False),
         sa.Column("payload", Blob),
         sa.Column("received_at", Timestamp, nullable=False),

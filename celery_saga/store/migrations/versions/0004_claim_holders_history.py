@@ -18,6 +18,7 @@ from celery_saga.store.migrations.shared import (
     Timestamp,
     add_columns,
     drop_columns,
+    run_id,
 )
 
 revision = "0004"
@@ -32,12 +33,7 @@ def _history_columns(archive: bool) -> list[sa.Column]:  # type: ignore[type-arg
     execution = (
         sa.Column("execution_id", sa.String(64), nullable=False)
         if archive
-        else sa.Column(
-            "execution_id",
-            sa.String(64),
-            sa.ForeignKey("saga_executions.id", ondelete="CASCADE"),
-            nullable=False,
-        )
+        else run_id(nullable=False)
     )
     return [
         sa.Column("id", RecordId, nullable=False, autoincrement=not archive),

@@ -8,7 +8,7 @@ Revises: 0004
 import sqlalchemy as sa
 from alembic import op
 
-from celery_saga.store.migrations.shared import Timestamp
+from celery_saga.store.migrations.shared import Timestamp, run_id
 
 revision = "0005"
 down_revision = "0004"
@@ -31,12 +31,7 @@ def upgrade() -> None:
     )
     op.create_table(
         "saga_version_waits",
-        sa.Column(
-            "execution_id",
-            sa.String(64),
-            sa.ForeignKey("saga_executions.id", ondelete="CASCADE"),
-            nullable=False,
-        ),
+        run_id(nullable=False),
         sa.Column("definition_hash", sa.String(64), nullable=False),
         sa.Column("handed_back_by", sa.String(200), nullable=False),
         sa.Column("handed_back_at", Timestamp, nullable=False),

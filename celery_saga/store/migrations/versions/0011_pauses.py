@@ -8,7 +8,7 @@ Revises: 0010
 import sqlalchemy as sa
 from alembic import op
 
-from celery_saga.store.migrations.shared import Timestamp
+from celery_saga.store.migrations.shared import Timestamp, run_id
 
 revision = "0011"
 down_revision = "0010"
@@ -28,12 +28,7 @@ def upgrade() -> None:
     )
     op.create_table(
         "saga_paused_runs",
-        sa.Column(
-            "execution_id",
-            sa.String(64),
-            sa.ForeignKey("saga_executions.id", ondelete="CASCADE"),
-            primary_key=True,
-        ),
+        run_id(primary_key=True),
         sa.Column("saga_name", sa.String(200), nullable=False),
         sa.Column("pause_step", sa.String(200), nullable=False),
         sa.Column("step_name", sa.String(200), nullable=False),

@@ -9,7 +9,7 @@ Revises: 0011
 import sqlalchemy as sa
 from alembic import op
 
-from celery_saga.store.migrations.shared import Timestamp
+from celery_saga.store.migrations.shared import Timestamp, run_id
 
 revision = "0012"
 down_revision = "0011"
@@ -20,12 +20,7 @@ depends_on = None
 def upgrade() -> None:
     op.create_table(
         "saga_run_labels",
-        sa.Column(
-            "execution_id",
-            sa.String(64),
-            sa.ForeignKey("saga_executions.id", ondelete="CASCADE"),
-            nullable=False,
-        ),
+        run_id(nullable=False),
         sa.Column("key", sa.String(100), nullable=False),
         sa.Column("value", sa.String(200), nullable=False),
         sa.PrimaryKeyConstraint("execution_id", "key", name="pk_saga_run_labels"),
