@@ -71,15 +71,20 @@ def require_services(*ports: int) -> None:
     pytest.skip(message)
 
 
+_PG_FRESH: list[bool] = []
+
+
 def _test_database_url() -> str:
-    admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        exists = connection.execute(
-            text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": PG_DATABASE}
-        ).first()
-        if not exists:
+    """This process's PostgreSQL test database, made anew once per session: one a checkout
+    of another revision left behind (its schema stamped with a migration this one does not
+    know) must not fail the suite."""
+    if not _PG_FRESH:
+        admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+        with admin.connect() as connection:
+            connection.execute(text(f"DROP DATABASE IF EXISTS {PG_DATABASE} WITH (FORCE)"))
             connection.execute(text(f"CREATE DATABASE {PG_DATABASE}"))
-    admin.dispose()
+        admin.dispose()
+        _PG_FRESH.append(True)
     return PG_ADMIN.rsplit("/", 1)[0] + "/" + PG_DATABASE
 
 
@@ -293,17 +298,25 @@ _EMPTIED: list[bool] = []
 
 
 def _empty_mariadb_once() -> None:
-    """The shared MariaDB database starts each session without saga rows (PostgreSQL's
-    test database is emptied by the harness)."""
+    """The MariaDB test database starts each session empty, migrated by this checkout
+    (PostgreSQL's is made anew once per session too)."""
     if _EMPTIED:
         return
     from celery_saga.store.database import Database
 
-    if _OWN:  # this xdist worker's own database, next to the shared one
-        admin = create_engine(_MARIADB_SHARED, isolation_level="AUTOCOMMIT")
-        with admin.connect() as connection:
-            connection.execute(text(f"CREATE DATABASE IF NOT EXISTS {MARIADB.rsplit('/', 1)[1]}"))
-        admin.dispose()
+    admin = create_engine(_MARIADB_SHARED, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        if _OWN:  # this xdist worker's own database, next to the shared one, made anew
+            name = MARIADB.rsplit("/", 1)[1]
+            connection.execute(text(f"DROP DATABASE IF EXISTS {name}"))
+            connection.execute(text(f"CREATE DATABASE {name}"))
+        else:  # the shared one: no table another checkout's migrations left behind
+            tables = connection.execute(text("SHOW TABLES")).scalars().all()
+            connection.execute(text("SET FOREIGN_KEY_CHECKS = 0"))
+            for table in tables:
+                connection.execute(text(f"DROP TABLE `{table}`"))
+            connection.execute(text("SET FOREIGN_KEY_CHECKS = 1"))
+    admin.dispose()
     database = Database(MARIADB)
     database.migrate()
     with database.transaction() as connection:
