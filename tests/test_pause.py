@@ -166,6 +166,11 @@ def test_the_cli_pauses_lists_and_unpauses_and_show_says_why_a_run_is_held(
     unpaused: Harness,
 ) -> None:
     harness = unpaused
+    dry = _invoke(
+        harness, "pause", "paused_order", "--step", "charge", "--reason", "x", "--dry-run"
+    )
+    assert "dry run: would pause paused_order.charge" in dry.output, dry.output
+    assert harness.engine.pauses() == [], "a dry run stores nothing"
     paused = _invoke(harness, "pause", "paused_order", "--step", "charge", "--reason", "down")
     assert paused.exit_code == 0, paused.output
     assert "paused paused_order.charge" in paused.output
@@ -183,6 +188,9 @@ def test_the_cli_pauses_lists_and_unpauses_and_show_says_why_a_run_is_held(
         result = _invoke(harness, *refused)
         assert result.exit_code == 1 and names in result.output, result.output
     assert [p.held for p in harness.engine.pauses()] == [1], "the refusals changed nothing"
+    dry = _invoke(harness, "unpause", "paused_order", "--step", "charge", "--dry-run")
+    assert "would unpause paused_order.charge and release 1 held run(s)" in dry.output
+    assert [p.held for p in harness.engine.pauses()] == [1], "a dry run releases nothing"
     released = _invoke(harness, "unpause", "paused_order", "--step", "charge", "--rate", "50/s")
     assert "unpaused paused_order.charge; released 1 held run(s)" in released.output
     _wait(harness, [run.id], lambda r: r.state is ExecutionState.COMPLETED)

@@ -20,12 +20,17 @@ def named(pause: Pause) -> str:
 @click.argument("saga_name", metavar="SAGA")
 @click.option("--step", help="The step to pause (default: every step of the saga).")
 @click.option("--reason", required=True, help="Why: shown by pauses, show and the web view.")
+@click.option("--dry-run", is_flag=True, help="Check and say what it would do; store nothing.")
 @click.pass_context
 @operator_command
-def pause(ctx: click.Context, saga_name: str, step: str | None, reason: str) -> None:
+def pause(ctx: click.Context, saga_name: str, step: str | None, reason: str, dry_run: bool) -> None:
     """Pause a step (or a whole saga) for every run: a run that reaches it is held at its
     door, before its body starts, until unpause releases it."""
-    stored = engine_of(ctx).pause(saga_name, step, reason=reason, actor=shell_operator())
+    engine, actor = engine_of(ctx), shell_operator()
+    stored = engine.pause(saga_name, step, reason=reason, actor=actor, dry_run=dry_run)
+    if dry_run:
+        click.echo(f"dry run: would pause {named(stored)}; runs that reach it would be held")
+        return
     click.echo(f"paused {named(stored)}: runs that reach it are held at its door")
 
 
@@ -34,15 +39,26 @@ def pause(ctx: click.Context, saga_name: str, step: str | None, reason: str) -> 
 @click.option("--step", help="The step to unpause (default: the pause of the whole saga).")
 @click.option("--rate", help="Release the held runs at most this fast, e.g. 20/s or 600/m.")
 @click.option("--reason", help="Why: recorded in each released run's history.")
+@click.option("--dry-run", is_flag=True, help="Say what it would release; change nothing.")
 @click.pass_context
 @operator_command
 def unpause(
-    ctx: click.Context, saga_name: str, step: str | None, rate: str | None, reason: str | None
+    ctx: click.Context,
+    saga_name: str,
+    step: str | None,
+    rate: str | None,
+    reason: str | None,
+    dry_run: bool,
 ) -> None:
     """Lift a pause and release the runs it held, earliest first; interrupted, run it
     again: it releases what is left, never a run twice."""
     per_second = None if rate is None else parse_rate(rate)
     engine = engine_of(ctx)
+    if dry_run:
+        seen = engine.unpause(saga_name, step, rate=per_second, dry_run=True)
+        what = named(seen.pause) if seen.pause else "nothing (not paused)"
+        click.echo(f"dry run: would unpause {what} and release {seen.released} held run(s)")
+        return
 
     def progress(count: int) -> None:
         if count % 100 == 0:

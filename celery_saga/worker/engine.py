@@ -268,12 +268,19 @@ class SagaEngine:
         held_moves.unwind_run(self.parts, execution_id, actor, reason)
 
     def pause(
-        self, saga: str, step: str | None = None, *, reason: str, actor: str | None = None
+        self,
+        saga: str,
+        step: str | None = None,
+        *,
+        reason: str,
+        actor: str | None = None,
+        dry_run: bool = False,
     ) -> Pause:
         """Pause ``step`` of ``saga`` (None: every step) for every run: a run that reaches it
         is held at its door (state ``held``, reason ``paused: <reason>``) before its body
-        starts, a message already queued included. See ``worker/pause_moves.py``."""
-        return pause_moves.pause(self.parts, saga, step, reason, actor)
+        starts, a message already queued included. ``dry_run``: checked, nothing stored.
+        See ``worker/pause_moves.py``."""
+        return pause_moves.pause(self.parts, saga, step, reason, actor, dry_run)
 
     def unpause(
         self,
@@ -284,12 +291,20 @@ class SagaEngine:
         actor: str | None = None,
         reason: str | None = None,
         progress: Callable[[int], None] | None = None,
+        dry_run: bool = False,
     ) -> Unpaused:
         """Lift a pause, then release the runs it held, at most ``rate`` a second (None: no
         cap), each once, even when run again after an interruption; ``progress`` is told
-        each count released."""
+        each count released. ``dry_run``: ``released`` is how many it holds; nothing changed."""
         return pause_moves.unpause(
-            self.parts, saga, step, rate=rate, actor=actor, reason=reason, progress=progress
+            self.parts,
+            saga,
+            step,
+            rate=rate,
+            actor=actor,
+            reason=reason,
+            progress=progress,
+            dry_run=dry_run,
         )
 
     def pauses(self) -> builtins.list[Pause]:

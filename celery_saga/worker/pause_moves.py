@@ -63,13 +63,23 @@ def _check_names(parts: WorkerParts, saga: str, step: str | None) -> None:
                 )
 
 
-def pause(parts: WorkerParts, saga: str, step: str | None, reason: str, actor: str | None) -> Pause:
-    """``engine.pause``: store the pause of ``step`` of ``saga`` (None: the whole saga)."""
+def pause(
+    parts: WorkerParts,
+    saga: str,
+    step: str | None,
+    reason: str,
+    actor: str | None,
+    dry_run: bool = False,
+) -> Pause:
+    """``engine.pause``: store the pause of ``step`` of ``saga`` (None: the whole saga);
+    ``dry_run``: every check made, the pause it would store returned, nothing stored."""
     check_actor(actor)
     check_reason(reason, "a pause reason")
     if not isinstance(reason, str) or not reason.strip():
         raise SagaError("a pause needs a reason (say why, for whoever unpauses it)")
     _check_names(parts, saga, step)
+    if dry_run:
+        return Pause(saga, step, reason, actor, get_clock().now())
     parts.store.ensure_schema()
     stored = parts.store.run(
         f"pausing {saga!r}",
@@ -102,15 +112,20 @@ def unpause(
     actor: str | None,
     reason: str | None,
     progress: Callable[[int], None] | None = None,
+    dry_run: bool = False,
 ) -> Unpaused:
     """``engine.unpause``: lift the pause, then release the runs it held, at most ``rate``
-    a second (None: as fast as they can be written); ``progress`` is told each count."""
+    a second (None: as fast as they can be written); ``progress`` is told each count.
+    ``dry_run``: the pause it would lift and how many runs it holds now; nothing changed."""
     check_actor(actor)
     check_reason(reason, "an unpause reason")
     if rate is not None and not rate > 0:
         raise SagaError(f"an unpause rate must be above zero, got {rate!r}")
     _check_names(parts, saga, step)
     parts.store.ensure_schema()
+    if dry_run:
+        stored = [p for p in list_pauses(parts) if (p.saga, p.step) == (saga, step)]
+        return Unpaused(stored[0] if stored else None, stored[0].held if stored else 0)
     lifted = parts.store.run(f"unpausing {saga!r}", lambda: pauses.unpause(parts.db, saga, step))
     logger.warning(
         "saga %r: %s unpaused by %s%s",
