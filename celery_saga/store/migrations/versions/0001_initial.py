@@ -11,8 +11,6 @@ from celery_saga.store.migrations.shared import Blob, RecordId, Timestamp, run_i
 
 revision = "0001"
 down_revision = None
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

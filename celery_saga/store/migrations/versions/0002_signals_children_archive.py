@@ -13,8 +13,6 @@ from celery_saga.store.migrations.shared import Blob, RecordId, Timestamp, run_i
 
 revision = "0002"
 down_revision = "0001"
-branch_labels = None
-depends_on = None
 
 
 def _execution_columns() -> list[sa.Column[Any]]:

@@ -16,8 +16,6 @@ from celery_saga.store.migrations.shared import Timestamp
 
 revision = "0010"
 down_revision = "0009"
-branch_labels = None
-depends_on = None
 
 #: MySQL's TEXT stops at 64 KiB; a saga of many steps has a longer shape.
 ShapeText = sa.Text().with_variant(mysql.MEDIUMTEXT(), "mysql", "mariadb")
