@@ -53,6 +53,16 @@ def first_columns(table: str) -> list[sa.Column]:  # type: ignore[type-arg]
     return _FIRST[table]()
 
 
+def version_columns() -> list[sa.Column]:  # type: ignore[type-arg]
+    """What names a version of a saga (its name, its definition's hash, its label) in the
+    tables about versions (0005's ``saga_versions``, 0010's ``saga_version_shapes``)."""
+    return [
+        sa.Column("saga_name", sa.String(200), nullable=False),
+        sa.Column("definition_hash", sa.String(64), nullable=False),
+        sa.Column("label", sa.String(200)),
+    ]
+
+
 def _first_run_columns() -> list[sa.Column]:  # type: ignore[type-arg]
     return [
         sa.Column("saga_name", sa.String(200), nullable=False),
