@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from celery_saga.decisions.cancel import CancelVerdict
@@ -17,7 +18,7 @@ from celery_saga.runtime.cancel import DEADLINE
 from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.holds import HOLD_TIMEOUT_ACTOR, Holds
 from celery_saga.runtime.interpreter import Interpreter
-from celery_saga.runtime.moves import MoveOn, Stay
+from celery_saga.runtime.moves import Move, MoveOn, Stay
 from celery_saga.runtime.parts import Parts
 from celery_saga.runtime.pauses import Pauses
 from celery_saga.runtime.waits import Waits
@@ -95,28 +96,9 @@ class EngineCalls:
             after = (rows[-1].wake_at, rows[-1].id)
         return acted
 
-    def retry_held(
-        self, definition: SagaDefinition, execution_id: str, actor: str | None, reason: str | None
-    ) -> None:
-        """Run a held run's step again (see ``Holds.retry``)."""
-        self.carry_out(self.holds.retry(definition, execution_id, actor, reason))
-
-    def skip_held(
-        self,
-        definition: SagaDefinition,
-        execution_id: str,
-        result: Any,
-        actor: str | None,
-        reason: str | None,
-    ) -> None:
-        """Complete a held run's step by hand and move on (see ``Holds.skip``)."""
-        self.carry_out(self.holds.skip(definition, execution_id, result, actor, reason))
-
-    def unwind_held(
-        self, definition: SagaDefinition, execution_id: str, actor: str | None, reason: str | None
-    ) -> None:
-        """Begin a held run's unwind (see ``Holds.unwind``)."""
-        self.carry_out(self.holds.unwind(definition, execution_id, actor, reason))
+    def move_held(self, move: Callable[[Holds], Move]) -> None:
+        """Carry out ``move`` of a held run (``Holds.retry``, ``skip`` or ``unwind``)."""
+        self.carry_out(move(self.holds))
 
     def release_paused(
         self, definition: SagaDefinition, execution_id: str, actor: str | None, reason: str | None
@@ -151,15 +133,8 @@ class EngineCalls:
         self.carry_out(move)
         return True
 
-    def signal(
-        self,
-        definition: SagaDefinition,
-        execution_id: str,
-        event: str,
-        payload: Any,
-        actor: str | None = None,
-    ) -> bool:
-        """Record the signal once; True if it resumed the run parked at its gate."""
-        move = self.waits.signal(definition, execution_id, event, payload, actor)
+    def signalled(self, move: Move) -> bool:
+        """Carry out what a signal led to (``Waits.signal``); True if it resumed the run
+        parked at its gate."""
         self.carry_out(move)
         return isinstance(move, MoveOn)

@@ -77,11 +77,10 @@ class Executor:
         self.lost_claims, self.renewals = parts.lost_claims, parts.renewals
         # The engine's calls on runs, carried out through the same interpreter.
         calls = EngineCalls(parts, self.interpreter, self.waits)
-        self.create, self.launch, self.signal = calls.create, calls.launch, calls.signal
+        self.create, self.launch, self.signalled = calls.create, calls.launch, calls.signalled
         self.cancel, self.continue_cancel = calls.cancel, calls.continue_cancel
         self.fire_timers, self.cancel_overdue = calls.fire_timers, calls.cancel_overdue
-        self.retry_held, self.skip_held = calls.retry_held, calls.skip_held
-        self.unwind_held, self.unwind_expired_holds = calls.unwind_held, calls.unwind_expired_holds
+        self.move_held, self.unwind_expired_holds = calls.move_held, calls.unwind_expired_holds
         self.pauses, self.release_paused = calls.pauses, calls.release_paused
         self.expire_hold = calls.expire_hold
 

@@ -9,11 +9,11 @@ child of it is still going; the unwind then ends ``cancelled`` (``prepared.endin
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 from datetime import datetime
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import ColumnElement, Connection, select, update
 
 from celery_saga.decisions.cancel import CANCELLABLE_STATES, bodies_in_flight, interrupted_steps
 from celery_saga.decisions.unwind import UnwindKind, UnwindStep
@@ -51,25 +51,9 @@ def request_cancel(
 ) -> bool:
     """Store the cancel of a live run short of its pivot, with its ``cancelled`` history
     row naming ``actor``; False: not such a run (any more)."""
-    stamp = to_db_time(now)
-    with db.transaction() as connection:
-        cancelled = bump_run(
-            connection,
-            execution_id,
-            executions.c.state.in_(CANCELLABLE),
-            executions.c.committed_at.is_(None),
-            state=ExecutionState.CANCELLING.value,
-            cancelled_at=stamp,
-            failure_reason=reason,
-            wake_at=None,
-            deadline_at=None,
-            updated_at=stamp,
-        )
-        if not cancelled:
-            return False
-        entry = HistoryEntry(now, Kind.CANCELLED.value, actor=actor, detail=reason)
-        history.write(connection, execution_id, entry)
-        return True
+    live = (executions.c.state.in_(CANCELLABLE), executions.c.committed_at.is_(None))
+    changes = {"state": ExecutionState.CANCELLING.value, "wake_at": None}
+    return _cancel(db, execution_id, live, changes, now, actor, reason, reason)
 
 
 def cancel_queued(
@@ -78,28 +62,45 @@ def cancel_queued(
     """End a queued run ``cancelled`` before it started: it holds no flow-control slot and
     ran nothing, so nothing is unwound (guarantee 37). False: it is not queued (any more:
     a run of its key that ended started it first)."""
+    queued = (executions.c.state == ExecutionState.QUEUED.value,)
+    changes = {
+        "state": ExecutionState.CANCELLED.value,
+        "rollback_status": RollbackStatus.NOT_APPLICABLE.value,
+        "flow_key": None,
+    }
+    detail = f"{reason} (while queued: it never started)"
+    return _cancel(db, execution_id, queued, changes, now, actor, reason, detail)
+
+
+def _cancel(
+    db: Database,
+    execution_id: str,
+    where: tuple[ColumnElement[bool], ...],
+    changes: Mapping[str, object],
+    now: datetime,
+    actor: str | None,
+    reason: str,
+    detail: str,
+) -> bool:
+    """One cancel write: the run row, only ``where`` it still stands, takes ``changes``,
+    its reason and cancel time, and its ``cancelled`` history row (``detail``, ``actor``)
+    is written in the same transaction; False: the row no longer matched."""
     stamp = to_db_time(now)
     with db.transaction() as connection:
         cancelled = bump_run(
             connection,
             execution_id,
-            executions.c.state == ExecutionState.QUEUED.value,
-            state=ExecutionState.CANCELLED.value,
-            rollback_status=RollbackStatus.NOT_APPLICABLE.value,
+            *where,
             cancelled_at=stamp,
             failure_reason=reason,
             deadline_at=None,
-            flow_key=None,
             updated_at=stamp,
+            **changes,
         )
         if not cancelled:
             return False
-        detail = f"{reason} (while queued: it never started)"
-        history.write(
-            connection,
-            execution_id,
-            HistoryEntry(now, Kind.CANCELLED.value, actor=actor, detail=detail),
-        )
+        entry = HistoryEntry(now, Kind.CANCELLED.value, actor=actor, detail=detail)
+        history.write(connection, execution_id, entry)
         return True
 
 

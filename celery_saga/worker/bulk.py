@@ -33,6 +33,7 @@ from celery_saga.store.bulk_operations import BulkOperation, marked_actor
 from celery_saga.store.database import Database
 from celery_saga.store.transient import is_transient
 from celery_saga.typed_payload import parse_payload
+from celery_saga.worker import held_moves, run_commands
 from celery_saga.worker.arguments import check_actor, check_reason
 from celery_saga.worker.parts import WorkerParts
 
@@ -40,39 +41,16 @@ logger = logging.getLogger("celery_saga")
 
 
 class SagaEngine(Protocol):
-    """What a bulk operation uses of the engine: its store and its calls on one run."""
+    """What a bulk operation uses of the engine: its store, its parts (the moves on one run
+    are ``run_commands``' and ``held_moves``' calls on them) and its upgrade."""
 
     db: Database
     parts: WorkerParts
 
     def get(self, execution_id: str) -> Execution: ...
-    def cancel(
-        self, execution_id: str, reason: str | None = None, *, actor: str | None = None
-    ) -> CancelVerdict: ...
-    def resume_compensation(self, execution_id: str, *, actor: str | None = None) -> None: ...
-    def abandon_compensation(
-        self, execution_id: str, *, actor: str | None = None, reason: str | None = None
-    ) -> int: ...
     def upgrade(
         self, execution_id: str, to: str | None = None, *, actor: str | None = None
     ) -> SagaDefinition: ...
-    def resolve(
-        self, execution_id: str, *, step: str, note: str, actor: str | None = None
-    ) -> None: ...
-    def retry(
-        self, execution_id: str, *, actor: str | None = None, reason: str | None = None
-    ) -> None: ...
-    def skip(
-        self,
-        execution_id: str,
-        *,
-        result: Any = None,
-        actor: str | None = None,
-        reason: str | None = None,
-    ) -> None: ...
-    def unwind(
-        self, execution_id: str, *, actor: str | None = None, reason: str | None = None
-    ) -> None: ...
 
 
 #: The engine call that makes a move on one run: (engine, run id, actor, reason, options)
@@ -99,13 +77,15 @@ class BulkMove:
     parsed: tuple[str, ...] = ()
 
 
-def _moves_or_raises(call: Callable[[SagaEngine], Callable[..., object]]) -> Act:
-    """A move whose engine call (``run, actor=, reason=``) moves the run or raises."""
+def _moves_or_raises(
+    call: Callable[[WorkerParts, str, str, str | None], object],
+) -> Act:
+    """A move whose call (``parts, run, actor, reason``) moves the run or raises."""
 
     def act(
         engine: SagaEngine, run: str, actor: str, reason: str | None, options: Mapping[str, Any]
     ) -> bool:
-        call(engine)(run, actor=actor, reason=reason)
+        call(engine.parts, run, actor, reason)
         return True
 
     return act
@@ -114,13 +94,13 @@ def _moves_or_raises(call: Callable[[SagaEngine], Callable[..., object]]) -> Act
 def _cancel(
     engine: SagaEngine, run: str, actor: str, reason: str | None, options: Mapping[str, Any]
 ) -> bool:
-    return engine.cancel(run, reason, actor=actor) is CancelVerdict.CANCEL
+    return run_commands.cancel_run(engine.parts, run, reason, actor) is CancelVerdict.CANCEL
 
 
 def _resume(
     engine: SagaEngine, run: str, actor: str, reason: str | None, options: Mapping[str, Any]
 ) -> bool:
-    engine.resume_compensation(run, actor=actor)
+    run_commands.resume_run(engine.parts, run, actor)
     return True
 
 
@@ -134,7 +114,7 @@ def _upgrade(
 def _resolve(
     engine: SagaEngine, run: str, actor: str, reason: str | None, options: Mapping[str, Any]
 ) -> bool:
-    engine.resolve(run, step=options["step"], note=options["note"], actor=actor)
+    run_commands.resolve_run(engine.parts, run, options["step"], options["note"], actor)
     return True
 
 
@@ -143,7 +123,7 @@ def _skip(
 ) -> bool:
     result = options.get("result")
     value = None if result is None else parse_payload(result)
-    engine.skip(run, result=value, actor=actor, reason=reason)
+    held_moves.skip_run(engine.parts, run, value, actor, reason)
     return True
 
 
@@ -153,12 +133,12 @@ MOVES: dict[str, BulkMove] = {
     for move in (
         BulkMove("cancel", CANCELLABLE_STATES, _cancel),
         BulkMove("resume", _PARKED, _resume),
-        BulkMove("abandon", _PARKED, _moves_or_raises(lambda e: e.abandon_compensation)),
+        BulkMove("abandon", _PARKED, _moves_or_raises(run_commands.abandon_run)),
         BulkMove("upgrade", (*_LIVE, ExecutionState.COMPENSATING, *_PARKED), _upgrade),
         BulkMove("resolve", _PARKED, _resolve, needs=("step", "note")),
-        BulkMove("retry", _HELD, _moves_or_raises(lambda e: e.retry)),
+        BulkMove("retry", _HELD, _moves_or_raises(held_moves.retry_run)),
         BulkMove("skip", _HELD, _skip, parsed=("result",)),
-        BulkMove("unwind", _HELD, _moves_or_raises(lambda e: e.unwind)),
+        BulkMove("unwind", _HELD, _moves_or_raises(held_moves.unwind_run)),
     )
 }
 

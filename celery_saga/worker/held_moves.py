@@ -47,7 +47,9 @@ def retry_run(parts: WorkerParts, execution_id: str, actor: str | None, reason: 
     with parts.tracer.action("retry", execution_id, actor, record.trace_context):
         parts.store.run(
             f"retrying the held step of {execution_id!r}",
-            lambda: parts.executor.retry_held(definition, execution_id, actor, reason),
+            lambda: parts.executor.move_held(
+                lambda held: held.retry(definition, execution_id, actor, reason)
+            ),
         )
 
 
@@ -73,7 +75,9 @@ def skip_run(
     with parts.tracer.action("skip", execution_id, actor, record.trace_context):
         parts.store.run(
             f"skipping the held step of {execution_id!r}",
-            lambda: parts.executor.skip_held(definition, execution_id, result, actor, reason),
+            lambda: parts.executor.move_held(
+                lambda held: held.skip(definition, execution_id, result, actor, reason)
+            ),
         )
 
 
@@ -96,7 +100,9 @@ def unwind_run(
     with parts.tracer.action("unwind", execution_id, actor, run.trace_context):
         parts.store.run(
             f"unwinding the held run {execution_id!r}",
-            lambda: parts.executor.unwind_held(definition, execution_id, actor, reason),
+            lambda: parts.executor.move_held(
+                lambda held: held.unwind(definition, execution_id, actor, reason)
+            ),
         )
 
 

@@ -211,7 +211,9 @@ def signal_run(
     with parts.tracer.action("signal", execution_id, actor, record.trace_context):
         resumed = parts.store.run(
             f"signalling {event!r} to {execution_id!r}",
-            lambda: parts.executor.signal(definition, execution_id, event, payload, actor),
+            lambda: parts.executor.signalled(
+                parts.executor.waits.signal(definition, execution_id, event, payload, actor)
+            ),
         )
     if resumed and record.state is ExecutionState.WAITING:  # parked at its gate since
         run = (definition.name, definition.hash, execution_id)

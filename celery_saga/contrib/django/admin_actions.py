@@ -105,24 +105,22 @@ def cancel(modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]) -> Ht
     return None
 
 
-@action(
-    description="Cancel every run the search and filters select, as one operation",
-    permissions=["cancel"],
-)
-def bulk_cancel(
-    modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]
-) -> HttpResponse | None:
-    return _bulk(modeladmin, request, queryset, "cancel")
+def _bulk_action(move: str, description: str, permission: str) -> Callable[..., Any]:
+    """The admin action ``bulk_<move>``: ``move`` on every run the search and filters select."""
+
+    def act(modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        return _bulk(modeladmin, request, queryset, move)
+
+    act.__name__ = act.__qualname__ = f"bulk_{move}"
+    return action(description=description, permissions=[permission])(act)
 
 
-@action(
-    description="Resume every parked run the search and filters select, as one operation",
-    permissions=["resume"],
+bulk_cancel = _bulk_action(
+    "cancel", "Cancel every run the search and filters select, as one operation", "cancel"
 )
-def bulk_resume(
-    modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]
-) -> HttpResponse | None:
-    return _bulk(modeladmin, request, queryset, "resume")
+bulk_resume = _bulk_action(
+    "resume", "Resume every parked run the search and filters select, as one operation", "resume"
+)
 
 
 def _bulk(

@@ -41,7 +41,9 @@ class Migration(migrations.Migration):  # type: ignore[misc]
         ),
         migrations.AddField(model_name="run", name="lease_expires_at", field=_time()),
         migrations.AddField(
-            model_name="run", name="version", field=models.IntegerField(default=1),
+            model_name="run",
+            name="version",
+            field=models.IntegerField(default=1),
             preserve_default=False,
         ),
         migrations.AddField(
@@ -63,9 +65,7 @@ class Migration(migrations.Migration):  # type: ignore[misc]
             preserve_default=False,
         ),
         migrations.AddField(model_name="step", name="lease_expires_at", field=_time()),
-        migrations.AddField(
-            model_name="step", name="compensation_lease_expires_at", field=_time()
-        ),
+        migrations.AddField(model_name="step", name="compensation_lease_expires_at", field=_time()),
         migrations.AddField(
             model_name="step",
             name="compensation_holder",

@@ -1,8 +1,8 @@
-"""What the run's permission migrations share: the run model's options, whose permissions
-grow by one each time. A released migration's effect never changes, so neither does
+"""What the mirror's migrations share: the run model's options, whose permissions
+grow by one each time, and the nullable text column a later store migration adds. A released migration's effect never changes, so neither does
 anything here (Django's loader skips this module: its name starts with an underscore)."""
 
-from django.db import migrations
+from django.db import migrations, models
 
 #: The run's permissions as the first migration made them.
 FIRST_RUN_PERMISSIONS = (
@@ -26,3 +26,11 @@ def run_options(*added: tuple[str, str]) -> migrations.AlterModelOptions:
             "default_permissions": ("view",),
         },
     )
+
+
+def nullable_text(
+    model: str, name: str, max_length: int, verbose_name: str | None = None
+) -> migrations.AddField:
+    """A nullable text column ``name`` of ``max_length`` added to ``model``'s mirror."""
+    field = models.CharField(max_length=max_length, null=True, verbose_name=verbose_name)
+    return migrations.AddField(model_name=model, name=name, field=field)

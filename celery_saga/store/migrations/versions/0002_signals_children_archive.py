@@ -9,33 +9,16 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import op
 
-from celery_saga.store.migrations.shared import Blob, RecordId, Timestamp, run_id
+from celery_saga.store.migrations.shared import Blob, RecordId, Timestamp, first_columns, run_id
 
 revision = "0002"
 down_revision = "0001"
-branch_labels = None
-depends_on = None
 
 
 def _execution_columns() -> list[sa.Column[Any]]:
     return [
         sa.Column("id", sa.String(64), nullable=False),
-        sa.Column("saga_name", sa.String(200), nullable=False),
-        sa.Column("definition_hash", sa.String(64), nullable=False),
-        sa.Column("state", sa.String(32), nullable=False),
-        sa.Column("cursor", sa.Integer, nullable=False),
-        sa.Column("cursor_sub", sa.Integer, nullable=False),
-        sa.Column("input", Blob, nullable=False),
-        sa.Column("failure_reason", sa.Text),
-        sa.Column("rollback_status", sa.String(32)),
-        sa.Column("rollback_reason", sa.Text),
-        sa.Column("committed_at", Timestamp),
-        sa.Column("parent_execution_id", sa.String(64)),
-        sa.Column("lease_expires_at", Timestamp),
-        sa.Column("wake_at", Timestamp),
-        sa.Column("created_at", Timestamp, nullable=False),
-        sa.Column("updated_at", Timestamp, nullable=False),
-        sa.Column("version", sa.Integer, nullable=False),
+        *first_columns("saga_executions"),
     ]
 
 
@@ -43,24 +26,16 @@ def _step_columns() -> list[sa.Column[Any]]:
     return [
         sa.Column("id", RecordId, nullable=False, autoincrement=False),
         sa.Column("execution_id", sa.String(64), nullable=False),
-        sa.Column("name", sa.String(200), nullable=False),
-        sa.Column("node", sa.Integer, nullable=False),
-        sa.Column("sub", sa.Integer, nullable=False),
-        sa.Column("status", sa.String(16), nullable=False),
-        sa.Column("attempts", sa.Integer, nullable=False),
-        sa.Column("idempotency_key", sa.String(400), nullable=False),
-        sa.Column("compensatable", sa.Boolean, nullable=False),
-        sa.Column("result", Blob),
-        sa.Column("error", sa.Text),
-        sa.Column("lease_expires_at", Timestamp),
-        sa.Column("started_at", Timestamp, nullable=False),
-        sa.Column("completed_at", Timestamp),
-        sa.Column("compensation_status", sa.String(32)),
-        sa.Column("compensation_reason", sa.Text),
-        sa.Column("compensated_at", Timestamp),
-        sa.Column("compensation_attempts", sa.Integer, nullable=False),
-        sa.Column("compensation_lease_expires_at", Timestamp),
+        *first_columns("saga_steps"),
         sa.Column("child_execution_id", sa.String(64)),
+    ]
+
+
+def _signal_columns() -> list[sa.Column[Any]]:
+    return [
+        sa.Column("event", sa.String(200), nullable=False),
+        sa.Column("payload", Blob),
+        sa.Column("received_at", Timestamp, nullable=False),
     ]
 
 
@@ -71,9 +46,7 @@ def upgrade() -> None:
     op.create_table(
         "saga_signals",
         run_id(nullable=False),
-        sa.Column("event", sa.String(200), nullable=False),
-        sa.Column("payload", Blob),
-        sa.Column("received_at", Timestamp, nullable=False),
+        *_signal_columns(),
         sa.PrimaryKeyConstraint("execution_id", "event", name="pk_saga_signals"),
     )
     op.create_table(
@@ -90,17 +63,13 @@ def upgrade() -> None:
     op.create_table(
         "saga_signals_archive",
         sa.Column("execution_id", sa.String(64), nullable=False),
-        sa.Column("event", sa.String(200), nullable=False),
-        sa.Column("payload", Blob),
-        sa.Column("received_at", Timestamp, nullable=False),
+        *_signal_columns(),
         sa.PrimaryKeyConstraint("execution_id", "event", name="pk_saga_signals_archive"),
     )
     op.create_table(
         "saga_decisions_archive",
         sa.Column("execution_id", sa.String(64), nullable=False),
-        sa.Column("key", sa.String(200), nullable=False),
-        sa.Column("value", Blob),
-        sa.Column("created_at", Timestamp, nullable=False),
+        *first_columns("saga_decisions"),
         sa.PrimaryKeyConstraint("execution_id", "key", name="pk_saga_decisions_archive"),
     )
 

@@ -23,8 +23,6 @@ from celery_saga.store.migrations.shared import (
 
 revision = "0004"
 down_revision = "0003"
-branch_labels = None
-depends_on = None
 
 HOLDERS = ("holder", "compensation_holder")
 

@@ -8,20 +8,16 @@ Revises: 0004
 import sqlalchemy as sa
 from alembic import op
 
-from celery_saga.store.migrations.shared import Timestamp, run_id
+from celery_saga.store.migrations.shared import Timestamp, run_id, version_columns
 
 revision = "0005"
 down_revision = "0004"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:
     op.create_table(
         "saga_versions",
-        sa.Column("saga_name", sa.String(200), nullable=False),
-        sa.Column("definition_hash", sa.String(64), nullable=False),
-        sa.Column("label", sa.String(200)),
+        *version_columns(),
         sa.Column("seen_by", sa.String(200), nullable=False),
         sa.Column("first_seen", Timestamp, nullable=False),
         sa.Column("last_seen", Timestamp, nullable=False),

@@ -19,8 +19,6 @@ from alembic import op
 
 revision = "0006"
 down_revision = "0005"
-branch_labels = None
-depends_on = None
 
 LISTING = ["created_at", "id"]
 UNWIND_OWED = "state = 'failed' AND rollback_status IS NULL"

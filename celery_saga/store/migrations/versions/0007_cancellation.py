@@ -14,8 +14,6 @@ from celery_saga.store.migrations.shared import RUN_TABLES, Timestamp, add_colum
 
 revision = "0007"
 down_revision = "0006"
-branch_labels = None
-depends_on = None
 
 COLUMNS = ("cancelled_at", "deadline_at")
 

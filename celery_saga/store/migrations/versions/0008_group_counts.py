@@ -15,8 +15,6 @@ from celery_saga.store.migrations.shared import RUN_TABLES, add_columns, drop_co
 
 revision = "0008"
 down_revision = "0007"
-branch_labels = None
-depends_on = None
 
 COLUMNS = ("members_settled", "members_failed")
 

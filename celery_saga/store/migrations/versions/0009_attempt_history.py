@@ -12,8 +12,6 @@ from celery_saga.store.migrations.shared import Timestamp, add_columns, drop_col
 
 revision = "0009"
 down_revision = "0008"
-branch_labels = None
-depends_on = None
 
 TABLES = ("saga_history", "saga_history_archive")
 

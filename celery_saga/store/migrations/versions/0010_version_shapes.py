@@ -12,12 +12,10 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import mysql
 
-from celery_saga.store.migrations.shared import Timestamp
+from celery_saga.store.migrations.shared import Timestamp, version_columns
 
 revision = "0010"
 down_revision = "0009"
-branch_labels = None
-depends_on = None
 
 #: MySQL's TEXT stops at 64 KiB; a saga of many steps has a longer shape.
 ShapeText = sa.Text().with_variant(mysql.MEDIUMTEXT(), "mysql", "mariadb")
@@ -26,9 +24,7 @@ ShapeText = sa.Text().with_variant(mysql.MEDIUMTEXT(), "mysql", "mariadb")
 def upgrade() -> None:
     op.create_table(
         "saga_version_shapes",
-        sa.Column("saga_name", sa.String(200), nullable=False),
-        sa.Column("definition_hash", sa.String(64), nullable=False),
-        sa.Column("label", sa.String(200)),
+        *version_columns(),
         sa.Column("shape", ShapeText, nullable=False),
         sa.Column("recorded_at", Timestamp, nullable=False),
         sa.PrimaryKeyConstraint("saga_name", "definition_hash", name="pk_saga_version_shapes"),

@@ -12,8 +12,6 @@ from celery_saga.store.migrations.shared import Timestamp, run_id
 
 revision = "0011"
 down_revision = "0010"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

@@ -13,8 +13,6 @@ from celery_saga.store.migrations.shared import Timestamp, run_id
 
 revision = "0012"
 down_revision = "0011"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

@@ -14,8 +14,6 @@ from celery_saga.store.migrations.shared import RUN_TABLES, add_columns, drop_co
 
 revision = "0013"
 down_revision = "0012"
-branch_labels = None
-depends_on = None
 
 FLOW_INDEX = ("saga_name", "flow_key", "state", "created_at", "id")
 
