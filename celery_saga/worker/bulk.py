@@ -283,20 +283,21 @@ class BulkRun:
         except StoreUnavailableError:
             raise
         except SagaError as error:
-            # A move whose commit's reply was lost is refused when tried again: its row says.
-            found = bulk_operations.acted_on(
-                self.engine.db, [run], self.operation.id, self.operation.actor
-            )
-            if found:
-                self._moved(run)
-                return
-            self.report.refused += 1
-            logger.info("bulk %s %s: %s refused: %s", self.move.name, self.operation.id, run, error)
+            self._settle(run, False, error)
             return
-        if moved:
+        self._settle(run, moved, None)
+
+    def _settle(self, run: str, moved: bool, error: SagaError | None) -> None:
+        """Count ``run`` acted on or refused. A move whose commit's reply was lost is
+        refused, or finds nothing to do, when tried again: its history row says it moved."""
+        if moved or bulk_operations.acted_on(
+            self.engine.db, [run], self.operation.id, self.operation.actor
+        ):
             self._moved(run)
-        else:
-            self.report.refused += 1
+            return
+        self.report.refused += 1
+        if error is not None:
+            logger.info("bulk %s %s: %s refused: %s", self.move.name, self.operation.id, run, error)
 
     def _moved(self, run: str) -> None:
         self.moved.add(run)
