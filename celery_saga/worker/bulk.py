@@ -215,6 +215,8 @@ class BulkRun:
         self.cursor = operation.cursor
         #: Runs of the page in hand this process moved (kept across a retried page).
         self.moved: set[str] = set()
+        #: A run whose move met a store outage: it may have moved and left the filter.
+        self.unsure: str | None = None
         self._started, self._paced = time.monotonic(), 0
 
     def run(self) -> BulkReport:
@@ -251,6 +253,11 @@ class BulkRun:
 
     def _page(self) -> None:
         db, now = self.engine.db, get_clock().now()
+        if self.unsure is not None:  # its reply lost: its history row says if it moved
+            unsure = self.unsure
+            if bulk_operations.acted_on(db, [unsure], self.operation.id, self.operation.actor):
+                self._moved(unsure)
+            self.unsure = None
         page = run_selection.select_page(
             db, self.filter, now=now, after=self.cursor, limit=self.page_size
         )
@@ -281,6 +288,7 @@ class BulkRun:
         try:
             moved = self.move.act(self.engine, run, self.actor, self.operation.reason, options)
         except StoreUnavailableError:
+            self.unsure = run
             raise
         except SagaError as error:
             self._settle(run, False, error)
