@@ -4,7 +4,8 @@ calls the drill's payment provider over HTTP under the step's idempotency key.
 Read from the environment at import (the driver sets it for its workers, its beat and its
 CLI): ``DRILL_BROKER``, ``DRILL_STORE``, ``DRILL_QUEUE``, ``DRILL_PROVIDER`` (the
 provider's base URL), ``DRILL_POLICY`` (``hold`` or ``unwind``), ``DRILL_RETRY`` and
-``DRILL_BACKOFF`` (charge's attempts and their backoff), ``DRILL_LEASE`` (seconds).
+``DRILL_BACKOFF`` (charge's attempts and their backoff), ``DRILL_LEASE`` and
+``DRILL_RECOVER_AFTER`` (seconds).
 """
 
 from __future__ import annotations
@@ -34,14 +35,14 @@ def make(env: Mapping[str, str]) -> tuple[Celery, SagaEngine, str]:
     policy = env.get("DRILL_POLICY", "hold")
     provider = env.get("DRILL_PROVIDER", "http://127.0.0.1:1")
     celery = Celery("incident_drill", broker=env.get("DRILL_BROKER", "memory://localhost/"))
-    lease = float(env.get("DRILL_LEASE", "10"))
     celery.conf.update(
         task_default_queue=env.get("DRILL_QUEUE", "incident_drill"),
         saga_store_url=env.get("DRILL_STORE", "sqlite:///drill.sqlite3"),
-        saga_lease_seconds=lease,
-        saga_recover_after=lease,
-        saga_recover_interval=2.0,
-        saga_timer_interval=2.0,
+        saga_lease_seconds=float(env.get("DRILL_LEASE", "20")),
+        # Not much below the defaults: a sweep that republishes runs merely queued behind a
+        # backlog longer than this adds to the backlog (see benchmarks/README.md).
+        saga_recover_after=float(env.get("DRILL_RECOVER_AFTER", "60")),
+        saga_recover_interval=10.0,
         worker_hijack_root_logger=False,
         broker_connection_retry_on_startup=True,
     )

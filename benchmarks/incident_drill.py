@@ -26,6 +26,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -136,8 +137,6 @@ class Rig:
         )
 
     def close(self) -> None:
-        import signal
-
         for process in self.processes:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGTERM)
@@ -148,7 +147,7 @@ class Rig:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(5)
         with self.app.connection_for_write() as connection:
-            connection.default_channel.queue_purge(self.env["DRILL_QUEUE"])
+            connection.default_channel.queue_delete(self.env["DRILL_QUEUE"])
         self.engine.db.engine.dispose()
 
 
@@ -325,6 +324,9 @@ def main() -> None:
     add("--store", default=os.environ.get("BENCH_STORE_URL", DEFAULT_STORE))
     add("--settle-budget", type=float, default=900.0)
     args = parser.parse_args()
+    # A stopped drill still stops its workers and drops its database.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     brokers = list(BROKERS) if args.broker == "both" else [args.broker]
     policies = ("hold", "unwind") if args.policy == "both" else (args.policy,)
     for name in brokers:

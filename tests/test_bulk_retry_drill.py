@@ -4,9 +4,6 @@ under the operation, its step run once more and its charge made once."""
 
 from __future__ import annotations
 
-import os
-import re
-import signal
 import uuid
 from collections import Counter
 
@@ -16,7 +13,7 @@ from celery_saga import ExecutionState, SagaEngine
 from celery_saga.store.history import Kind
 from celery_saga.store.tables import history
 from tests.conftest import Harness
-from tests.test_bulk_moves import ON_POSTGRES, _cli, _in_state, _states, _until
+from tests.test_bulk_moves import ON_POSTGRES, _in_state, _killed_and_resumed, _states, _until
 
 
 def _held_batch(harness: Harness, batch: str, count: int) -> tuple[list[str], str]:
@@ -58,33 +55,7 @@ def test_a_bulk_retry_killed_mid_way_and_resumed_retries_every_held_run_once(
     # operation's own history rows keep it from retrying them again.
     for state in ("held", "running", "completed"):
         where += ["--where", f"state={state}"]
-    first = _cli(harness, "retry", *where, "--yes", "--rate", "40/s")
-    assert first.stdout is not None
-    started = first.stdout.readline()
-    found = re.search(r"--resume (bulk-\w+)", started)
-    assert found, started + (first.stdout.read() if first.poll() is not None else "")
-    operation = found.group(1)
-    mark = f"(bulk {operation})"
-
-    def acted() -> int:
-        rows = _retried_by(engine, runs).values()
-        return sum(any(a and a.endswith(mark) for a in actors) for actors in rows)
-
-    # Past the first page (100 runs) and into the second: its runs acted on, no cursor yet.
-    _until(lambda: acted() >= 130, what="130 runs retried by the first CLI")
-    os.kill(first.pid, signal.SIGKILL)
-    first.wait(10)
-    before = acted()
-    assert 130 <= before < len(runs)
-    second = _cli(harness, "retry", "--resume", operation, "--yes")
-    output, _ = second.communicate(timeout=120)
-    assert second.returncode == 0, output
-    summary = re.search(r"(\d+) acted on, (\d+) refused or unchanged, (\d+) already", output)
-    assert summary, output
-    total, refused, already = (int(n) for n in summary.groups())
-    # No retry tried twice: a second try would be refused (the run is no longer held).
-    assert refused == 0 and already >= before - 100 > 0, output
-    assert total == len(runs) - already
+    mark = _killed_and_resumed(harness, "retry", where, lambda: _retried_by(engine, runs))
     rows = _retried_by(engine, runs)
     assert all(len(actors) == 1 and actors[0].endswith(mark) for actors in rows.values())
     # A retry whose message the killed process never sent is left to the recovery sweep.
