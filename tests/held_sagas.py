@@ -8,6 +8,8 @@ repeat).
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Any
 
 from celery_saga import Saga, SagaContext
@@ -21,6 +23,16 @@ def define(test_app: Any) -> None:
         switch = ctx.input.get("down")
         if switch and test_app.switch_on(switch):
             raise ConnectionError(f"payment provider down (order {ctx.input.get('order')})")
+        test_app.write(ctx, "effect", ctx.idempotency_key)
+        return {"charged": ctx.input.get("order"), "key": ctx.idempotency_key}
+
+    def charge_hanging(ctx: SagaContext) -> dict[str, Any]:
+        """As ``charge``, but each attempt hangs while the switch ``hang`` names is on (a
+        provider that stopped answering), its pool process's id in its ledger row."""
+        test_app.write(ctx, "forward", f"attempt={ctx.attempt} pid={os.getpid()}")
+        ends = time.monotonic() + 60
+        while test_app.switch_on(ctx.input["hang"]) and time.monotonic() < ends:
+            time.sleep(0.1)
         test_app.write(ctx, "effect", ctx.idempotency_key)
         return {"charged": ctx.input.get("order"), "key": ctx.idempotency_key}
 
@@ -48,6 +60,10 @@ def define(test_app: Any) -> None:
         Saga("held_slow")
         .step("reserve", fwd, compensate=rev)
         .step("slow", fwd, compensate=rev, timeout=1, retry=1, on_failure="hold"),
+        Saga("held_hanging")
+        .step("reserve", fwd, compensate=rev)
+        .step("charge", charge_hanging, compensate=rev, retry=1, on_failure="hold")
+        .step("ship", fwd, compensate=rev),
         Saga("held_deadline", on_failure="hold", timeout=3)
         .step("reserve", fwd, compensate=rev)
         .step("charge", charge, compensate=rev, retry=1),

@@ -166,6 +166,42 @@ def _cli(harness: Harness, *args: str) -> subprocess.Popen[str]:
     )
 
 
+def _killed_and_resumed(
+    harness: Harness, move: str, where: list[str], rows: Callable[[], dict[str, list[Any]]]
+) -> str:
+    """A bulk ``move`` by the CLI, SIGKILLed once 130 of the runs ``rows`` gives (their
+    history rows of the move, by actor) were acted on (past the first page of 100, into the
+    second, whose cursor is not stored yet), then carried on with ``--resume``: the resumed
+    run tries none of them again. The mark of its actor in the runs' history."""
+    first = _cli(harness, move, *where, "--yes", "--rate", "40/s")
+    assert first.stdout is not None
+    started = first.stdout.readline()
+    found = re.search(r"--resume (bulk-\w+)", started)
+    assert found, started + (first.stdout.read() if first.poll() is not None else "")
+    operation = found.group(1)
+    mark = f"(bulk {operation})"
+
+    def acted() -> int:
+        return sum(any(a and a.endswith(mark) for a in actors) for actors in rows().values())
+
+    _until(lambda: acted() >= 130, what=f"130 runs acted on by the first bulk {move}")
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait(10)
+    before, chosen = acted(), len(rows())
+    assert 130 <= before < chosen
+    second = _cli(harness, move, "--resume", operation, "--yes")
+    output, _ = second.communicate(timeout=120)
+    assert second.returncode == 0, output
+    summary = re.search(r"(\d+) acted on, (\d+) refused or unchanged, (\d+) already", output)
+    assert summary, output
+    total, refused, already = (int(n) for n in summary.groups())
+    # The resumed run skipped what the killed one did since its last page: no move tried
+    # twice (a second try would count as refused: the run has moved on already).
+    assert refused == 0 and already >= before - 100 > 0, output
+    assert total == chosen - already
+    return mark
+
+
 @ON_POSTGRES
 def test_a_bulk_cancel_killed_mid_way_and_resumed_acts_on_every_run_once(
     harness: Harness,
@@ -178,36 +214,7 @@ def test_a_bulk_cancel_killed_mid_way_and_resumed_acts_on_every_run_once(
     # operation's own history rows keep it from trying them again.
     for state in ("waiting", "cancelling", "cancelled"):
         where += ["--where", f"state={state}"]
-    first = _cli(harness, "cancel", *where, "--yes", "--rate", "40/s")
-    assert first.stdout is not None
-    started = first.stdout.readline()
-    found = re.search(r"--resume (bulk-\w+)", started)
-    assert found, started + (first.stdout.read() if first.poll() is not None else "")
-    operation = found.group(1)
-    mark = f"(bulk {operation})"
-
-    def acted() -> int:
-        return sum(
-            any(a and a.endswith(mark) for a in actors)
-            for actors in _cancel_rows(engine, chosen).values()
-        )
-
-    # Past the first page (100 runs) and into the second: its runs acted on, no cursor yet.
-    _until(lambda: acted() >= 130, what="130 runs cancelled by the first CLI")
-    os.kill(first.pid, signal.SIGKILL)
-    first.wait(10)
-    before = acted()
-    assert 130 <= before < len(chosen)
-    second = _cli(harness, "cancel", "--resume", operation, "--yes")
-    output, _ = second.communicate(timeout=120)
-    assert second.returncode == 0, output
-    summary = re.search(r"(\d+) acted on, (\d+) refused or unchanged, (\d+) already", output)
-    assert summary, output
-    total, refused, already = (int(n) for n in summary.groups())
-    # The resumed run skipped what the killed one did since its last page: no cancel tried
-    # twice (a second try would count as refused: the run is cancelled already).
-    assert refused == 0 and already >= before - 100 > 0, output
-    assert total == len(chosen) - already
+    mark = _killed_and_resumed(harness, "cancel", where, lambda: _cancel_rows(engine, chosen))
     rows = _cancel_rows(engine, chosen)
     assert all(len(actors) == 1 and actors[0].endswith(mark) for actors in rows.values())
     # A cancel whose unwind message the killed process never sent is left to the recovery
