@@ -162,3 +162,4 @@ def test_labels_are_shown_searched_and_a_bulk_cancel_acts_on_what_the_search_sel
     assert len(actors[0]) == len(actors[1]) == 1 and actors[2] == []
     assert actors[0][0] == actors[1][0] and actors[0][0].startswith("root (bulk bulk-")
     assert seen["bulk_unfiltered"] == [200, True]
+    assert seen["bulk_moves_offered"] == [True, True, True]

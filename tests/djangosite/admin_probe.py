@@ -253,6 +253,8 @@ seen["bulk_cancel"] = [
     "2 run(s) acted on" in reply.content.decode(),
     [[row[1] for row in kinds(run)] for run in labelled],
 ]
+status, body = page(root, SEARCH)
+seen["bulk_moves_offered"] = [f'value="bulk_{m}"' in body for m in ("abandon", "retry", "unwind")]
 reply = root.post(RUNS, ticked, follow=True)
 seen["bulk_unfiltered"] = [
     reply.status_code,

@@ -230,6 +230,9 @@ class RunAdmin(SaysStaleness, ReadOnly, admin.ModelAdmin):  # type: ignore[misc]
         admin_actions.unwind,
         admin_actions.bulk_cancel,
         admin_actions.bulk_resume,
+        admin_actions.bulk_abandon,
+        admin_actions.bulk_retry,
+        admin_actions.bulk_unwind,
     )
 
     def get_search_results(

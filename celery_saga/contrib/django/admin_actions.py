@@ -121,6 +121,17 @@ bulk_cancel = _bulk_action(
 bulk_resume = _bulk_action(
     "resume", "Resume every parked run the search and filters select, as one operation", "resume"
 )
+bulk_abandon = _bulk_action(
+    "abandon",
+    "Abandon every parked unwind the search and filters select, as one operation",
+    "abandon",
+)
+bulk_retry = _bulk_action(
+    "retry", "Retry every held run the search and filters select, as one operation", "move_held"
+)
+bulk_unwind = _bulk_action(
+    "unwind", "Unwind every held run the search and filters select, as one operation", "move_held"
+)
 
 
 def _bulk(
