@@ -189,6 +189,51 @@ class Tracer:
                 yield
 
     @contextmanager
+    def operation(
+        self, action: str, actor: str | None, attributes: Mapping[str, Any]
+    ) -> Iterator[Any]:
+        """The span ``operator <action>`` of a move on many runs or none (a pause, an
+        unpause, a bulk operation), in the caller's trace; current while it is carried
+        out, so the span of each run it moves (``action``) links to it. Yields the span
+        (None when off) for ``noted``."""
+        if not self.on:
+            yield None
+            return
+        named = {"saga.action": action, **attributes}
+        if actor is not None:
+            named["saga.actor"] = actor
+        with self._span(f"operator {action}", None, [], named) as span:
+            yield span
+
+    def queued(self) -> None:
+        """The run whose root span is current was stored ``queued`` by its flow-control
+        limit: its root span says so (``saga.queued``); its start is a span of its own."""
+        if self.on:
+            otel_trace.get_current_span().set_attribute("saga.queued", True)
+
+    def noted(self, span: Any, name: str, value: Any) -> None:
+        """Set attribute ``name`` on ``span`` (one ``operation`` yielded; None: off)."""
+        if span is not None:
+            span.set_attribute(name, value)
+
+    @contextmanager
+    def admission(
+        self, saga: tuple[str, str, str], freed_by: str, stored: str | None
+    ) -> Iterator[None]:
+        """The span ``start <saga>`` of a queued run (``saga``: name, version, execution
+        id) that the run ``freed_by`` started as it gave its flow-control slot back: in the
+        queued run's trace (``stored``), linked to the current span of the run that freed
+        it; what is sent meanwhile carries the queued run's trace."""
+        with carrying(stored):
+            if not self.on:
+                yield
+                return
+            attributes = {**_run_attributes(*saga), "saga.admitted_by": freed_by}
+            parent, links = _parent(stored)
+            with self._span(f"start {saga[0]}", parent, links, attributes):
+                yield
+
+    @contextmanager
     def _span(
         self, name: str, parent: Any, links: list[Any], attributes: Mapping[str, Any]
     ) -> Iterator[Any]:

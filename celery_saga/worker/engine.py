@@ -520,7 +520,10 @@ class SagaEngine:
             return bulk.dry_run(self, move, where)
         else:
             operation = bulk.start(self, move, where, actor=actor, reason=reason, options=options)
-        return bulk.BulkRun(self, operation, rate=rate, progress=progress).run()
+        # One span for the operation; each run's move is a span of its trace, linked to it.
+        named = {"saga.bulk_id": operation.id, "saga.move": operation.move}
+        with self.parts.tracer.operation("bulk", operation.actor, named):
+            return bulk.BulkRun(self, operation, rate=rate, progress=progress).run()
 
     # -- events -----------------------------------------------------------------------
     def on(self, event: str, listener: Listener) -> Listener:
