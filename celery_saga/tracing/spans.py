@@ -21,10 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from celery_saga.records import Direction
+from celery_saga.runtime.clock import get_clock
 from celery_saga.tracing import api
 from celery_saga.tracing.api import otel_trace
 from celery_saga.tracing.carry import carrying
@@ -47,13 +48,15 @@ class AttemptSpan:
             return
         self._span.set_attribute("saga.attempt", attempt)
         with otel_trace.use_span(
-            self._span, end_on_exit=True, record_exception=False, set_status_on_exception=False
+            self._span, end_on_exit=False, record_exception=False, set_status_on_exception=False
         ):
             try:
                 yield self
             except BaseException as error:
                 self._span.set_status(_error_status(error))
                 raise
+            finally:
+                self._span.end(end_time=_now())
 
     def after_lost(self, attempt: int) -> None:
         """This attempt takes over from ``attempt``, whose claim was never settled (its
@@ -140,7 +143,10 @@ class Tracer:
             links.append(otel_trace.Link(undone, {"saga.link": "reverses"}))
         tracer = otel_trace.get_tracer(api.SCOPE)
         name = f"{direction.value} {step}"
-        return AttemptSpan(tracer.start_span(name, parent, links=links, attributes=attributes))
+        begun = tracer.start_span(
+            name, parent, links=links, attributes=attributes, start_time=_now()
+        )
+        return AttemptSpan(begun)
 
     def waited(
         self,
@@ -162,12 +168,13 @@ class Tracer:
             "saga.wait_ending": ending,
         }
         parent, links = _parent(stored)
-        start = None if since is None else int(since.timestamp() * 1e9)
+        now = _now()
+        start = now if since is None else min(now, _nanoseconds(since))
         tracer = otel_trace.get_tracer(api.SCOPE)
         span = tracer.start_span(
             f"wait {event}", parent, links=links, attributes=attributes, start_time=start
         )
-        span.end()
+        span.end(end_time=now)
 
     @contextmanager
     def action(
@@ -245,6 +252,8 @@ class Tracer:
             context=parent,
             links=links,
             attributes=attributes,
+            start_time=_now(),
+            end_on_exit=False,
             record_exception=False,
             set_status_on_exception=False,
         ) as span:
@@ -253,6 +262,22 @@ class Tracer:
             except BaseException as error:
                 span.set_status(_error_status(error))
                 raise
+            finally:
+                span.end(end_time=_now())
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _nanoseconds(moment: datetime) -> int:
+    since = moment - _EPOCH
+    return (since.days * 86_400 + since.seconds) * 1_000_000_000 + since.microseconds * 1_000
+
+
+def _now() -> int:
+    """Now, from the package's clock (``runtime/clock.py``: every time the library reads,
+    a span's start and end too), as OpenTelemetry's nanoseconds since the epoch."""
+    return _nanoseconds(get_clock().now())
 
 
 def trace_id_of(traceparent: str | None) -> str | None:
