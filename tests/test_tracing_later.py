@@ -12,7 +12,6 @@ the attempt it took over in ``saga.lost_attempt``."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -27,17 +26,10 @@ from celery_saga import ExecutionState
 from tests.conftest import (
     BROKERS,
     PORTS,
-    _spawn_workers,
-    _test_database_url,
-    _wait_ready,
-    client_app,
     require_services,
-    spawn_beat,
-    stop_workers,
 )
-from tests.faults import CuttableProxy
 from tests.test_crash_recovery import wait_for
-from tests.test_failover import body_started
+from tests.test_failover import PartitionRig, body_started
 from tests.test_tracing_workers import TracedRig
 from tests.tracing_kit import check_one_trace, collected, in_trace_of, run_span_names, sdk_provider
 
@@ -106,54 +98,11 @@ def test_a_park_then_a_resume_from_another_process_an_hour_later(shifted_rig: Tr
     assert not [s for s in spans if s not in mine and s["attributes"].get("saga.name")]
 
 
-class TracedPartition:
-    """Worker A reaches the store through its own proxy, worker B and beat directly; both
-    workers run ``tests.traced_app`` (their spans written to files)."""
-
-    def __init__(self, tmp: Path) -> None:
-        require_services(PORTS["postgres"], PORTS["postgres-rabbitmq"])
-        self.tmp, self.queue = tmp, f"saga-trpart-{uuid.uuid4().hex[:10]}"
-        self.spans = tmp / "spans"
-        self.spans.mkdir()
-        direct = _test_database_url()
-        self.proxy = CuttableProxy(5432)
-        base = {
-            **os.environ,
-            "SAGA_TEST_BROKER": BROKERS["postgres-rabbitmq"],
-            "SAGA_TEST_LEDGER": direct,
-            "SAGA_TEST_QUEUE": self.queue,
-            "SAGA_TEST_DUPLICATE": "0",
-            "SAGA_TEST_LEASE": "3",
-            "SAGA_TEST_RECOVER_AFTER": "3",
-            "SAGA_TEST_SWEEP_INTERVAL": "1",
-            "SAGA_TEST_SPANS": str(self.spans),
-            "PYTHONPATH": str(Path.cwd()),
-        }
-        self.env_b = {**base, "SAGA_TEST_STORE": direct}
-        env_a = {**base, "SAGA_TEST_STORE": direct.replace(":5432", f":{self.proxy.port}")}
-        self.client = client_app(self.env_b, BROKERS["postgres-rabbitmq"], direct, self.queue)
-        self.workers: list[subprocess.Popen[bytes]] = []
-        self.beat = spawn_beat(self.env_b, tmp)
-        self._spawn(env_a, "a")
-
-    def _spawn(self, env: dict[str, str], name: str) -> None:
-        (self.tmp / name).mkdir()
-        workers, _ = _spawn_workers(
-            env, self.queue, self.tmp / name, 1, prefix=name, app="tests.traced_app:app"
-        )
-        self.workers.extend(workers)
-        _wait_ready(self.client, len(self.workers), self.workers)
-
-    def start_b(self) -> None:
-        self._spawn(self.env_b, "b")
-
-    def close(self) -> None:
-        stop_workers([*self.workers, self.beat])
-        self.proxy.close()
-
-
 def test_a_failover_takeover_keeps_the_trace_and_names_the_lost_attempt(tmp_path: Path) -> None:
-    rig = TracedPartition(tmp_path)
+    spans_folder = tmp_path / "spans"
+    spans_folder.mkdir()
+    extra = {"SAGA_TEST_SPANS": str(spans_folder)}
+    rig = PartitionRig(tmp_path, app="tests.traced_app:app", extra=extra)
     try:
         plan = {"marathon": {"sleep": 25, "mark_begin": True, "tick": True, "fenced": True}}
         with sdk_provider() as memory:
@@ -161,12 +110,12 @@ def test_a_failover_takeover_keeps_the_trace_and_names_the_lost_attempt(tmp_path
                 run = rig.client.engine.start("long", {"order": 5, "plan": plan})
             wait_for(body_started(rig, run.id), timeout=30)
             holder = run.get().step("marathon").holder
-            assert holder is not None and holder.startswith("a"), holder
+            assert holder is not None and holder.startswith("w0-"), holder
             rig.start_b()
             rig.proxy.cut(40)  # A alone loses the store; B and beat keep it
             wait_for(lambda: run.get().state is ExecutionState.COMPLETED, timeout=60)
             time.sleep(1.0)
-            spans = collected(memory, rig.spans)
+            spans = collected(memory, spans_folder)
     finally:
         rig.close()
     _, mine = in_trace_of(caller, spans)
