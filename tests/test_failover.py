@@ -118,9 +118,12 @@ def test_a_store_outage_longer_than_the_lease_leaves_the_running_body_to_its_hol
 
 # -- one worker cut off from the store -----------------------------------------------------
 class PartitionRig:
-    """Worker A reaches the store through its own proxy; worker B and beat directly."""
+    """Worker A reaches the store through its own proxy; worker B and beat directly; both
+    run ``app`` (with ``extra`` in their environment)."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(
+        self, tmp: Path, app: str = "tests.sagaapp:app", extra: dict[str, str] | None = None
+    ) -> None:
         require_services(PORTS["postgres"], PORTS["postgres-rabbitmq"])
         self.tmp, self.queue = tmp, f"saga-part-{uuid.uuid4().hex[:10]}"
         direct = _test_database_url()
@@ -135,19 +138,23 @@ class PartitionRig:
             "SAGA_TEST_RECOVER_AFTER": "3",
             "SAGA_TEST_SWEEP_INTERVAL": "1",
             "PYTHONPATH": str(Path.cwd()),
+            **(extra or {}),
         }
+        self.app = app
         self.env_a = {**base, "SAGA_TEST_STORE": direct.replace(":5432", f":{self.proxy.port}")}
         self.env_b = {**base, "SAGA_TEST_STORE": direct}
         self.client = client_app(self.env_b, BROKERS["postgres-rabbitmq"], direct, self.queue)
         (tmp / "a").mkdir()
         (tmp / "b").mkdir()
-        self.workers, _ = _spawn_workers(self.env_a, self.queue, tmp / "a", count=1)
+        self.workers, _ = _spawn_workers(self.env_a, self.queue, tmp / "a", count=1, app=app)
         _wait_ready(self.client, 1, self.workers)
         self.beat = spawn_beat(self.env_b, tmp)
 
     def start_b(self) -> None:
         """Worker B, on the same queue under another node name."""
-        workers, _ = _spawn_workers(self.env_b, self.queue, self.tmp / "b", 1, prefix="b")
+        workers, _ = _spawn_workers(
+            self.env_b, self.queue, self.tmp / "b", 1, prefix="b", app=self.app
+        )
         self.workers.extend(workers)
 
     def close(self) -> None:

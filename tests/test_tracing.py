@@ -253,3 +253,33 @@ def test_the_moves_on_a_held_run_are_spans_of_its_trace_with_their_actor(
     retry = next(s for s in mine if s["name"] == "operator retry")
     assert retry["attributes"]["saga.actor"] == "ops"
     assert [s["name"] for s in mine].count("step charge") == 2
+
+
+def test_span_times_come_from_the_packages_clock(tmp_path: Path, spans: Any) -> None:
+    """A span's start and end are read from the clock the package reads every time from
+    (``set_clock``), so a test on a controlled clock sees its spans at the clock's times."""
+    from datetime import datetime, timezone
+
+    from celery_saga import set_clock
+    from celery_saga.testing import ControlledClock
+
+    at = datetime(2031, 3, 1, 9, 0, tzinfo=timezone.utc)
+    clock = ControlledClock(at)
+    previous = set_clock(clock)
+    try:
+        engine = _engine(tmp_path)
+        run = engine.start("gated", {})
+        clock.advance(3600)
+        engine.signal(run.id, "go", {}, actor="hook")
+    finally:
+        set_clock(previous)
+    assert run.get().state is ExecutionState.COMPLETED
+    mine = of_run(_exported(spans), run.id)
+    at_ns = int(at.timestamp()) * 1_000_000_000
+    hour = 3600 * 1_000_000_000
+    times = {s["name"]: (s["start"] - at_ns, s["end"] - at_ns) for s in mine}
+    assert times["saga gated"] == (0, 0)
+    assert times["step a"] == (0, 0)
+    assert times["wait go"] == (0, hour)
+    assert times["operator signal"] == (hour, hour)
+    assert times["step b"] == (hour, hour)

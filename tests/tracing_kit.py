@@ -82,6 +82,8 @@ def as_dict(span: ReadableSpan) -> dict[str, Any]:
             for link in span.links
         ],
         "status": span.status.status_code.name,
+        "start": span.start_time,
+        "end": span.end_time,
     }
 
 

@@ -34,6 +34,7 @@ from celery_saga.runtime.moves import (
     PublishNode,
     PublishPosition,
     Settled,
+    StartQueued,
     then,
     unreachable,
 )
@@ -123,9 +124,10 @@ def launch(
     return PublishPosition(definition, execution_id, first.node, 0)
 
 
-def handed_on(parts: Parts, definition: SagaDefinition) -> Move:
-    """The first messages of the runs a run of ``definition`` handed its slot to as it
-    ended (each claimed once: the timer sweep sends those a crash left behind)."""
+def handed_on(parts: Parts, definition: SagaDefinition, freed_by: str) -> Move:
+    """The first messages of the runs the run ``freed_by`` of ``definition`` handed its
+    slot to as it ended (each claimed once: the timer sweep sends those a crash left
+    behind), each in its own run's trace."""
     db, now = parts.db, get_clock().now()
     moves: list[Move] = []
     for run in flow.list_handed_on(db, definition.name, definition.hash, now):
@@ -136,7 +138,11 @@ def handed_on(parts: Parts, definition: SagaDefinition) -> Move:
             # a queued run's start is announced when it starts, not when it was stored
             fields = {"execution_id": run.execution_id, "saga": definition.name}
             parts.emit("saga-started", fields)
-            moves.append(PublishPosition(definition, run.execution_id, run.cursor, run.cursor_sub))
+            position = (run.cursor, run.cursor_sub)
+            queued = StartQueued(
+                definition, run.execution_id, *position, run.trace_context, freed_by
+            )
+            moves.append(queued)
     return then(*moves)
 
 

@@ -36,6 +36,7 @@ from celery_saga.runtime.moves import (
     Refuse,
     Settled,
     StartChild,
+    StartQueued,
     Stay,
     unreachable,
 )
@@ -77,11 +78,15 @@ class Interpreter:
                 self._publish_reversal(move)
             case FollowUnwind(definition, execution_id, plan):
                 self.carry_out(unwind_moves.follow(parts, definition, execution_id, plan))
+            case StartQueued(definition, execution_id, node, sub, trace, freed_by):
+                run = (definition.name, definition.hash, execution_id)
+                with parts.tracer.admission(run, freed_by, trace):
+                    self.carry_out(PublishPosition(definition, execution_id, node, sub))
             case Settled(definition, execution_id):
                 if parts.registry.may_be_child(definition.name):
                     self.carry_out(self.children.notify_parent(execution_id))
                 if definition.concurrency is not None:
-                    self.carry_out(forward_moves.handed_on(parts, definition))
+                    self.carry_out(forward_moves.handed_on(parts, definition, execution_id))
             case MoveOn(definition, execution_id, onward):
                 self.carry_out(forward_moves.advanced(parts, definition, execution_id, onward))
             case Moves(moves):
@@ -161,6 +166,7 @@ class Interpreter:
                 logger.info("execution %s adopts its existing child %s", *adopted)
                 return
             if state is ExecutionState.QUEUED:
+                parts.tracer.queued()
                 return
             launch = forward_moves.launch(parts, definition, move.child_id, move.parent_id)
             self.carry_out(launch)

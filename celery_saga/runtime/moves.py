@@ -60,6 +60,19 @@ class PublishPosition:
 
 
 @dataclass(frozen=True)
+class StartQueued:
+    """Send the first message(s) of a queued run that ``freed_by``, ending, gave its
+    flow-control slot to, in the queued run's own trace (``trace``, stored with it)."""
+
+    definition: SagaDefinition
+    execution_id: str
+    node: int
+    sub: int
+    trace: str | None
+    freed_by: str
+
+
+@dataclass(frozen=True)
 class Settled:
     """The run ended or parked: a child tells its parent (guarantee 17)."""
 
@@ -211,6 +224,7 @@ Move = (
     | Announce
     | MoveOn
     | PublishPosition
+    | StartQueued
     | Settled
     | BeginUnwind
     | FollowUnwind

@@ -234,6 +234,8 @@ class HandedOn:
     version: int
     cursor: int
     cursor_sub: int
+    #: Its root span's ``traceparent`` (None: started untraced).
+    trace_context: str | None = None
 
 
 def list_handed_on(
@@ -242,7 +244,13 @@ def list_handed_on(
     """Runs of ``saga`` at version ``definition_hash`` that hold a slot of their key and
     are owed a message (as ``release`` leaves a run it hands a slot to)."""
     rows = db.read(
-        select(executions.c.id, executions.c.version, executions.c.cursor, executions.c.cursor_sub)
+        select(
+            executions.c.id,
+            executions.c.version,
+            executions.c.cursor,
+            executions.c.cursor_sub,
+            executions.c.trace_context,
+        )
         .where(
             executions.c.state == ExecutionState.RUNNING.value,
             executions.c.wake_at <= to_db_time(now),
@@ -253,7 +261,10 @@ def list_handed_on(
         .order_by(executions.c.wake_at, executions.c.id)
         .limit(limit)
     )
-    return [HandedOn(r["id"], r["version"], r["cursor"], r["cursor_sub"]) for r in rows]
+    return [
+        HandedOn(r["id"], r["version"], r["cursor"], r["cursor_sub"], r["trace_context"])
+        for r in rows
+    ]
 
 
 def queue_place(db: Database, execution_id: str) -> QueuePlace | None:

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from celery_saga.records import Direction
+from celery_saga.runtime.clock import get_clock
 from celery_saga.tracing import api
 from celery_saga.tracing.api import otel_trace
 from celery_saga.tracing.carry import carrying
@@ -47,13 +48,15 @@ class AttemptSpan:
             return
         self._span.set_attribute("saga.attempt", attempt)
         with otel_trace.use_span(
-            self._span, end_on_exit=True, record_exception=False, set_status_on_exception=False
+            self._span, end_on_exit=False, record_exception=False, set_status_on_exception=False
         ):
             try:
                 yield self
             except BaseException as error:
                 self._span.set_status(_error_status(error))
                 raise
+            finally:
+                self._span.end(end_time=_now())
 
     def after_lost(self, attempt: int) -> None:
         """This attempt takes over from ``attempt``, whose claim was never settled (its
@@ -140,7 +143,10 @@ class Tracer:
             links.append(otel_trace.Link(undone, {"saga.link": "reverses"}))
         tracer = otel_trace.get_tracer(api.SCOPE)
         name = f"{direction.value} {step}"
-        return AttemptSpan(tracer.start_span(name, parent, links=links, attributes=attributes))
+        begun = tracer.start_span(
+            name, parent, links=links, attributes=attributes, start_time=_now()
+        )
+        return AttemptSpan(begun)
 
     def waited(
         self,
@@ -162,12 +168,13 @@ class Tracer:
             "saga.wait_ending": ending,
         }
         parent, links = _parent(stored)
-        start = None if since is None else int(since.timestamp() * 1e9)
+        now = _now()
+        start = now if since is None else min(now, _nanoseconds(since))
         tracer = otel_trace.get_tracer(api.SCOPE)
         span = tracer.start_span(
             f"wait {event}", parent, links=links, attributes=attributes, start_time=start
         )
-        span.end()
+        span.end(end_time=now)
 
     @contextmanager
     def action(
@@ -189,6 +196,51 @@ class Tracer:
                 yield
 
     @contextmanager
+    def operation(
+        self, action: str, actor: str | None, attributes: Mapping[str, Any]
+    ) -> Iterator[Any]:
+        """The span ``operator <action>`` of a move on many runs or none (a pause, an
+        unpause, a bulk operation), in the caller's trace; current while it is carried
+        out, so the span of each run it moves (``action``) links to it. Yields the span
+        (None when off) for ``noted``."""
+        if not self.on:
+            yield None
+            return
+        named = {"saga.action": action, **attributes}
+        if actor is not None:
+            named["saga.actor"] = actor
+        with self._span(f"operator {action}", None, [], named) as span:
+            yield span
+
+    def queued(self) -> None:
+        """The run whose root span is current was stored ``queued`` by its flow-control
+        limit: its root span says so (``saga.queued``); its start is a span of its own."""
+        if self.on:
+            otel_trace.get_current_span().set_attribute("saga.queued", True)
+
+    def noted(self, span: Any, name: str, value: Any) -> None:
+        """Set attribute ``name`` on ``span`` (one ``operation`` yielded; None: off)."""
+        if span is not None:
+            span.set_attribute(name, value)
+
+    @contextmanager
+    def admission(
+        self, saga: tuple[str, str, str], freed_by: str, stored: str | None
+    ) -> Iterator[None]:
+        """The span ``start <saga>`` of a queued run (``saga``: name, version, execution
+        id) that the run ``freed_by`` started as it gave its flow-control slot back: in the
+        queued run's trace (``stored``), linked to the current span of the run that freed
+        it; what is sent meanwhile carries the queued run's trace."""
+        with carrying(stored):
+            if not self.on:
+                yield
+                return
+            attributes = {**_run_attributes(*saga), "saga.admitted_by": freed_by}
+            parent, links = _parent(stored)
+            with self._span(f"start {saga[0]}", parent, links, attributes):
+                yield
+
+    @contextmanager
     def _span(
         self, name: str, parent: Any, links: list[Any], attributes: Mapping[str, Any]
     ) -> Iterator[Any]:
@@ -200,6 +252,8 @@ class Tracer:
             context=parent,
             links=links,
             attributes=attributes,
+            start_time=_now(),
+            end_on_exit=False,
             record_exception=False,
             set_status_on_exception=False,
         ) as span:
@@ -208,6 +262,22 @@ class Tracer:
             except BaseException as error:
                 span.set_status(_error_status(error))
                 raise
+            finally:
+                span.end(end_time=_now())
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _nanoseconds(moment: datetime) -> int:
+    since = moment - _EPOCH
+    return (since.days * 86_400 + since.seconds) * 1_000_000_000 + since.microseconds * 1_000
+
+
+def _now() -> int:
+    """Now, from the package's clock (``runtime/clock.py``: every time the library reads,
+    a span's start and end too), as OpenTelemetry's nanoseconds since the epoch."""
+    return _nanoseconds(get_clock().now())
 
 
 def trace_id_of(traceparent: str | None) -> str | None:

@@ -423,4 +423,7 @@ def carry_out(
         return dry_run(engine, move, where)
     else:
         operation = start(engine, move, where, actor=actor, reason=reason, options=options)
-    return BulkRun(engine, operation, rate=rate, progress=progress).run()
+    # One span for the operation; each run's move is a span of its trace, linked to it.
+    named = {"saga.bulk_id": operation.id, "saga.move": operation.move}
+    with engine.parts.tracer.operation("bulk", operation.actor, named):
+        return BulkRun(engine, operation, rate=rate, progress=progress).run()

@@ -25,7 +25,7 @@ from celery_saga.runtime.clock import get_clock
 from celery_saga.store import pauses
 from celery_saga.worker.arguments import check_actor, check_reason
 from celery_saga.worker.parts import WorkerParts
-from celery_saga.worker.run_lookup import definition_of
+from celery_saga.worker.run_lookup import run_of
 
 logger = logging.getLogger("celery_saga")
 
@@ -81,12 +81,13 @@ def pause(
     if dry_run:
         return Pause(saga, step, reason, actor, get_clock().now())
     parts.store.ensure_schema()
-    stored = parts.store.run(
-        f"pausing {saga!r}",
-        lambda: pauses.pause(
-            parts.db, saga, step, reason=reason, actor=actor, now=get_clock().now()
-        ),
-    )
+    with parts.tracer.operation("pause", actor, _named(saga, step)):
+        stored = parts.store.run(
+            f"pausing {saga!r}",
+            lambda: pauses.pause(
+                parts.db, saga, step, reason=reason, actor=actor, now=get_clock().now()
+            ),
+        )
     logger.warning(
         "saga %r: %s paused by %s: %s; runs that reach it are held at its door",
         saga,
@@ -95,6 +96,10 @@ def pause(
         reason,
     )
     return stored
+
+
+def _named(saga: str, step: str | None) -> dict[str, str]:
+    return {"saga.name": saga} if step is None else {"saga.name": saga, "saga.step": step}
 
 
 def list_pauses(parts: WorkerParts) -> list[Pause]:
@@ -126,6 +131,22 @@ def unpause(
     if dry_run:
         stored = [p for p in list_pauses(parts) if (p.saga, p.step) == (saga, step)]
         return Unpaused(stored[0] if stored else None, stored[0].held if stored else 0)
+    # One span for the unpause; each run's release is a span of its run's trace, linked.
+    with parts.tracer.operation("unpause", actor, _named(saga, step)) as span:
+        unpaused = _unpause(parts, saga, step, rate, (actor, reason), progress)
+        parts.tracer.noted(span, "saga.released", unpaused.released)
+    return unpaused
+
+
+def _unpause(
+    parts: WorkerParts,
+    saga: str,
+    step: str | None,
+    rate: float | None,
+    by: tuple[str | None, str | None],
+    progress: Callable[[int], None] | None,
+) -> Unpaused:
+    actor, reason = by
     lifted = parts.store.run(f"unpausing {saga!r}", lambda: pauses.unpause(parts.db, saga, step))
     logger.warning(
         "saga %r: %s unpaused by %s%s",
@@ -160,19 +181,20 @@ def release_run(
     """Release one run held at a paused step's door: here, or handed on to a worker with
     its version (True: released, or handed on to be)."""
     try:
-        definition = definition_of(parts, execution_id)
+        definition, record = run_of(parts, execution_id)
     except VersionNotDeployedError as missing:
         parts.publisher.hand_on(missing, execution_id, "release", actor=actor, reason=reason)
         return True
     except SagaError as gone:  # cleaned up meanwhile: its row went with it
         logger.info("execution %s: not released: %s", execution_id, gone)
         return False
-    return bool(
-        parts.store.run(
-            f"releasing {execution_id!r} from a paused step",
-            lambda: parts.executor.release_paused(definition, execution_id, actor, reason),
+    with parts.tracer.action("release", execution_id, actor, record.trace_context):
+        return bool(
+            parts.store.run(
+                f"releasing {execution_id!r} from a paused step",
+                lambda: parts.executor.release_paused(definition, execution_id, actor, reason),
+            )
         )
-    )
 
 
 def _release_handed_on(parts: WorkerParts, execution_id: str, arguments: dict[str, Any]) -> None:

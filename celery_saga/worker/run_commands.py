@@ -100,6 +100,7 @@ def start_run(
             _adopt(parts, definition, given, new_id)
             return new_id
         if state is ExecutionState.QUEUED:
+            parts.tracer.queued()
             return new_id  # a run of its key that ends starts it (guarantee 37)
         _launch(parts, definition, new_id, announce=True)
     return new_id
