@@ -12,6 +12,7 @@ which case they fail.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import socket
@@ -26,6 +27,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
+from sqlalchemy.engine import Engine
 
 from celery_saga.store.tables import metadata as saga_metadata
 from celery_saga.worker.embedded import embedded_worker
@@ -51,6 +53,16 @@ BROKERS = {
     "postgres-redis": os.environ.get("SAGA_TEST_REDIS", "redis://127.0.0.1:6379/0"),
 }
 PORTS = {"postgres": 5432, "postgres-rabbitmq": 5672, "postgres-redis": 6379}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _idle_store_connections_closed() -> Iterator[None]:
+    """After each module, the pooled connections its engines left idle are closed (an
+    engine still in use opens new ones when it needs them): the test processes together
+    must stay under PostgreSQL's 100 connections, whatever the number of modules."""
+    yield
+    for engine in [o for o in gc.get_objects() if isinstance(o, Engine)]:
+        engine.dispose()
 
 
 def _listening(port: int) -> bool:
