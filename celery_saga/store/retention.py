@@ -174,35 +174,44 @@ def retire_batch(
     """One bounded transaction: retire up to ``batch`` families from ``position`` on (an
     archived run takes an ``archived`` history row naming ``actor`` with it). Returns how
     many runs went and where the next batch starts (None: nothing left)."""
-
-    def once(replace: bool) -> tuple[list[tuple[datetime, str]], list[str]]:
-        with db.transaction() as connection:
-            roots = _claim_candidates(connection, cutoff, batch, position)
-            ids = _families(connection, [root for _, root in roots])
-            if ids:
-                if archive:
-                    _copy_to_archive(connection, ids, now, replace)
-                    # after the copy (a replace deletes older copies first), before the
-                    # delete (each row is numbered after its run's last live one); one
-                    # statement a batch
-                    history.write_archived(connection, ids, now, actor, archived_because(cutoff))
-                # Steps, signals and decisions go with their run (ON DELETE CASCADE).
-                connection.execute(delete(executions).where(executions.c.id.in_(ids)))
-        return roots, ids
-
+    args = (db, cutoff, now, archive, batch, position)
     try:
-        roots, ids = once(replace=False)
+        roots, ids = _retire_once(*args, replace=False, actor=actor)
     except IntegrityError:
         if not archive:
             raise
         # A run id archived before: the batch again, replacing the older copies.
-        roots, ids = once(replace=True)
+        roots, ids = _retire_once(*args, replace=True, actor=actor)
     if len(roots) == batch:
         # Runs kept back (a child still parked) must not hide the ones behind them.
         return len(ids), Position(position.range_index, roots[-1])
     if position.range_index + 1 < len(_RANGES):
         return len(ids), Position(position.range_index + 1)
     return len(ids), None
+
+
+def _retire_once(
+    db: Database,
+    cutoff: datetime,
+    now: datetime,
+    archive: bool,
+    batch: int,
+    position: Position,
+    replace: bool,
+    actor: str | None = None,
+) -> tuple[list[tuple[datetime, str]], list[str]]:
+    with db.transaction() as connection:
+        roots = _claim_candidates(connection, cutoff, batch, position)
+        ids = _families(connection, [root for _, root in roots])
+        if ids:
+            if archive:
+                _copy_to_archive(connection, ids, now, replace)
+                # after the copy (a replace deletes older copies first), before the delete
+                # (each row is numbered after its run's last live one); one statement a batch
+                history.write_archived(connection, ids, now, actor, archived_because(cutoff))
+            # Steps, signals and decisions go with their run (ON DELETE CASCADE).
+            connection.execute(delete(executions).where(executions.c.id.in_(ids)))
+    return roots, ids
 
 
 def retire(
