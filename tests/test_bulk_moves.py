@@ -64,10 +64,12 @@ def _states(engine: SagaEngine, ids: list[str]) -> dict[str, int]:
     return {row["state"]: row["n"] for row in engine.db.read(query)}
 
 
-def _cancel_rows(engine: SagaEngine, ids: list[str]) -> dict[str, list[str | None]]:
-    """Each run's ``cancelled`` history rows, by their actor."""
+def moved_rows(
+    engine: SagaEngine, ids: list[str], kind: Kind = Kind.CANCELLED
+) -> dict[str, list[str | None]]:
+    """Each run's history rows of ``kind`` (a move's own), by their actor."""
     query = select(history.c.execution_id, history.c.actor).where(
-        history.c.execution_id.in_(ids), history.c.kind == Kind.CANCELLED.value
+        history.c.execution_id.in_(ids), history.c.kind == kind.value
     )
     found: dict[str, list[str | None]] = {run: [] for run in ids}
     for row in engine.db.read(query):
@@ -133,9 +135,9 @@ def test_bulk_cancel_by_label_cancels_those_runs_once_each_and_no_other(
         what="200 runs cancelled",
     )
     assert _in_state(engine, others, ExecutionState.WAITING) == 100
-    rows = _cancel_rows(engine, chosen)
+    rows = moved_rows(engine, chosen)
     assert all(actors == [f"ops@example (bulk {done.operation_id})"] for actors in rows.values())
-    assert not any(_cancel_rows(engine, others).values())
+    assert not any(moved_rows(engine, others).values())
 
 
 @ON_POSTGRES
@@ -214,8 +216,8 @@ def test_a_bulk_cancel_killed_mid_way_and_resumed_acts_on_every_run_once(
     # operation's own history rows keep it from trying them again.
     for state in ("waiting", "cancelling", "cancelled"):
         where += ["--where", f"state={state}"]
-    mark = _killed_and_resumed(harness, "cancel", where, lambda: _cancel_rows(engine, chosen))
-    rows = _cancel_rows(engine, chosen)
+    mark = _killed_and_resumed(harness, "cancel", where, lambda: moved_rows(engine, chosen))
+    rows = moved_rows(engine, chosen)
     assert all(len(actors) == 1 and actors[0].endswith(mark) for actors in rows.values())
     # A cancel whose unwind message the killed process never sent is left to the recovery
     # sweep (beat runs it; here it is run once, by hand).
@@ -256,7 +258,7 @@ def test_a_store_outage_during_a_bulk_cancel_is_waited_out_and_no_run_is_acted_o
                 )
             )
             worker.start()
-            _until(lambda: bool(_cancel_rows(engine, runs)) and cut is not None, 10)
+            _until(lambda: bool(moved_rows(engine, runs)) and cut is not None, 10)
             time.sleep(1.0)
             cut.cut(4.0)
             began = time.monotonic()
@@ -266,7 +268,7 @@ def test_a_store_outage_during_a_bulk_cancel_is_waited_out_and_no_run_is_acted_o
             done = results[0]
             assert done.finished and done.refused == 0
             assert done.acted + done.already == len(runs)
-            rows = _cancel_rows(engine, runs)
+            rows = moved_rows(engine, runs)
             assert all(len(actors) == 1 for actors in rows.values()), rows
             _until(lambda: _in_state(engine, runs, ExecutionState.CANCELLED) == len(runs))
             assert cut.cuts, "the store was never cut"

@@ -7,13 +7,17 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 
-from sqlalchemy import select
-
-from celery_saga import ExecutionState, SagaEngine
+from celery_saga import ExecutionState
 from celery_saga.store.history import Kind
-from celery_saga.store.tables import history
 from tests.conftest import Harness
-from tests.test_bulk_moves import ON_POSTGRES, _in_state, _killed_and_resumed, _states, _until
+from tests.test_bulk_moves import (
+    ON_POSTGRES,
+    _in_state,
+    _killed_and_resumed,
+    _states,
+    _until,
+    moved_rows,
+)
 
 
 def _held_batch(harness: Harness, batch: str, count: int) -> tuple[list[str], str]:
@@ -32,17 +36,6 @@ def _held_batch(harness: Harness, batch: str, count: int) -> tuple[list[str], st
     return runs, switch
 
 
-def _retried_by(engine: SagaEngine, ids: list[str]) -> dict[str, list[str | None]]:
-    """Each run's ``hold-retried`` history rows, by their actor."""
-    query = select(history.c.execution_id, history.c.actor).where(
-        history.c.execution_id.in_(ids), history.c.kind == Kind.HOLD_RETRIED.value
-    )
-    found: dict[str, list[str | None]] = {run: [] for run in ids}
-    for row in engine.db.read(query):
-        found[row["execution_id"]].append(row["actor"])
-    return found
-
-
 @ON_POSTGRES
 def test_a_bulk_retry_killed_mid_way_and_resumed_retries_every_held_run_once(
     harness: Harness,
@@ -55,8 +48,10 @@ def test_a_bulk_retry_killed_mid_way_and_resumed_retries_every_held_run_once(
     # operation's own history rows keep it from retrying them again.
     for state in ("held", "running", "completed"):
         where += ["--where", f"state={state}"]
-    mark = _killed_and_resumed(harness, "retry", where, lambda: _retried_by(engine, runs))
-    rows = _retried_by(engine, runs)
+    mark = _killed_and_resumed(
+        harness, "retry", where, lambda: moved_rows(engine, runs, Kind.HOLD_RETRIED)
+    )
+    rows = moved_rows(engine, runs, Kind.HOLD_RETRIED)
     assert all(len(actors) == 1 and actors[0].endswith(mark) for actors in rows.values())
     # A retry whose message the killed process never sent is left to the recovery sweep.
     engine.recover(0)
