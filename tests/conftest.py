@@ -65,6 +65,15 @@ def _idle_store_connections_closed() -> Iterator[None]:
         engine.dispose()
 
 
+@pytest.fixture
+def spans() -> Iterator[Any]:
+    """An OpenTelemetry SDK provider for the test, exporting to memory (``tracing_kit``)."""
+    from tests.tracing_kit import sdk_provider
+
+    with sdk_provider() as memory:
+        yield memory
+
+
 def _listening(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from celery_saga import ExecutionState, Saga, SagaContext, SagaEngine
 from celery_saga.inspect.text import run_lines
 from celery_saga.store import queries
 from celery_saga.tracing import TraceIdsFilter
-from tests.tracing_kit import as_dict, check_one_trace, of_run, sdk_provider
+from tests.tracing_kit import check_one_trace, finished_spans, of_run, sdk_provider
 
 CARD = "4111-1111-1111-1111"
 
@@ -57,23 +56,13 @@ def _engine(tmp_path: Path, **settings: Any) -> SagaEngine:
     return engine
 
 
-@pytest.fixture
-def spans() -> Iterator[Any]:
-    with sdk_provider() as memory:
-        yield memory
-
-
-def _exported(memory: Any) -> list[dict[str, Any]]:
-    return [as_dict(s) for s in memory.get_finished_spans()]
-
-
 def test_a_run_is_one_trace_under_the_span_that_started_it(tmp_path: Path, spans: Any) -> None:
     engine = _engine(tmp_path)
     plan = {"b": {"fail_attempts": 1}, "c": {"fail": True}}
     with trace.get_tracer("test").start_as_current_span("POST /orders") as request:
         run = engine.start("order", {"card": CARD, "plan": plan})
     assert run.get().state is ExecutionState.FAILED
-    exported = _exported(spans)
+    exported = finished_spans(spans)
     caller = next(s for s in exported if s["name"] == "POST /orders")
     assert caller["id"] == format(request.get_span_context().span_id, "016x")
     mine = [s for s in exported if s is not caller]
@@ -111,7 +100,7 @@ def test_no_plaintext_of_a_marked_field_in_any_span(tmp_path: Path, spans: Any) 
     engine = _engine(tmp_path)
     run = engine.start("order", {"card": CARD, "plan": {"c": {"fail": True}}})
     assert run.get().state is ExecutionState.FAILED
-    exported = json.dumps(_exported(spans))
+    exported = json.dumps(finished_spans(spans))
     assert "refused card" in exported  # the failure is there, its card is not
     assert CARD not in exported
 
@@ -124,7 +113,7 @@ def test_a_wait_and_the_moves_on_a_run_are_in_its_trace(tmp_path: Path, spans: A
     with tracer.start_as_current_span("webhook") as sender:
         engine.signal(run.id, "go", {}, actor="hook")
     assert run.get().state is ExecutionState.COMPLETED
-    exported = _exported(spans)
+    exported = finished_spans(spans)
     mine = of_run(exported, run.id)
     trace_id = check_one_trace(mine)
     wait = next(s for s in mine if s["name"] == "wait go")
@@ -142,7 +131,7 @@ def test_a_cancel_is_a_span_of_the_run_with_its_actor(tmp_path: Path, spans: Any
     run = engine.start("gated", {})
     engine.cancel(run.id, actor="alice")
     assert run.get().state is ExecutionState.CANCELLED
-    mine = of_run(_exported(spans), run.id)
+    mine = of_run(finished_spans(spans), run.id)
     check_one_trace(mine)
     cancel = next(s for s in mine if s["name"] == "operator cancel")
     assert cancel["attributes"]["saga.actor"] == "alice"
@@ -161,7 +150,7 @@ def test_off_no_span_and_nothing_stored(tmp_path: Path, setting: bool | None) ->
         with sdk_provider() as memory:
             engine = _engine(tmp_path, saga_tracing=setting)
             run = engine.start("order", {"card": CARD})
-            exported = _exported(memory)
+            exported = finished_spans(memory)
     assert run.get().state is ExecutionState.COMPLETED
     assert exported == []
     stored = queries.load_execution(engine.db, run.id)
@@ -180,7 +169,7 @@ def test_log_lines_about_an_attempt_carry_its_trace(
     caplog.handler.addFilter(TraceIdsFilter())
     with caplog.at_level(logging.WARNING, logger="celery_saga"):
         run = engine.start("order", {"card": CARD, "plan": {"c": {"fail": True}}})
-    failed = next(s for s in _exported(spans) if s["name"] == "step c")
+    failed = next(s for s in finished_spans(spans) if s["name"] == "step c")
     line = next(r for r in caplog.records if "step 'c' attempt 1 failed" in r.getMessage())
     assert (line.otel_trace_id, line.otel_span_id) == (failed["trace"], failed["id"])
     assert run.get().state is ExecutionState.FAILED
@@ -222,7 +211,7 @@ def test_a_deadline_cancel_is_a_span_of_the_run(tmp_path: Path, spans: Any) -> N
     time.sleep(0.1)
     assert engine.executor.cancel_overdue() == 1
     assert run.get().state is ExecutionState.CANCELLED
-    mine = of_run(_exported(spans), run.id)
+    mine = of_run(finished_spans(spans), run.id)
     check_one_trace(mine)
     cancel = next(s for s in mine if s["name"] == "operator cancel")
     assert "saga.actor" not in cancel["attributes"]
@@ -248,7 +237,7 @@ def test_the_moves_on_a_held_run_are_spans_of_its_trace_with_their_actor(
     provider["down"] = False
     engine.retry(run.id, actor="ops", reason="provider back")
     assert run.get().state is ExecutionState.COMPLETED
-    mine = of_run(_exported(spans), run.id)
+    mine = of_run(finished_spans(spans), run.id)
     check_one_trace(mine)
     retry = next(s for s in mine if s["name"] == "operator retry")
     assert retry["attributes"]["saga.actor"] == "ops"
@@ -274,7 +263,7 @@ def test_span_times_come_from_the_packages_clock(tmp_path: Path, spans: Any) -> 
     finally:
         set_clock(previous)
     assert run.get().state is ExecutionState.COMPLETED
-    mine = of_run(_exported(spans), run.id)
+    mine = of_run(finished_spans(spans), run.id)
     at_ns = int(at.timestamp()) * 1_000_000_000
     hour = 3600 * 1_000_000_000
     times = {s["name"]: (s["start"] - at_ns, s["end"] - at_ns) for s in mine}

@@ -7,16 +7,14 @@ started by the run that freed its slot is one trace of its own, its start a span
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from celery import Celery
 from opentelemetry import trace
 
 from celery_saga import ExecutionState, Limit, Saga, SagaContext, SagaEngine
-from tests.tracing_kit import as_dict, check_one_trace, of_run, sdk_provider
+from tests.tracing_kit import check_one_trace, finished_spans, of_run
 
 
 def _engine(tmp_path: Path) -> SagaEngine:
@@ -35,16 +33,6 @@ def _engine(tmp_path: Path) -> SagaEngine:
     return engine
 
 
-@pytest.fixture
-def spans() -> Iterator[Any]:
-    with sdk_provider() as memory:
-        yield memory
-
-
-def _exported(memory: Any) -> list[dict[str, Any]]:
-    return [as_dict(s) for s in memory.get_finished_spans()]
-
-
 def _one(spans: list[dict[str, Any]], name: str) -> dict[str, Any]:
     found = [s for s in spans if s["name"] == name]
     assert len(found) == 1, f"{len(found)} spans named {name!r}"
@@ -60,7 +48,7 @@ def test_a_pause_and_each_release_of_its_unpause_are_spans(tmp_path: Path, spans
         lifted = engine.unpause("shipping", "ship", actor="ops", reason="carrier back")
     assert lifted.released == 3
     assert {r.get().state for r in runs} == {ExecutionState.COMPLETED}
-    exported = _exported(spans)
+    exported = finished_spans(spans)
     pause = _one(exported, "operator pause")
     assert pause["attributes"] == {
         "saga.action": "pause",
@@ -91,7 +79,7 @@ def test_a_bulk_operation_is_one_span_each_runs_move_linked_to_it(
     done = engine.bulk("cancel", ["label.batch=b1"], actor="ops", reason="recall")
     assert (done.acted, done.refused) == (3, 0)
     assert other.get().state is ExecutionState.WAITING
-    exported = _exported(spans)
+    exported = finished_spans(spans)
     operation = _one(exported, "operator bulk")
     assert operation["attributes"]["saga.bulk_id"] == done.operation_id
     assert operation["attributes"]["saga.move"] == "cancel"
@@ -118,7 +106,7 @@ def test_a_queued_run_started_by_the_run_that_freed_its_slot_is_its_own_trace(
     engine.signal(first.id, "go", {})
     assert first.get().state is ExecutionState.COMPLETED
     assert queued.get().state is ExecutionState.WAITING
-    exported = _exported(spans)
+    exported = finished_spans(spans)
     caller = _one(exported, "POST /solo")
     mine = of_run(exported, queued.id)
     trace_id = check_one_trace(mine, caller)

@@ -87,6 +87,11 @@ def as_dict(span: ReadableSpan) -> dict[str, Any]:
     }
 
 
+def finished_spans(memory: InMemorySpanExporter) -> list[dict[str, Any]]:
+    """Every span ``memory`` holds, as ``as_dict`` gives it."""
+    return [as_dict(s) for s in memory.get_finished_spans()]
+
+
 def read_spans(folder: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for f in sorted(folder.glob("*.jsonl")) for line in f.open()]
 
