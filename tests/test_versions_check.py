@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -168,7 +169,9 @@ def test_check_reads_the_runs_through_an_index_on_postgresql(pg_db: Any) -> None
     finally:
         event.remove(pg_db.engine, "before_cursor_execute", record_shapes)
     (plan,) = [_plan(pg_db, sql, parameters) for sql, parameters in shapes]
-    assert "Index Scan using pk_saga_version_shapes" in plan, plan
+    # A plain index scan or a bitmap scan of the same key, as the few test rows decide.
+    assert "Seq Scan on saga_version_shapes" not in plan, plan
+    assert re.search(r"Index Scan (using|on) pk_saga_version_shapes", plan), plan
 
 
 def _plan(pg_db: Any, sql: str, parameters: Any) -> str:
