@@ -1,0 +1,91 @@
+#!/usr/bin/env python
+"""Benchmark: ``chain_vs_saga.py`` with tracing off, with the API alone and with an SDK, in turns.
+
+One run of this script runs the broker benchmark (``chain_vs_saga.py``, one broker) once per
+tracing mode (``tracing_modes.py``: ``off``, ``api``, ``sdk``) and ``--turns`` times over,
+each a child process with a fresh worker, schema and queue. Each turn takes the modes in a
+rotated order (off, api, sdk; then api, sdk, off; ...) so that no mode always runs last on a
+machine whose load drifts. Every figure compared is a ratio against the plain chain measured
+in the same child, or the worker's CPU per step, which other processes do not inflate as much
+as wall time.
+
+It prints each turn and, per mode, the median over the turns, and each mode against ``off``.
+Arguments it does not know go to ``chain_vs_saga.py`` unchanged. See benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench_infra import loadavg
+
+HERE = Path(__file__).resolve().parent
+MODES = ("off", "api", "sdk")
+FIGURES = (
+    ("latency saga/chain", "latency_ratio", "x"),
+    ("throughput saga/chain", "throughput_ratio", "x"),
+    ("forward hop / chain hop", "hop_ratio", "x"),
+    ("worker CPU ms/step saga", "saga_cpu", "ms"),
+    ("worker CPU ms/step unwind", "unwind_cpu", "ms"),
+)
+
+
+def _parse_args() -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--turns", type=int, default=3, help="times each mode runs")
+    parser.add_argument("--broker", choices=("rabbitmq", "redis"), default="rabbitmq")
+    return parser.parse_known_args()
+
+
+def _one(mode: str, broker: str, rest: list[str]) -> dict[str, float]:
+    import bench_report
+
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as out:
+        path = Path(out.name)
+    command = [sys.executable, str(HERE / "chain_vs_saga.py"), *rest]
+    command += ["--broker", broker, "--tracing", mode, "--json-out", str(path)]
+    try:
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+        result: dict[str, Any] = json.loads(path.read_text())
+    finally:
+        path.unlink(missing_ok=True)
+    figures = bench_report.summary(result)
+    for side in ("saga", "unwind"):
+        rounds = result["throughput"][side]
+        figures[f"{side}_cpu"] = statistics.mean(r.get("cpu_worker", float("nan")) for r in rounds)
+    return figures
+
+
+def main() -> int:
+    args, rest = _parse_args()
+    runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
+    print(f"{'turn':>4} {'mode':>4} {'load':>5} " + " ".join(f"{f[0]:>26}" for f in FIGURES))
+    for turn in range(args.turns):
+        order = MODES[turn % 3 :] + MODES[: turn % 3]
+        for mode in order:
+            load = loadavg().split()[0]
+            figures = _one(mode, args.broker, rest)
+            runs[mode].append(figures)
+            cells = " ".join(f"{figures[key]:>24.3f}{unit:>2}" for _, key, unit in FIGURES)
+            print(f"{turn + 1:>4} {mode:>4} {load:>5} {cells}", flush=True)
+    print("\nmedian over the turns, and against off:")
+    base = {key: statistics.median(r[key] for r in runs["off"]) for _, key, _ in FIGURES}
+    for mode in MODES:
+        cells = []
+        for _, key, _unit in FIGURES:
+            value = statistics.median(r[key] for r in runs[mode])
+            cells.append(f"{value:>10.3f} ({(value / base[key] - 1) * 100:+6.1f}%)")
+        print(f"  {mode:<4} " + " ".join(f"{c:>26}" for c in cells))
+    print(f"\nload average at end: {loadavg()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
