@@ -89,6 +89,16 @@ class QueuePlace:
 
 
 @dataclass(frozen=True)
+class DoorPlace:
+    """A run's step waiting at a limited step's door (``step(concurrency=, rate=)``): for a
+    slot of ``key``, or, with ``turn_at``, for its booked turn of the rate of ``key``."""
+
+    step: str
+    key: str
+    turn_at: datetime | None = None
+
+
+@dataclass(frozen=True)
 class KeyLoad:
     """One key of a saga's flow-control limit: runs holding a slot, and runs queued."""
 

@@ -17,6 +17,7 @@ from sqlalchemy.pool import NullPool
 
 from celery_saga import (
     Limit,
+    Rate,
     Saga,
     SagaContext,
     SagaEngine,
@@ -104,6 +105,10 @@ def _misbehave(plan: dict[str, Any]) -> None:
         os._exit(plan["hard_exit"])
     if plan.get("unprintable"):
         raise Unprintable()
+
+
+def _carrier(saga_input: Any) -> str:
+    return str(saga_input["carrier"])
 
 
 class TestApp:
@@ -226,7 +231,8 @@ class TestApp:
     def forward(self, ctx: SagaContext) -> Any:
         plan = ctx.input.get("plan", {}).get(ctx.step_name, {})
         if plan.get("mark_begin"):
-            self.write(ctx, "forward_begin", f"attempt={ctx.attempt}")
+            at = f" at={time.time():.6f}" if plan.get("stamp") else ""
+            self.write(ctx, "forward_begin", f"attempt={ctx.attempt}{at}")
         if plan.get("lose_claim"):
             self.lose_claim(ctx)
         if plan.get("fenced"):
@@ -346,6 +352,13 @@ class TestApp:
             Saga("pair_keyed", concurrency=Limit(key=lambda i: i["customer"], max=2)).step(
                 "pay", fwd
             ),
+            # Step flow control: five calls in flight, or 20 a second, per carrier
+            # (tests/test_step_flow_workers.py).
+            Saga("carrier_calls")
+            .step("prep", fwd)
+            .step("call", fwd, concurrency=Limit(key=lambda i: i["carrier"], max=5)),
+            Saga("carrier_rated").step("call", fwd, rate=Rate("20/s", key=lambda i: i["carrier"])),
+            Saga("carrier_pairs").step("call", fwd, concurrency=Limit(key=_carrier, max=2)),
             Saga("timed")
             .step("prep", fwd, compensate=rev)
             .step("slow", fwd, compensate=rev, timeout=5, retry=2, backoff=0.05),

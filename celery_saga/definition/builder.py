@@ -14,7 +14,7 @@ from celery_saga.definition.failure_policy import (
     positive_seconds,
     resolve,
 )
-from celery_saga.definition.flow import Limit, run_limit
+from celery_saga.definition.flow import Limit, Rate, run_limit, step_limits
 from celery_saga.definition.hashing import structural_hash
 from celery_saga.definition.nodes import (
     ArgsMapper,
@@ -90,10 +90,14 @@ def step(
     sensitive: bool = False,
     on_failure: str | None = None,
     hold_timeout: float | timedelta | None = None,
+    concurrency: Limit | None = None,
+    rate: Rate | None = None,
 ) -> StepSpec:
     """Describe one step; ``step(task)`` names it after the task's last dotted component.
     ``on_failure``: "unwind" (the default) or "hold", and ``hold_timeout`` (seconds or a
-    timedelta): see ``definition/failure_policy.py``."""
+    timedelta): see ``definition/failure_policy.py``. ``concurrency``: a ``Limit``, at most
+    so many bodies of the step's task in flight per key; ``rate``: a ``Rate`` per key (see
+    docs/flow-control.md)."""
     if action is None and not isinstance(name, str):
         name, action = _default_name(name), name
     if compensate is None:
@@ -115,6 +119,7 @@ def step(
         sensitive=sensitive,
         on_failure=on_failure,
         hold_timeout=check_policy(f"step {name!r}", on_failure, hold_timeout),
+        **step_limits(name, concurrency, rate),
     )
 
 
@@ -298,6 +303,11 @@ class Saga:
                 raise DefinitionError(
                     f"saga {self.name!r}: step {spec.name!r} of parallel group {name!r} "
                     "cannot hold (on_failure='hold'): a group settles together"
+                )
+            if spec.concurrency is not None or spec.rate is not None:
+                raise DefinitionError(
+                    f"saga {self.name!r}: step {spec.name!r} of parallel group {name!r} "
+                    "cannot take concurrency= or rate=: a group's members start together"
                 )
         return self._add(ParallelNode(name, tuple(steps)))
 

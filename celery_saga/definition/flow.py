@@ -5,8 +5,9 @@ live at once; a run started beyond it is stored ``queued`` and starts when a run
 ends (see docs/flow-control.md). ``key`` is a function of the run's input returning the key
 (a string), or None for one key shared by every run of the saga.
 
-``Rate("20/s", key=...)`` is a rate per key (a number of calls per second, minute or hour),
-checked and parsed here.
+On ``step(..., concurrency=Limit(...))`` the same limit counts bodies of the step's task in
+flight per key, across runs and workers; ``step(..., rate=Rate("20/s", key=...))`` starts
+at most so many bodies per second per key. A step that must wait keeps no worker slot.
 """
 
 from __future__ import annotations
@@ -92,16 +93,35 @@ def run_limit(saga: str, concurrency: object) -> Limit | None:
     )
 
 
-def key_of(saga: str, limit: Limit, saga_input: Mapping[str, Any]) -> str:
+def step_limits(step: str, concurrency: object, rate: object) -> dict[str, Any]:
+    """``step(..., concurrency=, rate=)`` checked: a ``Limit``, a ``Rate``, or neither."""
+    if concurrency is not None and not isinstance(concurrency, Limit):
+        raise DefinitionError(
+            f"step {step!r}: concurrency= takes a Limit(key=..., max=N), got {concurrency!r}"
+        )
+    if rate is not None and not isinstance(rate, Rate):
+        raise DefinitionError(f"step {step!r}: rate= takes a Rate('20/s', key=...), got {rate!r}")
+    if concurrency is not None and concurrency.total is not None:
+        raise DefinitionError(f"step {step!r}: a step's Limit takes no total= (a saga's does)")
+    if concurrency is not None and rate is not None:
+        raise DefinitionError(
+            f"step {step!r}: takes concurrency= or rate=, not both (put the other on a step "
+            "of its own)"
+        )
+    return {"concurrency": concurrency, "rate": rate}
+
+
+def key_of(saga: str, limit: Limit | Rate, saga_input: Mapping[str, Any]) -> str:
     """The key ``limit`` gives a run of ``saga`` started with ``saga_input``; a key that
     cannot be stored is refused before anything is stored."""
     if limit.key is None:
         return WHOLE_SAGA
+    kind = "rate" if isinstance(limit, Rate) else "concurrency"
     try:
         key = limit.key(saga_input)
     except Exception as error:
         raise SagaError(
-            f"saga {saga!r}: the concurrency key function raised {type(error).__name__}: {error}"
+            f"saga {saga!r}: the {kind} key function raised {type(error).__name__}: {error}"
         ) from error
     if isinstance(key, int) and not isinstance(key, bool):
         key = str(key)
@@ -109,6 +129,6 @@ def key_of(saga: str, limit: Limit, saga_input: Mapping[str, Any]) -> str:
     if problem is None and key == "":
         problem = "is empty"
     if problem is not None:
-        raise SagaError(f"saga {saga!r}: the concurrency key {key!r:.100} {problem}")
+        raise SagaError(f"saga {saga!r}: the {kind} key {key!r:.100} {problem}")
     assert isinstance(key, str)
     return key

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, assert_never
 
+from celery_saga.definition.flow import Limit, Rate
+
 #: Maps the saga context to the keyword arguments a step or compensation is called with.
 ArgsMapper = Callable[[Any], Mapping[str, Any]]
 
@@ -57,6 +59,10 @@ class StepSpec:
     #: how many seconds a hold with no move unwinds (see ``definition/failure_policy.py``).
     on_failure: str | None = None
     hold_timeout: float | None = None
+    #: At most so many bodies of the step's task in flight per key, across runs and
+    #: workers, or a rate per key (see ``definition/flow.py``); None: no limit.
+    concurrency: Limit | None = None
+    rate: Rate | None = None
 
     @property
     def compensatable(self) -> bool:

@@ -15,7 +15,7 @@ from celery_saga.inspect.redacted import redacted
 from celery_saga.inspect.values import ListedRun, RunList, RunView
 from celery_saga.records import ExecutionRecord, ExecutionState, KeyLoad
 from celery_saga.runtime.catalog import Catalog
-from celery_saga.store import flow, inspection, queries
+from celery_saga.store import flow, inspection, queries, step_flow
 from celery_saga.store.database import Database
 from celery_saga.store.inspection import Filters, Stats, StoredRun
 from celery_saga.store.replica import ReplicaLag, reads, replica_lag
@@ -59,12 +59,15 @@ class Inspector:
         waits = waiting_for_version(db, [execution_id]) if stored.archived_at is None else {}
         version = waits[execution_id].definition_hash if execution_id in waits else None
         queued = stored.record.state is ExecutionState.QUEUED and stored.archived_at is None
+        running = stored.record.state is ExecutionState.RUNNING and stored.archived_at is None
+        doors = step_flow.door_places(db, execution_id) if running else []
         return story.describe(
             stored,
             lambda child: self._load(child, reveal, fresh),
             self._catalog,
             waiting_for_version=version,
             queued_behind=flow.queue_place(db, execution_id) if queued else None,
+            at_door=doors[0] if doors else None,
         )
 
     def plan(self, execution_id: str, move: str = "unwind", step: str | None = None) -> Plan:

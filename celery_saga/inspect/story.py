@@ -27,7 +27,13 @@ from celery_saga.inspect.values import (
     Timeline,
     Within,
 )
-from celery_saga.records import ExecutionRecord, ExecutionState, QueuePlace, StepRecord
+from celery_saga.records import (
+    DoorPlace,
+    ExecutionRecord,
+    ExecutionState,
+    QueuePlace,
+    StepRecord,
+)
 from celery_saga.store.history import Kind
 from celery_saga.store.inspection import StoredRun
 
@@ -137,6 +143,7 @@ def describe(
     *,
     waiting_for_version: str | None = None,
     queued_behind: QueuePlace | None = None,
+    at_door: DoorPlace | None = None,
     depth: int = 0,
 ) -> RunView:
     """Everything stored about ``run``, its child runs (read through ``load``) nested
@@ -176,6 +183,7 @@ def describe(
             held=None if hold is None else hold.step,
             paused=_paused_at(run),
             queued=queued_behind,
+            door=at_door,
         ),
         graph=graph.build(definition, record, steps, signals, run.history),
         timeline=Timeline(chronology.entries(record, steps, signals, run.history), bars_of, waits),

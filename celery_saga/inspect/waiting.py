@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from celery_saga.definition.nodes import SubSagaNode
 from celery_saga.definition.run_markings import FindDefinition
 from celery_saga.inspect.values import HoldView, StepView
-from celery_saga.records import ExecutionRecord, ExecutionState, QueuePlace
+from celery_saga.records import DoorPlace, ExecutionRecord, ExecutionState, QueuePlace
 from celery_saga.runtime.children import child_execution_id
 
 
@@ -24,13 +24,15 @@ def reason(
     held: str | None = None,
     paused: tuple[str, str] | None = None,
     queued: QueuePlace | None = None,
+    door: DoorPlace | None = None,
 ) -> str | None:
     """What a run in ``state`` waits for, or None. ``event``, ``until``: its gate's event and
     deadline (as printed; a held run's: its hold timeout); ``version``: the version a worker
     without it handed the run's message back for (what holds it first); ``child``: the run
     its sub-saga node started; ``held``: the step a held run waits on; ``paused``: the step
     and reason of the pause a held run waits at the door of; ``queued``: a queued run's key,
-    and how many of its runs are ahead (-1: not counted)."""
+    and how many of its runs are ahead (-1: not counted); ``door``: a step waiting at a
+    limited step's door (``step(concurrency=, rate=)``)."""
     if paused and state == ExecutionState.HELD.value:
         step, why = paused
         return f"held: paused ({why}) at the door of step {step!r}; unpause releases it"
@@ -50,6 +52,13 @@ def reason(
         return f"{what}: waiting for an operator to retry, skip, unwind or cancel it{then}"
     if child and state == ExecutionState.RUNNING.value:
         return f"waiting for child run {child}"
+    if door is not None and state == ExecutionState.RUNNING.value:
+        if door.turn_at is not None:
+            turn = door.turn_at.isoformat(timespec="milliseconds")
+            return (
+                f"waiting for its turn at {turn} (rate of key {door.key!r}) at step {door.step!r}"
+            )
+        return f"waiting for a slot of key {door.key!r} at the door of step {door.step!r}"
     return None
 
 

@@ -37,11 +37,13 @@ from celery_saga.runtime.outcomes import Failed, NoBody, Outcome, attempt_failed
 from celery_saga.runtime.parts import Parts
 from celery_saga.runtime.ports import EventSink, Publisher, Settings
 from celery_saga.runtime.step_attempt import StepSide, claim_step
+from celery_saga.runtime.step_flow import DoorAnswer, StepFlow, is_limited
 from celery_saga.runtime.takeovers import judge, taken_over
 from celery_saga.runtime.unwinder import Unwinder
 from celery_saga.runtime.waits import Waits
 from celery_saga.store import queries
 from celery_saga.store.database import Database
+from celery_saga.store.step_flow import StepDoor
 from celery_saga.tracing.carry import adopt, carried
 from celery_saga.tracing.spans import AttemptSpan
 
@@ -72,6 +74,7 @@ class Executor:
         self.carry_out = self.interpreter.carry_out
         self.unwinder = Unwinder(parts, self.interpreter)
         self.waits, self.children = Waits(parts), Children(parts)
+        self.step_flow = StepFlow(parts)
         # Views of the parts that the worker reads (the parts themselves are frozen).
         self.holders = parts.holders
         self.lost_claims, self.renewals = parts.lost_claims, parts.renewals
@@ -110,9 +113,9 @@ class Executor:
         definition = known(saga_name, version) if saga_name and version else None
         if definition is not None and message.attempt == 1 and not redelivered:
             target = node_at(definition, message)
-            if isinstance(target, (StepNode, ParallelNode)):
-                spec = route(target, 0, message.member)
-                assert spec is not None
+            routed = isinstance(target, (StepNode, ParallelNode))
+            spec = route(target, 0, message.member) if routed and target else None
+            if spec is not None and not is_limited(spec):  # a limited step passes its door
                 position, holder = Position(spec, spec.name), self.parts.holders.me()
                 span = self._span(definition, position, message, None)
                 attempt = claim_step(self.parts, definition, position, message, None, holder, span)
@@ -244,17 +247,53 @@ class Executor:
             if lost is not None:
                 self.carry_out(lost)
                 return NoBody("no attempt left after lost ones")
-        span = self._span(definition, position, message, execution.trace_context)
-        if record is not None and record.status is StepStatus.RUNNING:
-            span.after_lost(record.attempts)
-        attempt = claim_step(self.parts, definition, position, message, record, holder, span)
-        if attempt is None:
-            read_as = (record, holder, snapshot)
-            return self._claim_refused(definition, position, message, read_as, span)
-        if asked is not None:
-            taken_over(*asked)
-        claimed = (attempt, holder)
-        return self._run_claimed(definition, position, message, claimed, snapshot, span)
+        door = self._door(definition, position, message, execution)
+        if isinstance(door, NoBody):
+            return door
+        try:
+            span = self._span(definition, position, message, execution.trace_context)
+            if record is not None and record.status is StepStatus.RUNNING:
+                span.after_lost(record.attempts)
+            attempt = claim_step(self.parts, definition, position, message, record, holder, span)
+            if attempt is None:
+                read_as = (record, holder, snapshot)
+                return self._claim_refused(definition, position, message, read_as, span)
+            if asked is not None:
+                taken_over(*asked)
+            claimed = (attempt, holder)
+            return self._run_claimed(definition, position, message, claimed, snapshot, span)
+        finally:
+            if door is not None:
+                self._leave(position, door)
+
+    def _door(
+        self,
+        definition: SagaDefinition,
+        position: Position,
+        message: NodeMessage,
+        execution: ExecutionRecord,
+    ) -> StepDoor | NoBody | None:
+        """A limited step's door (``runtime/step_flow.py``): its place when it may claim
+        now, NoBody when it waits (its message acked: no worker slot held), None: no door."""
+        spec = position.spec
+        if not is_limited(spec):
+            return None
+        assert spec is not None
+        door = self.step_flow.door(definition, position, message, execution)
+        if isinstance(door, DoorAnswer):  # no key: the run fails
+            self.carry_out(door.moves)
+            return NoBody(f"no flow-control key for step {spec.name!r}")
+        answer = self.step_flow.enter(definition, spec, door, message)
+        self.carry_out(answer.moves)
+        return door if answer.go else NoBody(f"waiting for {answer.why}")
+
+    def _leave(self, position: Position, door: StepDoor) -> None:
+        """The step's attempt is over at its door: the waiters it frees are sent on."""
+        assert position.spec is not None
+        try:
+            self.carry_out(self.step_flow.leave(position.spec, door))
+        except Exception:  # the attempt's outcome stands; the next door sends them
+            logger.warning("step %r: the waiters its slot frees were not sent", door.record)
 
     def _span(
         self,

@@ -32,7 +32,7 @@ from celery_saga.runtime.moves import (
     then,
 )
 from celery_saga.runtime.process_name import process_name
-from celery_saga.store import queries, recovery, unwind, versions
+from celery_saga.store import queries, recovery, step_flow, unwind, versions
 from celery_saga.store.transient import retry_transient
 from celery_saga.tracing.carry import carrying
 
@@ -53,6 +53,7 @@ class Recoverer:
 
     def __init__(self, executor: Executor) -> None:
         self.parts, self.carry_out = executor.parts, executor.carry_out
+        self.step_flow = executor.step_flow
 
     def sweep(
         self,
@@ -75,11 +76,18 @@ class Recoverer:
         if self._store_just_started(stale_after):
             return 0
         now = get_clock().now()
+        try:  # the lines at limited steps' doors, whose runs the sweep leaves to them
+            self.carry_out(self.step_flow.sweep_lines(now, stale_after))
+        except Exception:
+            logger.exception("the pass of the lines at limited steps' doors failed")
         acted = seen = 0
         after = None
         while seen < most:
             rows = recovery.list_stale(db, cutoff=now - stale_after, limit=page, after=after)
-            acted += self._recover_page([i for _, i in rows], now, stale_after, actor)
+            idle = [i for _, i in rows]
+            at_doors = step_flow.waiting_at_doors(db, idle, now - stale_after)
+            idle = [i for i in idle if i not in at_doors]  # waiting as they should
+            acted += self._recover_page(idle, now, stale_after, actor)
             seen += len(rows)
             if len(rows) < page:
                 break

@@ -340,3 +340,38 @@ flow_slots = Table(
     Column("run_limit", Integer, nullable=False),
     PrimaryKeyConstraint("saga_name", "flow_key", name="pk_saga_flow_slots"),
 )
+
+#: Step flow control (``step(concurrency=, rate=)``): one row per task scope and key, the
+#: lock every admission of the key takes, and the next free turn of a rate.
+step_keys = Table(
+    "saga_step_keys",
+    metadata,
+    Column("scope", String(200), nullable=False),
+    Column("flow_key", String(200), nullable=False),
+    Column("next_turn_at", Timestamp),
+    Column("last_start_at", Timestamp),
+    PrimaryKeyConstraint("scope", "flow_key", name="pk_saga_step_keys"),
+)
+
+#: A step of a run at a limited door: waiting for a slot (``granted_at`` NULL), holding one
+#: (granted: its body runs or is about to), or booked for a rate's turn (``turn_at``); what
+#: its message was, so a slot that frees can send it again.
+step_waits = Table(
+    "saga_step_waits",
+    metadata,
+    _run_id(nullable=False),
+    Column("record", String(200), nullable=False),
+    Column("saga_name", String(200), nullable=False),
+    Column("definition_hash", String(64), nullable=False),
+    Column("scope", String(200), nullable=False),
+    Column("flow_key", String(200), nullable=False),
+    Column("node", Integer, nullable=False),
+    Column("sub", Integer, nullable=False),
+    Column("member", Integer, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("waiting_since", Timestamp, nullable=False),
+    Column("granted_at", Timestamp),
+    Column("turn_at", Timestamp),
+    PrimaryKeyConstraint("execution_id", "record", name="pk_saga_step_waits"),
+    Index("ix_saga_step_waits_key", "scope", "flow_key", "waiting_since"),
+)

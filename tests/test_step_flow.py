@@ -1,0 +1,206 @@
+"""Step flow control by key (guarantee 37) on an in-process worker over SQLite: at most M
+bodies of a step's task in flight per key across runs, the others waiting at its door
+without a worker slot and sent on, oldest first, as slots free; and a rate per key.
+
+A step's body writes to a ledger when it enters and leaves, so a test sees how many bodies
+of a key were in flight at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+from sqlalchemy import select
+
+from celery_saga import (
+    DefinitionError,
+    ExecutionState,
+    Limit,
+    Rate,
+    Saga,
+    SagaContext,
+    SagaEngine,
+    step,
+)
+from celery_saga.decisions.step_flow import grant, next_turn, start_of, waits_in_place
+from celery_saga.store.tables import step_waits
+from celery_saga.worker.embedded import embedded_worker
+
+
+class Ledger:
+    """Bodies in flight per key: the most at once, and when each started."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.inside: dict[str, int] = {}
+        self.most: dict[str, int] = {}
+        self.started: list[tuple[float, str, str]] = []  # (monotonic, key, run)
+
+    def enter(self, key: str, run: str) -> None:
+        with self.lock:
+            self.started.append((time.monotonic(), key, run))
+            self.inside[key] = self.inside.get(key, 0) + 1
+            self.most[key] = max(self.most.get(key, 0), self.inside[key])
+
+    def leave(self, key: str) -> None:
+        with self.lock:
+            self.inside[key] -= 1
+
+
+class World:
+    def __init__(self, tmp: Path) -> None:
+        self.app = Celery(f"stepflow{uuid.uuid4().hex[:6]}", broker="memory://localhost/")
+        self.app.conf.broker_transport_options = {"polling_interval": 0.01}
+        self.engine = SagaEngine(self.app, store_url=f"sqlite:///{tmp}/stepflow.sqlite3")
+        self.ledger = Ledger()
+
+    def saga(self, *, sleep: float = 0.05, fail_first: bool = False, **limits: Any) -> str:
+        """A saga of a plain first step, then ``call`` (limited by ``limits``), whose body
+        is in the ledger for ``sleep`` s."""
+        name = f"ship{uuid.uuid4().hex[:6]}"
+        ledger, failed = self.ledger, set()
+
+        def prepare(ctx: SagaContext) -> str:
+            return "ready"
+
+        def call(ctx: SagaContext) -> str:
+            key = ctx.input["carrier"]
+            ledger.enter(key, ctx.execution_id)
+            time.sleep(sleep)
+            ledger.leave(key)
+            if fail_first and ctx.execution_id not in failed:
+                failed.add(ctx.execution_id)
+                raise RuntimeError("carrier busy")
+            return "booked"
+
+        saga = Saga(name).step("prepare", prepare)
+        saga = saga.step("call", call, retry=2, backoff=0.05, **limits)
+        self.engine.register(saga)
+        return name
+
+    def start_all(self, saga: str, keys: list[str]) -> list[str]:
+        return [self.engine.start(saga, {"carrier": key}).id for key in keys]
+
+    def all_completed(self, ids: list[str], timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not all(self.engine.get(i).state.is_terminal for i in ids):
+            assert time.monotonic() < deadline, "runs not ended"
+            time.sleep(0.05)
+        assert {self.engine.get(i).state for i in ids} == {ExecutionState.COMPLETED}
+
+    def waits(self) -> int:
+        with self.engine.db.engine.connect() as connection:
+            return len(connection.execute(select(step_waits.c.record)).all())
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    made = World(tmp_path)
+    with embedded_worker(made.app, concurrency=8):
+        yield made
+
+
+# -- the decisions --------------------------------------------------------------------
+def test_a_door_starts_a_step_only_after_every_waiter_ahead_took_a_slot() -> None:
+    assert grant(2, []) == (True, [])
+    assert grant(2, ["a"]) == (True, ["a"])
+    assert grant(2, ["a", "b"]) == (False, ["a", "b"])
+    assert grant(0, ["a"]) == (False, [])
+    assert grant(-1, []) == (False, [])  # a limit lowered below the slots held
+
+
+def test_a_rate_books_turns_one_interval_apart() -> None:
+    now, step_ = datetime(2026, 1, 1, tzinfo=UTC), timedelta(milliseconds=50)
+    assert next_turn(None, now, step_) == (now, now + step_)
+    assert next_turn(now + step_, now, step_) == (now + step_, now + 2 * step_)
+    assert next_turn(now - step_, now, step_) == (now, now + step_)  # idle: no burst saved up
+    # A message that came late starts a whole interval after the last start, not in a burst.
+    assert start_of(now, None, step_) == now
+    assert start_of(now, now - step_ / 5, step_) == now + step_ * 4 / 5
+    assert waits_in_place(now + step_, now, step_)  # a turn away: waits in its worker
+    assert not waits_in_place(now + 6 * step_, now, step_)  # far off: sent again for it
+
+
+# -- bad input --------------------------------------------------------------------------
+def test_a_step_limit_that_is_not_a_limit_is_refused() -> None:
+    with pytest.raises(DefinitionError, match="concurrency= takes a Limit"):
+        step("call", print, concurrency=5)  # type: ignore[arg-type]
+    with pytest.raises(DefinitionError, match="rate= takes a Rate"):
+        step("call", print, rate="20/s")  # type: ignore[arg-type]
+
+
+def test_a_step_takes_a_limit_or_a_rate_and_no_total() -> None:
+    with pytest.raises(DefinitionError, match="not both"):
+        step("call", print, concurrency=Limit(max=2), rate=Rate("5/s"))
+    with pytest.raises(DefinitionError, match="no total="):
+        step("call", print, concurrency=Limit(key=lambda i: i, max=2, total=4))
+
+
+def test_a_parallel_member_takes_no_step_limit() -> None:
+    limited = step("call", print, concurrency=Limit(max=1))
+    with pytest.raises(DefinitionError, match="group's members start together"):
+        Saga("fan").parallel("both", limited, step("other", print))
+
+
+# -- behaviour ----------------------------------------------------------------------------
+def test_at_most_max_bodies_of_a_key_run_at_once_and_every_run_completes(world: World) -> None:
+    saga = world.saga(concurrency=Limit(key=lambda i: i["carrier"], max=2))
+    ids = world.start_all(saga, ["ups"] * 12 + ["dhl"] * 6)
+    world.all_completed(ids)
+    assert world.ledger.most == {"ups": 2, "dhl": 2}
+    assert world.waits() == 0  # every slot given back, no waiter left behind
+
+
+def test_waiters_start_in_the_order_they_came_to_the_door(world: World) -> None:
+    saga = world.saga(sleep=0.1, concurrency=Limit(key=lambda i: i["carrier"], max=1))
+    first = world.engine.start(saga, {"carrier": "ups"}).id
+    time.sleep(0.3)  # the first holds the slot
+    rest = []
+    for _ in range(5):
+        rest.append(world.engine.start(saga, {"carrier": "ups"}).id)
+        time.sleep(0.03)  # each at the door before the next
+    world.all_completed([first, *rest])
+    order = [run for _, key, run in world.ledger.started if key == "ups"]
+    assert order == [first, *rest]
+
+
+def test_a_retried_attempt_gives_its_slot_back_meanwhile(world: World) -> None:
+    saga = world.saga(fail_first=True, concurrency=Limit(key=lambda i: i["carrier"], max=1))
+    ids = world.start_all(saga, ["ups"] * 4)
+    world.all_completed(ids)
+    assert world.ledger.most == {"ups": 1}
+    assert len(world.ledger.started) == 8  # each failed once, then succeeded
+
+
+def test_a_rate_spaces_the_bodies_of_a_key(world: World) -> None:
+    saga = world.saga(sleep=0.0, rate=Rate("10/s", key=lambda i: i["carrier"]))
+    ids = world.start_all(saga, ["ups"] * 12 + ["dhl"] * 3)
+    world.all_completed(ids)
+    ups = sorted(at for at, key, _ in world.ledger.started if key == "ups")
+    # Starts 100 ms apart, late messages too: in any half second at most five, and one
+    # more for the thread and poll jitter of the in-process worker between door and body.
+    busiest = max(sum(1 for t in ups if a <= t < a + 0.5) for a in ups)
+    assert busiest <= 6, [round(b - a, 3) for a, b in itertools.pairwise(ups)]
+    assert ups[-1] - ups[0] == pytest.approx(1.1, abs=0.25)
+    assert world.waits() == 0
+
+
+def test_a_key_function_that_fails_fails_the_run_and_unwinds(world: World) -> None:
+    saga = world.saga(concurrency=Limit(key=lambda i: i["account"], max=1))
+    run = world.engine.start(saga, {"carrier": "ups"}).id
+    deadline = time.monotonic() + 30
+    while not world.engine.get(run).state.is_terminal:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    got = world.engine.get(run)
+    assert got.state is ExecutionState.FAILED
+    assert "concurrency key function raised KeyError" in (got.failure_reason or "")

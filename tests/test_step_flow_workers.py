@@ -1,0 +1,213 @@
+"""Step flow control by key with real prefork workers on PostgreSQL, over RabbitMQ and Redis
+(guarantee 37), with a real ``celery beat``: at most five calls in flight per carrier
+across two workers, a rate of 20 calls a second per carrier, and a killed worker holding a
+slot.
+
+The sagas ``carrier_calls`` and ``carrier_rated`` are tests/sagaapp.py's; their step writes a
+ledger row when its body begins (with the time, for the rate) and when it ends, in one
+sequence across every process, so a test replays who was inside at any moment.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from celery_saga import ExecutionState
+from celery_saga.errors import StoreUnavailableError
+from celery_saga.store.tables import step_waits
+from tests.sagaapp import ledger
+from tests.test_crash_recovery import CrashRig, crash_rig, wait_for
+
+
+@pytest.fixture(params=["postgres-rabbitmq", "postgres-redis"])
+def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CrashRig]:
+    yield from crash_rig(request.param, tmp_path)
+
+
+def _start(rig: CrashRig, saga: str, carrier: str, plan: dict[str, Any]) -> str:
+    run = rig.client.engine.start(saga, {"carrier": carrier, "plan": {"call": plan}})
+    return str(run.id)
+
+
+def _completed(rig: CrashRig, ids: list[str]) -> bool:
+    return all(rig.client.engine.get(i).state is ExecutionState.COMPLETED for i in ids)
+
+
+def _calls(rig: CrashRig, ids: list[str]) -> list[Any]:
+    with rig.client.sql.begin() as connection:
+        return list(
+            connection.execute(
+                select(ledger.c.id, ledger.c.execution_id, ledger.c.direction, ledger.c.detail)
+                .where(ledger.c.execution_id.in_(ids), ledger.c.step == "call")
+                .order_by(ledger.c.id)
+            )
+        )
+
+
+def _most_inside(rows: list[Any]) -> int:
+    inside: set[str] = set()
+    most = 0
+    for row in rows:
+        if row.direction == "forward_begin":
+            inside.add(row.execution_id)
+            most = max(most, len(inside))
+        elif row.direction == "forward":
+            inside.discard(row.execution_id)
+    return most
+
+
+def _waiting(rig: CrashRig, key: str) -> int:
+    with rig.client.engine.db.engine.connect() as connection:
+        query = select(func.count()).where(
+            step_waits.c.flow_key == key, step_waits.c.granted_at.is_(None)
+        )
+        return int(connection.execute(query).scalar() or 0)
+
+
+class ActiveSampler:
+    """Samples, while a test runs, the tasks the workers hold (``inspect().active()``) and
+    the steps waiting at the door in the store."""
+
+    def __init__(self, rig: CrashRig, key: str) -> None:
+        self.rig, self.key = rig, key
+        self.samples: list[tuple[int, int]] = []  # (active tasks, waiting at the door)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        inspect = self.rig.client.app.control.inspect(timeout=1.0)
+        while not self.stop.is_set():
+            active = inspect.active() or {}
+            held = sum(len(tasks) for tasks in active.values())
+            self.samples.append((held, _waiting(self.rig, self.key)))
+            time.sleep(0.3)
+
+    def close(self) -> list[tuple[int, int]]:
+        self.stop.set()
+        self.thread.join(timeout=10)
+        return self.samples
+
+
+def test_at_most_five_calls_per_carrier_across_two_workers_and_no_slot_held_waiting(
+    rig: CrashRig,
+) -> None:
+    rig.start_worker(count=2, concurrency=4)
+    carrier = f"ups-{uuid.uuid4().hex[:6]}"
+    sampler = ActiveSampler(rig, carrier)
+    try:
+        ids = [_start(rig, "carrier_calls", carrier, {"mark_begin": True, "sleep": 0.2})]
+        ids += [
+            _start(rig, "carrier_calls", carrier, {"mark_begin": True, "sleep": 0.2})
+            for _ in range(199)
+        ]
+        wait_for(lambda: _completed(rig, ids), 240)
+    finally:
+        samples = sampler.close()
+    rows = _calls(rig, ids)
+    assert sum(r.direction == "forward_begin" for r in rows) == 200  # each called once
+    assert _most_inside(rows) == 5, "more (or fewer) than five calls in flight at once"
+    # While many calls waited at the door, the eight pool processes were not held by them.
+    crowded = [held for held, waiting in samples if waiting >= 50]
+    assert crowded, f"no moment with 50 calls waiting: {samples}"
+    assert max(crowded) <= 8, samples
+    assert _waiting(rig, carrier) == 0
+
+
+def test_a_rate_of_20_per_second_holds_across_two_workers(rig: CrashRig) -> None:
+    carrier = f"dhl-{uuid.uuid4().hex[:6]}"
+    plan = {"mark_begin": True, "stamp": True}
+    # Every call queued before the workers start: what is measured is the rate, not how
+    # fast this process starts runs.
+    ids = [_start(rig, "carrier_rated", carrier, plan) for _ in range(800)]
+    rig.start_worker(count=2, concurrency=4)
+    wait_for(lambda: _completed(rig, ids), 240)
+    began = sorted(
+        float(r.detail.split("at=")[1]) for r in _calls(rig, ids) if r.direction == "forward_begin"
+    )
+    assert len(began) == 800  # each called once
+    # 30 s of the steady part: from 5 s after the first call (the workers have met every
+    # queued message at the door by then) to 35 s after it.
+    window = [t for t in began if 5.0 <= t - began[0] <= 35.0]
+    rate = (len(window) - 1) / (window[-1] - window[0])
+    seconds = [sum(1 for t in began if s <= t - began[0] < s + 1) for s in range(40)]
+    print(f"measured rate {rate:.2f}/s over {window[-1] - window[0]:.1f} s; per second {seconds}")
+    assert 17.0 <= rate <= 23.0, (rate, seconds)
+    # A second never holds much more than its twenty (a late message waits half a turn).
+    assert max(seconds) <= 24, seconds
+
+
+def test_a_killed_worker_holding_a_slot_frees_it_only_when_its_call_is_recovered(
+    rig: CrashRig,
+) -> None:
+    worker = rig.start_worker(concurrency=6)
+    carrier = f"crash-{uuid.uuid4().hex[:6]}"
+    holders = [
+        _start(rig, "carrier_calls", carrier, {"mark_begin": True, "first_sleep": 30})
+        for _ in range(5)
+    ]
+    wait_for(lambda: sum(r.direction == "forward_begin" for r in _calls(rig, holders)) == 5, 60)
+    waiting = _start(rig, "carrier_calls", carrier, {"mark_begin": True})
+    wait_for(lambda: _waiting(rig, carrier) == 1, 30)
+    rig.kill(worker)
+    time.sleep(2)
+    rig.start_worker(concurrency=6)
+    wait_for(lambda: _completed(rig, [*holders, waiting]), 120)
+    rows = _calls(rig, [*holders, waiting])
+    assert _most_inside(rows) <= 5, rows
+    first_done = min(r.id for r in rows if r.direction == "forward")
+    waiting_began = min(r.id for r in rows if r.execution_id == waiting)
+    assert waiting_began > first_done, "the waiting call started before a slot was given back"
+
+
+def test_a_store_outage_at_the_doors_loses_and_doubles_no_slot(tmp_path: Path) -> None:
+    """Doors, attempts and slots given back meet a 30 s cut of the store: at most two calls
+    of a carrier in flight at any moment, every call made once, every run completed, and no
+    place at a door left behind."""
+    from tests.test_faults import FaultRig
+
+    rig = FaultRig(tmp_path, sweep="1")
+    try:
+        engine = rig.client.engine
+        prefix = uuid.uuid4().hex[:6]
+        carriers = [f"{prefix}-a", f"{prefix}-b"]
+
+        def start(index: int) -> str:
+            carrier = carriers[index % 2]
+            plan = {"call": {"mark_begin": True, "sleep": 0.3}}
+            run_id = f"{prefix}-run-{index}"
+            while True:  # a caller's retry of the same start (guarantee 28)
+                try:
+                    engine.start(
+                        "carrier_pairs", {"carrier": carrier, "plan": plan}, execution_id=run_id
+                    )
+                    return run_id
+                except StoreUnavailableError:
+                    continue
+
+        ids = [start(index) for index in range(24)]
+        rig.proxy.cut(30)
+        ids += [start(index) for index in range(24, 32)]
+        for run_id in ids:
+            assert rig.wait_terminal(run_id, timeout=240).state is ExecutionState.COMPLETED
+        rows = _calls(rig, ids)
+        key_of = {run_id: carriers[int(run_id.rsplit("-", 1)[1]) % 2] for run_id in ids}
+        for carrier in carriers:
+            mine = [r for r in rows if key_of[r.execution_id] == carrier]
+            assert _most_inside(mine) <= 2, mine
+        assert sum(r.direction == "forward" for r in rows) == 32  # each call made once
+        with engine.db.engine.connect() as connection:
+            left = connection.execute(
+                select(step_waits.c.record).where(step_waits.c.flow_key.in_(carriers))
+            ).all()
+        assert left == [], left
+    finally:
+        rig.close()
