@@ -26,7 +26,7 @@ from prometheus_client.registry import Collector
 
 from celery_saga.records import ExecutionState, Pause
 from celery_saga.runtime.clock import get_clock
-from celery_saga.store import inspection, pauses
+from celery_saga.store import inspection, pauses, step_flow
 from celery_saga.store.database import Database
 
 logger = logging.getLogger("celery_saga")
@@ -45,6 +45,8 @@ class Reading:
     held_since: dict[str, datetime] = field(default_factory=dict)
     #: the stored pauses (each with how many runs it holds at its door)
     pauses: tuple[Pause, ...] = ()
+    #: saga -> (its steps waiting at a limited step's door, since when the longest waits)
+    at_doors: dict[str, tuple[int, datetime]] = field(default_factory=dict)
 
 
 class StoreGauges(Collector):
@@ -75,12 +77,14 @@ class StoreGauges(Collector):
             paused = tuple(pauses.list_pauses(self.db))
             queued = (ExecutionState.QUEUED.value,)
             oldest_queued = inspection.oldest_unfinished_by_saga(self.db, queued)
+            at_doors = step_flow.lines_by_saga(self.db)
         except Exception as error:  # an outage must not end the thread
             if self.up:
                 logger.warning("saga gauges: the store could not be read (%s)", error)
             self.up = False
             return
-        self.reading = Reading(runs, oldest, oldest_queued, get_clock().now(), held, paused)
+        at = get_clock().now()
+        self.reading = Reading(runs, oldest, oldest_queued, at, held, paused, at_doors)
         self.up = True
 
     def collect(self) -> Iterator[Metric]:
@@ -112,6 +116,20 @@ class StoreGauges(Collector):
             reading.at,
         )
         yield from _paused(reading.pauses, prefix)
+        waiting = GaugeMetricFamily(
+            f"{prefix}_steps_at_door",
+            "Steps of each saga waiting at a limited step's door (concurrency= or rate=)",
+            labels=["saga"],
+        )
+        for saga, (count, _) in sorted(reading.at_doors.items()):
+            waiting.add_metric([saga], count)
+        yield waiting
+        yield _ages(
+            f"{prefix}_oldest_step_at_door_age_seconds",
+            "How long the longest step of each saga waiting at a limited step's door has waited",
+            {saga: since for saga, (_, since) in reading.at_doors.items()},
+            reading.at,
+        )
         yield GaugeMetricFamily(
             f"{prefix}_store_up",
             "1 if the last reading of the store for these gauges succeeded",

@@ -108,6 +108,10 @@ class KeyLoad:
     limit: int
     queued: int
     oldest_queued: datetime | None
+    #: "run" (``Saga(concurrency=)``: ``saga`` names the saga), or "step"
+    #: (``step(concurrency=, rate=)``: ``saga`` names the step's task; ``live``: the
+    #: slots granted, ``queued``: the steps waiting at its door; ``limit`` 0 for a rate).
+    kind: str = "run"
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from celery_saga import (
     step,
 )
 from celery_saga.decisions.step_flow import grant, next_turn, start_of, waits_in_place
+from celery_saga.gauges import StoreGauges
 from celery_saga.store.tables import step_waits
 from celery_saga.worker.embedded import embedded_worker
 
@@ -97,6 +98,17 @@ class World:
             time.sleep(0.05)
         assert {self.engine.get(i).state for i in ids} == {ExecutionState.COMPLETED}
 
+    def at_door(self, run: str, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        def came() -> bool:
+            if any(started == run for _, _, started in self.ledger.started):
+                return True  # no one ahead of it: straight through the door
+            return "at the door" in (self.engine.inspect().run(run).waiting or "")
+
+        while not came():
+            assert time.monotonic() < deadline, "the run did not come to the door"
+            time.sleep(0.01)
+
     def waits(self) -> int:
         with self.engine.db.engine.connect() as connection:
             return len(connection.execute(select(step_waits.c.record)).all())
@@ -161,13 +173,13 @@ def test_at_most_max_bodies_of_a_key_run_at_once_and_every_run_completes(world: 
 
 
 def test_waiters_start_in_the_order_they_came_to_the_door(world: World) -> None:
-    saga = world.saga(sleep=0.1, concurrency=Limit(key=lambda i: i["carrier"], max=1))
+    saga = world.saga(sleep=0.5, concurrency=Limit(key=lambda i: i["carrier"], max=1))
     first = world.engine.start(saga, {"carrier": "ups"}).id
     time.sleep(0.3)  # the first holds the slot
     rest = []
     for _ in range(5):
         rest.append(world.engine.start(saga, {"carrier": "ups"}).id)
-        time.sleep(0.03)  # each at the door before the next
+        world.at_door(rest[-1])  # each at the door before the next starts
     world.all_completed([first, *rest])
     order = [run for _, key, run in world.ledger.started if key == "ups"]
     assert order == [first, *rest]
@@ -204,3 +216,64 @@ def test_a_key_function_that_fails_fails_the_run_and_unwinds(world: World) -> No
     got = world.engine.get(run)
     assert got.state is ExecutionState.FAILED
     assert "concurrency key function raised KeyError" in (got.failure_reason or "")
+
+
+def test_show_and_limits_say_who_waits_at_a_door(world: World) -> None:
+    saga = world.saga(sleep=1.0, concurrency=Limit(key=lambda i: i["carrier"], max=1))
+    ids = world.start_all(saga, ["ups"] * 3)
+    deadline = time.monotonic() + 20
+    views = []
+    while time.monotonic() < deadline:
+        views = [world.engine.inspect().run(i).waiting for i in ids]
+        if (
+            sum(
+                "waiting for a slot of key 'ups' at the door of step 'call'" in (v or "")
+                for v in views
+            )
+            == 2
+        ):
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(views)
+    loads = [k for k in world.engine.inspect().limits() if k.kind == "step" and k.key == "ups"]
+    assert [(k.live, k.limit, k.queued) for k in loads] == [(1, 1, 2)]
+    assert loads[0].saga.endswith("call")  # the task the limit counts
+    gauges = StoreGauges(world.engine.db)
+    gauges.refresh()
+    assert gauges.reading.at_doors[saga][0] == 2
+    names = {metric.name for metric in gauges.collect()}
+    assert {"saga_steps_at_door", "saga_oldest_step_at_door_age_seconds"} <= names
+    world.all_completed(ids)
+    assert world.waits() == 0
+
+
+def test_a_door_costs_a_few_statements_and_an_unlimited_step_none(world: World) -> None:
+    """What docs/flow-control.md says a door costs: counted on one run, alone at the door."""
+    from sqlalchemy import event
+
+    sent: list[str] = []
+
+    def record(_c: Any, _cursor: Any, sql: str, *_: Any) -> None:
+        if "saga_step_waits" in sql or "saga_step_keys" in sql:
+            sent.append(sql.split()[0].upper())
+
+    limited = world.saga(sleep=0.0, concurrency=Limit(key=lambda i: i["carrier"], max=2))
+    rated = world.saga(sleep=0.0, rate=Rate("50/s", key=lambda i: i["carrier"]))
+    plain = world.saga(sleep=0.0)
+    counts = {}
+    for saga in (limited, rated, plain):
+        event.listen(world.engine.db.engine, "before_cursor_execute", record)
+        try:
+            world.all_completed([world.engine.start(saga, {"carrier": f"k-{saga}"}).id])
+        finally:
+            event.remove(world.engine.db.engine, "before_cursor_execute", record)
+        counts[saga], sent[:] = list(sent), []
+    print(counts)
+    # The door: the key's row locked (made once per key), the step's place, the slots
+    # held, the waiters ahead, its place written; after the attempt: the key's row, the
+    # place deleted, the slots held, the waiters ahead.
+    assert len(counts[limited]) <= 11, counts[limited]
+    # A rate: the key's row, the place, the next turn, the last start.
+    assert len(counts[rated]) <= 6, counts[rated]
+    assert counts[plain] == []

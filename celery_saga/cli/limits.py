@@ -18,6 +18,9 @@ def _row(load: KeyLoad) -> list[str]:
     if load.oldest_queued is not None:
         waited = f"{(get_clock().now() - load.oldest_queued).total_seconds():.0f} s"
     key = load.key or "(saga total)"
+    if load.kind == "step":  # a step's limit: the task it counts, its slots or a rate's
+        live = f"{load.live}/{load.limit}" if load.limit else "rate"
+        return [f"task {load.saga}", key, live, str(load.queued), waited]
     return [load.saga, key, f"{load.live}/{load.limit}", str(load.queued), waited]
 
 
@@ -27,7 +30,8 @@ def _row(load: KeyLoad) -> list[str]:
 @click.pass_context
 @operator_command
 def limits(ctx: click.Context, top: int, as_json_output: bool) -> None:
-    """The busiest flow-control keys: runs queued, runs live of the limit, longest wait."""
+    """The busiest flow-control keys: runs queued, runs live of the limit, longest wait;
+    then the busiest keys of limited steps: steps waiting at the door, slots granted."""
     if not 1 <= top <= 1000:
         raise click.BadParameter(f"--top takes 1 to 1000, got {top}")
     found = engine_of(ctx).inspect().limits(top)

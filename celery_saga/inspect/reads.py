@@ -5,6 +5,7 @@ saga list/show/stats``, the web view and the Django admin read through it and no
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from celery_saga.decisions.plan import PLANNERS, LoadedRun, Plan
 from celery_saga.decisions.versions import VersionRef, find_version
@@ -139,9 +140,17 @@ class Inspector:
         return None if record is None else self._listed([record], False)[0]
 
     def limits(self, most: int = 20) -> list[KeyLoad]:
-        """The busiest flow-control keys: most runs queued, then most live (``saga limits``)."""
+        """The busiest flow-control keys: most runs queued, then most live (``saga limits``);
+        then the busiest keys of limited steps (``kind`` "step"), each with its limit as
+        the deployed definition of one of its waiting steps says (0: a rate, or unknown)."""
         self._prepare()
-        return flow.busiest_keys(reads(self._db), most)
+        found = flow.busiest_keys(reads(self._db), most)
+        for load, (saga, version, record) in step_flow.busiest_lines(reads(self._db), most):
+            definition = self._catalog.known(saga, version)
+            spec = definition.find_step(record) if definition else None
+            limit = spec.concurrency.max if spec and spec.concurrency else 0
+            found.append(replace(load, limit=limit))
+        return found
 
     def counts(self) -> dict[str, int]:
         """Unfinished runs by state, read from the index on state."""

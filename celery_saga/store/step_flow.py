@@ -22,7 +22,7 @@ from sqlalchemy import Connection, and_, delete, exists, func, insert, or_, sele
 from sqlalchemy.exc import IntegrityError
 
 from celery_saga.decisions.step_flow import grant, next_turn, start_of, waits_in_place
-from celery_saga.records import DoorPlace, ExecutionState, StepStatus
+from celery_saga.records import DoorPlace, ExecutionState, KeyLoad, StepStatus
 from celery_saga.store.database import Database, from_db_time, to_db_time
 from celery_saga.store.tables import executions, step_keys, step_records, step_waits
 
@@ -191,15 +191,12 @@ def _ahead(
     if mine is not None:
         query = query.where(step_waits.c.waiting_since <= mine.waiting_since)
     found, ended = [], []
-    for row in connection.execute(query).all():
-        if row.state != ExecutionState.RUNNING.value:
-            ended.append((row.execution_id, row.record))
-        elif mine is None or (row.waiting_since, row.execution_id, row.record) < (
-            mine.waiting_since,
-            mine.execution_id,
-            mine.record,
-        ):
-            found.append(_door_of(row._mapping))
+    for row in connection.execute(query).mappings().all():
+        place = (row["waiting_since"], row["execution_id"], row["record"])
+        if row["state"] != ExecutionState.RUNNING.value:
+            ended.append(place[1:])
+        elif mine is None or place < (mine.waiting_since, mine.execution_id, mine.record):
+            found.append(_door_of(row))
     _drop(connection, ended)
     return found[:wanted]
 
@@ -407,3 +404,62 @@ def waiting_at_doors(db: Database, execution_ids: list[str], cutoff: datetime) -
         )
     )
     return {row["execution_id"] for row in db.read(query)}
+
+
+def busiest_lines(db: Database, most: int) -> list[tuple[KeyLoad, tuple[str, str, str]]]:
+    """The ``most`` step keys with the most steps waiting at their door, then the most
+    slots granted; each with one of its rows' (saga, version, record), whose step names
+    the key's limit."""
+    waits = step_waits.c
+    waiting = func.count() - func.count(waits.granted_at)
+    rows = db.read(
+        select(
+            waits.scope,
+            waits.flow_key,
+            func.count(waits.granted_at).label("held"),
+            waiting.label("waiting"),
+            func.min(waits.waiting_since).label("oldest"),
+            func.min(waits.saga_name).label("saga"),
+            func.min(waits.definition_hash).label("version"),
+            func.min(waits.record).label("record"),
+        )
+        .group_by(waits.scope, waits.flow_key)
+        .order_by(waiting.desc(), func.count(waits.granted_at).desc())
+        .limit(most)
+    )
+    return [
+        (
+            KeyLoad(
+                r["scope"],
+                r["flow_key"],
+                int(r["held"]),
+                0,
+                int(r["waiting"]),
+                from_db_time(r["oldest"]) if r["waiting"] else None,
+                kind="step",
+            ),
+            (r["saga"], r["version"], r["record"]),
+        )
+        for r in rows
+    ]
+
+
+def lines_by_saga(db: Database) -> dict[str, tuple[int, datetime]]:
+    """Per saga: its steps waiting at a limited step's door, and since when the longest
+    of them waits (the metrics exporter's gauges)."""
+    waits = step_waits.c
+    rows = db.read(
+        select(
+            waits.saga_name,
+            func.count().label("waiting"),
+            func.min(waits.waiting_since).label("since"),
+        )
+        .where(waits.granted_at.is_(None))
+        .group_by(waits.saga_name)
+    )
+    out = {}
+    for row in rows:
+        since = from_db_time(row["since"])
+        assert since is not None
+        out[row["saga_name"]] = (int(row["waiting"]), since)
+    return out
