@@ -25,7 +25,32 @@ from pathlib import Path
 import tracing_modes
 
 
-def _one(mode: str, runs: int, warmup: int) -> float:
+def _checks(engine: object, runs: int) -> tuple[float, float]:
+    """What ``api`` does that ``off`` does not: one look at the global tracer provider per
+    span boundary. Counted over ``runs`` more runs, and timed alone: (checks per run,
+    CPU seconds per check)."""
+    import timeit
+
+    from celery_saga.tracing import api
+
+    counted = [0]
+    checked = api.provider_set
+
+    def counting() -> bool:
+        counted[0] += 1
+        return checked()
+
+    api.provider_set = counting  # type: ignore[assignment]
+    try:
+        for _ in range(runs):
+            engine.start("five")  # type: ignore[attr-defined]
+    finally:
+        api.provider_set = checked  # type: ignore[assignment]
+    each = min(timeit.repeat(checked, number=100_000, repeat=5, timer=time.process_time))
+    return counted[0] / runs, each / 100_000
+
+
+def _one(mode: str, runs: int, warmup: int) -> float | list[float]:
     """CPU seconds per run of ``runs`` runs in this process, traced as ``mode`` (CPU
     time: the other processes of a shared machine do not count, nor the disk's flushes)."""
     from celery import Celery
@@ -50,7 +75,10 @@ def _one(mode: str, runs: int, warmup: int) -> float:
     began = time.process_time()
     for _ in range(runs):
         engine.start("five")
-    return (time.process_time() - began) / runs
+    per_run = (time.process_time() - began) / runs
+    if mode == "api":
+        return [per_run, *_checks(engine, 50)]
+    return per_run
 
 
 def main() -> int:
@@ -64,12 +92,16 @@ def main() -> int:
         print(json.dumps(_one(args.mode, args.runs, args.warmup)))
         return 0
     times: dict[str, list[float]] = {mode: [] for mode in tracing_modes.MODES}
+    checks: list[float] = [0.0, 0.0]
     for _ in range(args.rounds):
         for mode in tracing_modes.MODES:
             command = [sys.executable, __file__, "--mode", mode, "--runs", str(args.runs)]
             command += ["--warmup", str(args.warmup)]
             out = subprocess.run(command, check=True, capture_output=True, text=True)
-            times[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            got = json.loads(out.stdout.strip().splitlines()[-1])
+            if isinstance(got, list):
+                got, checks = got[0], got[1:]
+            times[mode].append(got)
     base = statistics.median(times["off"])
     print(f"{args.rounds} rounds x {args.runs} runs of a five-step saga, eager, SQLite")
     for mode, seconds in times.items():
@@ -77,6 +109,12 @@ def main() -> int:
         spread = f"{min(seconds) * 1e3:.3f}-{max(seconds) * 1e3:.3f}"
         overhead = (median / base - 1) * 100
         print(f"{mode:4}  {median * 1e3:7.3f} ms CPU/run  (rounds {spread})  {overhead:+6.1f}%")
+    per_run, each = checks
+    share = per_run * each / base * 100
+    print(
+        f"api's only extra work: {per_run:.0f} provider checks per run, {each * 1e6:.3f} us "
+        f"CPU each: {per_run * each * 1e6:.1f} us a run, {share:.3f}% of off's CPU per run"
+    )
     return 0
 
 

@@ -100,6 +100,7 @@ class World:
 
     def at_door(self, run: str, timeout: float = 20.0) -> None:
         deadline = time.monotonic() + timeout
+
         def came() -> bool:
             if any(started == run for _, _, started in self.ledger.started):
                 return True  # no one ahead of it: straight through the door
@@ -277,3 +278,23 @@ def test_a_door_costs_a_few_statements_and_an_unlimited_step_none(world: World) 
     # A rate: the key's row, the place, the next turn, the last start.
     assert len(counts[rated]) <= 6, counts[rated]
     assert counts[plain] == []
+
+
+def test_a_cancelled_run_waiting_at_a_door_never_makes_its_call(world: World) -> None:
+    saga = world.saga(sleep=1.0, concurrency=Limit(key=lambda i: i["carrier"], max=1))
+    holder = world.engine.start(saga, {"carrier": "ups"}).id
+    world.at_door(holder)  # through it: its call holds the slot
+    waiting = world.engine.start(saga, {"carrier": "ups"}).id
+    world.at_door(waiting)
+    world.engine.cancel(waiting, reason="customer changed their mind")
+    deadline = time.monotonic() + 30
+    while not world.engine.get(waiting).state.is_terminal:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    world.all_completed([holder])
+    after = world.engine.start(saga, {"carrier": "ups"}).id  # the key goes on
+    world.all_completed([after])
+    assert world.engine.get(waiting).state is ExecutionState.CANCELLED
+    called = [run for _, _, run in world.ledger.started]
+    assert waiting not in called and holder in called and after in called
+    assert world.waits() == 0

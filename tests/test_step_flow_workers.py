@@ -22,7 +22,8 @@ from sqlalchemy import func, select
 
 from celery_saga import ExecutionState
 from celery_saga.errors import StoreUnavailableError
-from celery_saga.store.tables import step_waits
+from celery_saga.store.tables import step_records, step_waits
+from tests.conftest import spawn_beat
 from tests.sagaapp import ledger
 from tests.test_crash_recovery import CrashRig, crash_rig, wait_for
 
@@ -87,7 +88,9 @@ class ActiveSampler:
         inspect = self.rig.client.app.control.inspect(timeout=1.0)
         while not self.stop.is_set():
             active = inspect.active() or {}
-            held = sum(len(tasks) for tasks in active.values())
+            # This test's workers only: other tests' workers answer on the same broker.
+            ours = [tasks for name, tasks in active.items() if self.rig.queue in name]
+            held = sum(len(tasks) for tasks in ours)
             self.samples.append((held, _waiting(self.rig, self.key)))
             time.sleep(0.3)
 
@@ -100,15 +103,12 @@ class ActiveSampler:
 def test_at_most_five_calls_per_carrier_across_two_workers_and_no_slot_held_waiting(
     rig: CrashRig,
 ) -> None:
-    rig.start_worker(count=2, concurrency=4)
     carrier = f"ups-{uuid.uuid4().hex[:6]}"
+    plan = {"mark_begin": True, "sleep": 0.2}
+    ids = [_start(rig, "carrier_calls", carrier, plan) for _ in range(200)]
+    rig.start_worker(count=2, concurrency=4)  # every run queued: the door meets a crowd
     sampler = ActiveSampler(rig, carrier)
     try:
-        ids = [_start(rig, "carrier_calls", carrier, {"mark_begin": True, "sleep": 0.2})]
-        ids += [
-            _start(rig, "carrier_calls", carrier, {"mark_begin": True, "sleep": 0.2})
-            for _ in range(199)
-        ]
         wait_for(lambda: _completed(rig, ids), 240)
     finally:
         samples = sampler.close()
@@ -122,27 +122,31 @@ def test_at_most_five_calls_per_carrier_across_two_workers_and_no_slot_held_wait
     assert _waiting(rig, carrier) == 0
 
 
-def test_a_rate_of_20_per_second_holds_across_two_workers(rig: CrashRig) -> None:
+def test_a_rate_of_20_per_second_is_never_exceeded_across_two_workers(rig: CrashRig) -> None:
+    """Every call made once, and no second with more than its twenty calls claimed (two
+    more for the time from a door to its claim, which the machine's load stretches or
+    shrinks), whatever the load; the rate
+    measured on a quiet machine (within 15% of 20/s over 30 s) is benchmarks/step_rate.py's."""
     carrier = f"dhl-{uuid.uuid4().hex[:6]}"
     plan = {"mark_begin": True, "stamp": True}
-    # Every call queued before the workers start: what is measured is the rate, not how
-    # fast this process starts runs.
-    ids = [_start(rig, "carrier_rated", carrier, plan) for _ in range(800)]
+    # Every call queued before the workers start: the door meets them all at once.
+    ids = [_start(rig, "carrier_rated", carrier, plan) for _ in range(200)]
     rig.start_worker(count=2, concurrency=4)
     wait_for(lambda: _completed(rig, ids), 240)
-    began = sorted(
-        float(r.detail.split("at=")[1]) for r in _calls(rig, ids) if r.direction == "forward_begin"
-    )
-    assert len(began) == 800  # each called once
-    # 30 s of the steady part: from 5 s after the first call (the workers have met every
-    # queued message at the door by then) to 35 s after it.
-    window = [t for t in began if 5.0 <= t - began[0] <= 35.0]
-    rate = (len(window) - 1) / (window[-1] - window[0])
-    seconds = [sum(1 for t in began if s <= t - began[0] < s + 1) for s in range(40)]
-    print(f"measured rate {rate:.2f}/s over {window[-1] - window[0]:.1f} s; per second {seconds}")
-    assert 17.0 <= rate <= 23.0, (rate, seconds)
-    # A second never holds much more than its twenty (a late message waits half a turn).
-    assert max(seconds) <= 24, seconds
+    assert sum(r.direction == "forward_begin" for r in _calls(rig, ids)) == 200  # once each
+    # When each call was claimed, right after its door let it through (its body's first
+    # line comes later, by as much as the worker's load makes it).
+    with rig.client.engine.db.engine.connect() as connection:
+        claimed = connection.execute(
+            select(step_records.c.started_at).where(
+                step_records.c.execution_id.in_(ids), step_records.c.name == "call"
+            )
+        ).scalars()
+        began = sorted(at.timestamp() for at in claimed)
+    busiest = max(sum(1 for t in began if a <= t < a + 1.0) for a in began)
+    print(f"busiest second: {busiest} calls; all 200 in {began[-1] - began[0]:.1f} s")
+    assert busiest <= 22, busiest  # a burst of late messages would be 30 or more
+    assert began[-1] - began[0] >= 199 / 20 * 0.95  # never faster than the rate overall
 
 
 def test_a_killed_worker_holding_a_slot_frees_it_only_when_its_call_is_recovered(
@@ -211,3 +215,24 @@ def test_a_store_outage_at_the_doors_loses_and_doubles_no_slot(tmp_path: Path) -
         assert left == [], left
     finally:
         rig.close()
+
+
+def test_two_beats_and_a_killed_worker_double_no_slot(rig: CrashRig, tmp_path: Path) -> None:
+    """Two ``celery beat`` processes sweep at once (each passes the lines at the doors and
+    recovers idle runs), and the worker holding the slots is killed: never more than two
+    calls of the carrier in flight, every run completed, no place left behind."""
+    second = tmp_path / "second-beat"
+    second.mkdir()
+    rig.workers.append(spawn_beat(rig.env, second))  # stopped with the workers
+    worker = rig.start_worker(concurrency=4)
+    carrier = f"beats-{uuid.uuid4().hex[:6]}"
+    plan = {"mark_begin": True, "sleep": 0.3, "first_sleep": 1.0}
+    ids = [_start(rig, "carrier_pairs", carrier, plan) for _ in range(20)]
+    wait_for(lambda: sum(r.direction == "forward" for r in _calls(rig, ids)) >= 4, 60)
+    rig.kill(worker)
+    rig.start_worker(concurrency=4)
+    wait_for(lambda: _completed(rig, ids), 180)
+    rows = _calls(rig, ids)
+    assert _most_inside(rows) <= 2, rows
+    assert {r.execution_id for r in rows if r.direction == "forward"} == set(ids)
+    assert _waiting(rig, carrier) == 0

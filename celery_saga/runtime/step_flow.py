@@ -86,7 +86,7 @@ class StepFlow:
         """Pass ``door``: a slot or a due turn (go), or wait without a worker slot."""
         now, db = get_clock().now(), self.parts.db
         if spec.rate is not None:
-            turn = step_flow.take_turn(db, door, 1 / spec.rate.per_second, now)
+            turn = step_flow.take_turn(db, door, 1 / spec.rate.per_second, get_clock().now)
             if turn.go:
                 time.sleep(turn.sleep)  # at most two turns of the rate: a moment
                 return DoorAnswer(True, Stay())

@@ -13,7 +13,7 @@ slots to the waiters ahead, oldest first: the rows it returns are owed their mes
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -297,15 +297,17 @@ def _wake(
     return woken
 
 
-def take_turn(db: Database, door: StepDoor, interval: float, now: datetime) -> Turn:
+def take_turn(db: Database, door: StepDoor, interval: float, clock: Callable[[], datetime]) -> Turn:
     """A rate's turn for ``door``'s step: it starts now (or in a moment: ``Turn.sleep``),
     or at its booked turn. Its row keeps the booking, so its message, sent again for that
     time (or by the recovery sweep once the turn has passed), starts it then without
     booking twice; a message that comes early (the recovery sweep's, while the one sent for
-    the turn waits) is dropped. Starts are a whole interval apart, late messages too."""
+    the turn waits) is dropped. Starts are a whole interval apart, late messages too: the
+    time is read once the key's row is locked (``clock``), not before a wait for the lock."""
     spacing = timedelta(seconds=interval)
     with db.transaction() as connection:
         booked_until, last_start = _lock_key(connection, door.scope, door.key)
+        now = clock()
         key = _key_row(connection, door.scope, door.key)
         mine = _mine(connection, door)
         booked = mine is not None and mine.turn_at is not None
