@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -44,15 +45,19 @@ def _parse_args() -> tuple[argparse.Namespace, list[str]]:
     return parser.parse_known_args()
 
 
-def _one(mode: str, broker: str, rest: list[str]) -> dict[str, float]:
+def one(mode: str, broker: str, rest: list[str], tree: Path = HERE.parent) -> dict[str, float]:
+    """The figures of one ``chain_vs_saga.py`` run of the package in ``tree`` (a checkout:
+    its own code and its own benchmark), traced as ``mode``."""
     import bench_report
 
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as out:
         path = Path(out.name)
-    command = [sys.executable, str(HERE / "chain_vs_saga.py"), *rest]
-    command += ["--broker", broker, "--tracing", mode, "--json-out", str(path)]
+    command = [sys.executable, str(tree / "benchmarks" / "chain_vs_saga.py"), *rest]
+    command += ["--broker", broker, "--json-out", str(path)]
+    command += ["--tracing", mode] if mode != "off" or tree == HERE.parent else []
+    env = {**os.environ, "PYTHONPATH": str(tree)}  # the tree's package, not the installed one
     try:
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env=env)
         result: dict[str, Any] = json.loads(path.read_text())
     finally:
         path.unlink(missing_ok=True)
@@ -71,7 +76,7 @@ def main() -> int:
         order = MODES[turn % 3 :] + MODES[: turn % 3]
         for mode in order:
             load = loadavg().split()[0]
-            figures = _one(mode, args.broker, rest)
+            figures = one(mode, args.broker, rest)
             runs[mode].append(figures)
             cells = " ".join(f"{figures[key]:>24.3f}{unit:>2}" for _, key, unit in FIGURES)
             print(f"{turn + 1:>4} {mode:>4} {load:>5} {cells}", flush=True)

@@ -203,7 +203,7 @@ def test_a_rate_spaces_the_bodies_of_a_key(world: World) -> None:
     # more for the thread and poll jitter of the in-process worker between door and body.
     busiest = max(sum(1 for t in ups if a <= t < a + 0.5) for a in ups)
     assert busiest <= 6, [round(b - a, 3) for a, b in itertools.pairwise(ups)]
-    assert ups[-1] - ups[0] == pytest.approx(1.1, abs=0.25)
+    assert ups[-1] - ups[0] >= 1.1 * 0.9  # never faster than the rate (late: slower)
     assert world.waits() == 0
 
 
