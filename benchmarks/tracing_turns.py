@@ -71,25 +71,36 @@ def one(mode: str, broker: str, rest: list[str], tree: Path = HERE.parent) -> di
 def main() -> int:
     args, rest = _parse_args()
     runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
-    print(f"{'turn':>4} {'mode':>4} {'load':>5} " + " ".join(f"{f[0]:>26}" for f in FIGURES))
+    print(f"{'turn':>4} {'mode':>8} {'load':>5} " + " ".join(f"{f[0]:>26}" for f in FIGURES))
     for turn in range(args.turns):
         order = MODES[turn % 3 :] + MODES[: turn % 3]
         for mode in order:
             load = loadavg().split()[0]
             figures = one(mode, args.broker, rest)
             runs[mode].append(figures)
-            cells = " ".join(f"{figures[key]:>24.3f}{unit:>2}" for _, key, unit in FIGURES)
-            print(f"{turn + 1:>4} {mode:>4} {load:>5} {cells}", flush=True)
-    print("\nmedian over the turns, and against off:")
-    base = {key: statistics.median(r[key] for r in runs["off"]) for _, key, _ in FIGURES}
-    for mode in MODES:
+            print_turn(turn, mode, load, figures)
+    print_medians(runs)
+    return 0
+
+
+def print_turn(turn: int, label: str, load: str, figures: dict[str, float]) -> None:
+    """One row: a turn's run of ``label`` (a mode or a tree)."""
+    cells = " ".join(f"{figures[key]:>24.3f}{unit:>2}" for _, key, unit in FIGURES)
+    print(f"{turn + 1:>4} {label:>8} {load:>5} {cells}", flush=True)
+
+
+def print_medians(runs: dict[str, list[dict[str, float]]]) -> None:
+    """Each label's median over its turns, against the first label's."""
+    first = next(iter(runs))
+    print(f"\nmedian over the turns, and against {first}:")
+    base = {key: statistics.median(r[key] for r in runs[first]) for _, key, _ in FIGURES}
+    for label, done in runs.items():
         cells = []
         for _, key, _unit in FIGURES:
-            value = statistics.median(r[key] for r in runs[mode])
+            value = statistics.median(r[key] for r in done)
             cells.append(f"{value:>10.3f} ({(value / base[key] - 1) * 100:+6.1f}%)")
-        print(f"  {mode:<4} " + " ".join(f"{c:>26}" for c in cells))
+        print(f"  {label:<8} " + " ".join(f"{c:>26}" for c in cells))
     print(f"\nload average at end: {loadavg()}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -16,12 +16,11 @@ For example, what a feature costs sagas that do not use it:
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
 from bench_infra import loadavg
-from tracing_turns import FIGURES, one
+from tracing_turns import FIGURES, one, print_medians, print_turn
 
 
 def main() -> int:
@@ -39,17 +38,8 @@ def main() -> int:
             load = loadavg().split()[0]
             figures = one("off", args.broker, rest, Path(trees[label]).resolve())
             runs[label].append(figures)
-            cells = " ".join(f"{figures[key]:>24.3f}{unit:>2}" for _, key, unit in FIGURES)
-            print(f"{turn + 1:>4} {label:>8} {load:>5} {cells}", flush=True)
-    print(f"\nmedian over the turns, and against {labels[0]}:")
-    base = {key: statistics.median(r[key] for r in runs[labels[0]]) for _, key, _ in FIGURES}
-    for label in labels:
-        cells = []
-        for _, key, _unit in FIGURES:
-            value = statistics.median(r[key] for r in runs[label])
-            cells.append(f"{value:>10.3f} ({(value / base[key] - 1) * 100:+6.1f}%)")
-        print(f"  {label:<8} " + " ".join(f"{c:>26}" for c in cells))
-    print(f"\nload average at end: {loadavg()}")
+            print_turn(turn, label, load, figures)
+    print_medians(runs)
     return 0
 
 
