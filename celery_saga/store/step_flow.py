@@ -93,14 +93,14 @@ class Turn:
 RESEND_WITHIN = 1.0
 
 
-def _key_row(connection: Connection, scope: str, key: str) -> Any:
+def _key_row(scope: str, key: str) -> Any:
     return (step_keys.c.scope == scope) & (step_keys.c.flow_key == key)
 
 
 def _lock_key(connection: Connection, scope: str, key: str) -> tuple[Any, Any]:
     """Lock the key's row (made by its first door): a rate's turns booked until, and its
     last start (None: none yet)."""
-    where = _key_row(connection, scope, key)
+    where = _key_row(scope, key)
     columns = (step_keys.c.next_turn_at, step_keys.c.last_start_at)
     query = select(*columns).where(where).with_for_update()
     row = connection.execute(query).first()
@@ -308,7 +308,7 @@ def take_turn(db: Database, door: StepDoor, interval: float, clock: Callable[[],
     with db.transaction() as connection:
         booked_until, last_start = _lock_key(connection, door.scope, door.key)
         now = clock()
-        key = _key_row(connection, door.scope, door.key)
+        key = _key_row(door.scope, door.key)
         mine = _mine(connection, door)
         booked = mine is not None and mine.turn_at is not None
         if booked:
