@@ -26,7 +26,7 @@ from prometheus_client.registry import Collector
 
 from celery_saga.records import ExecutionState, Pause
 from celery_saga.runtime.clock import get_clock
-from celery_saga.store import inspection, pauses, step_flow
+from celery_saga.store import inspection, pauses, step_lines
 from celery_saga.store.database import Database
 
 logger = logging.getLogger("celery_saga")
@@ -77,7 +77,7 @@ class StoreGauges(Collector):
             paused = tuple(pauses.list_pauses(self.db))
             queued = (ExecutionState.QUEUED.value,)
             oldest_queued = inspection.oldest_unfinished_by_saga(self.db, queued)
-            at_doors = step_flow.lines_by_saga(self.db)
+            at_doors = step_lines.lines_by_saga(self.db)
         except Exception as error:  # an outage must not end the thread
             if self.up:
                 logger.warning("saga gauges: the store could not be read (%s)", error)

@@ -16,7 +16,7 @@ from celery_saga.inspect.redacted import redacted
 from celery_saga.inspect.values import ListedRun, RunList, RunView
 from celery_saga.records import ExecutionRecord, ExecutionState, KeyLoad
 from celery_saga.runtime.catalog import Catalog
-from celery_saga.store import flow, inspection, queries, step_flow
+from celery_saga.store import flow, inspection, queries, step_lines
 from celery_saga.store.database import Database
 from celery_saga.store.inspection import Filters, Stats, StoredRun
 from celery_saga.store.replica import ReplicaLag, reads, replica_lag
@@ -61,7 +61,7 @@ class Inspector:
         version = waits[execution_id].definition_hash if execution_id in waits else None
         queued = stored.record.state is ExecutionState.QUEUED and stored.archived_at is None
         running = stored.record.state is ExecutionState.RUNNING and stored.archived_at is None
-        doors = step_flow.door_places(db, execution_id) if running else []
+        doors = step_lines.door_places(db, execution_id) if running else []
         return story.describe(
             stored,
             lambda child: self._load(child, reveal, fresh),
@@ -145,7 +145,7 @@ class Inspector:
         the deployed definition of one of its waiting steps says (0: a rate, or unknown)."""
         self._prepare()
         found = flow.busiest_keys(reads(self._db), most)
-        for load, (saga, version, record) in step_flow.busiest_lines(reads(self._db), most):
+        for load, (saga, version, record) in step_lines.busiest_lines(reads(self._db), most):
             definition = self._catalog.known(saga, version)
             spec = definition.find_step(record) if definition else None
             limit = spec.concurrency.max if spec and spec.concurrency else 0

@@ -23,7 +23,7 @@ from celery_saga.runtime.clock import get_clock
 from celery_saga.runtime.moves import FailRun, Move, Moves, PublishNode, Stay
 from celery_saga.runtime.navigation import Position
 from celery_saga.runtime.parts import Parts
-from celery_saga.store import step_flow
+from celery_saga.store import step_flow, step_lines
 from celery_saga.store.step_flow import StepDoor
 
 logger = logging.getLogger("celery_saga")
@@ -148,7 +148,7 @@ class StepFlow:
         moved for ``stale_after`` (a pass that should have granted them was lost with its
         worker or its store connection); the messages owed to the waiters it grants."""
         db, lease, moves = self.parts.db, self.parts.lease, []
-        for door in step_flow.stale_lines(db, now - stale_after, page):
+        for door in step_lines.stale_lines(db, now - stale_after, page):
             definition = self.parts.registry.known(door.saga, door.version)
             spec = definition.find_step(door.record) if definition else None
             if spec is None or spec.concurrency is None:
