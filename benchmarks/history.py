@@ -80,6 +80,8 @@ def _operations(engine: SagaEngine, now: datetime) -> dict[str, Callable[[], obj
         "fire_timers()": engine.fire_timers,
         "stats": lambda: inspection.stats(engine.db),
         "versions check": check,
+        "gauges": _gauges(engine),
+        "limits": lambda: engine.inspect().limits(20),
         "list()": lambda: engine.list(),
         "list(state=waiting)": lambda: engine.list(state="waiting"),
         "list(state=running)": lambda: engine.list(state="running"),
@@ -98,6 +100,16 @@ def _operations(engine: SagaEngine, now: datetime) -> dict[str, Callable[[], obj
         ),
         "get(id)": lambda: engine.get(first),
     }
+
+
+def _gauges(engine: SagaEngine) -> Callable[[], object]:
+    """The metrics exporter's read of the store, every 15 s (``StoreGauges.refresh``; an
+    older checkout to compare with may have none)."""
+    try:
+        from celery_saga.gauges import StoreGauges
+    except ImportError:
+        return lambda: None
+    return StoreGauges(engine.db).refresh
 
 
 def _newest(engine: SagaEngine, filters: inspection.Filters, pages: int = 2) -> None:
@@ -378,12 +390,14 @@ def _sweeps(
     calls = _operations(engine, now)
     for label, call in calls.items():
         print(f"  {label:34} {_median_ms(call, args.repeats):8.2f} ms")
-    periodic = {k: calls[k] for k in ("recover()", "fire_timers()", "stats", "versions check")}
+    periodic = {
+        k: calls[k] for k in ("recover()", "fire_timers()", "stats", "versions check", "gauges")
+    }
     # An older checkout (to compare with) has no batch-wise retention to call.
     batched = hasattr(retention, "retire_batch")
     if batched:
         periodic["retention claim"] = _claims(engine, now - timedelta(minutes=30))
-    reads = {k: v for k, v in calls.items() if k.startswith(("list", "get"))}
+    reads = {k: v for k, v in calls.items() if k.startswith(("list", "get", "limits"))}
     unfinished = args.waiting + args.live + args.parked
     limit = 2 * (unfinished + BATCH) + 100 if args.check else None
     problems = plans({**periodic, **reads}, limit)

@@ -41,7 +41,8 @@ def _history(*extra: str) -> subprocess.CompletedProcess[str]:
 def test_sweeps_and_list_filters_read_only_unfinished_runs_and_retention_drains() -> None:
     done = _history("--retire-runs", "1000")
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr
-    for label in ("recover()", "fire_timers()", "stats", "retention claim", "versions check"):
+    periodic = ("recover()", "fire_timers()", "stats", "retention claim", "versions check")
+    for label in (*periodic, "gauges", "limits"):
         assert f"\n-- {label}: " in done.stdout
     assert "list(rollback_status=stuck)" in done.stdout
     assert "archived 1000 runs" in done.stdout and "deleted 1000 runs" in done.stdout
