@@ -62,6 +62,10 @@ PROFILE = os.environ.get("BENCH_PROFILE", "0") == "1"
 #: setting's default finds no tracer provider), ``sdk`` (an SDK provider whose exporter
 #: drops every span): see ``tracing_modes``.
 TRACING = os.environ.get("BENCH_TRACING", "off")
+#: ``1``: runs whose execution id starts with ``TRACED`` are traced as ``TRACING``, every
+#: other run is not (``saga_tracing = False``), in the same processes (``trace_as``).
+TRACING_AB = os.environ.get("BENCH_TRACING_AB", "0") == "1"
+TRACED = "t"
 
 SAGA_NAME = "bench_five"
 UNWIND_NAME = "bench_unwind"
@@ -107,9 +111,34 @@ if PROFILE:
 
     bench_profile.count_store_statements()
 
-app.conf.saga_tracing = tracing_modes.setting(TRACING)
+TRACED_SETTING = tracing_modes.setting(TRACING)
+app.conf.saga_tracing = TRACED_SETTING
 
 engine = SagaEngine(app, store_url=STORE_URL)
+
+
+def trace_as(execution_id: str) -> None:
+    """With ``TRACING_AB``: the engine of this process traces the run ``execution_id`` as
+    ``TRACING`` if its id starts with ``TRACED``, else not at all. The setting is what the
+    engine's tracer reads at each span boundary; a pool process runs one message at a time."""
+    traced = execution_id.startswith(TRACED)
+    engine.parts.tracer.setting = TRACED_SETTING if traced else False
+
+
+if TRACING_AB:
+    from celery.signals import task_prerun
+
+    from celery_saga.worker.saga_header import read_header
+
+    if TRACING == "off":
+        raise SystemExit("BENCH_TRACING_AB=1 compares off with api or sdk, not with off")
+
+    @task_prerun.connect(weak=False)
+    def _trace_this_run(task: Any = None, **_: Any) -> None:
+        """Every message of a run, a plain chain task's too (it has no header): the same
+        work for both kinds of run."""
+        header = read_header(task.request) if task is not None else None
+        trace_as(header["id"] if header else "")
 
 
 # --- (A) the plain task and its own lazily created, fork-safe SQLAlchemy engine ----------

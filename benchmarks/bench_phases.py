@@ -31,17 +31,37 @@ from bench_sides import (
 )
 
 ORDER = ("chain", "saga", "chain_unwind", "unwind")
+#: With ``--tracing-ab``: the traced runs, each interleaved with its untraced side.
+TRACED = ("traced_saga", "traced_unwind")
 #: Sides whose runs fail and unwind: ``--unwinds`` of them per round.
-UNWINDING = ("chain_unwind", "unwind")
+UNWINDING = ("chain_unwind", "unwind", "traced_unwind")
 
 
-def make_sides(bench: Any, poll: float) -> dict[str, Any]:
-    return {
+def make_sides(bench: Any, poll: float, traced: bool = False) -> dict[str, Any]:
+    """The sides, in the order they take turns; ``traced`` (``--tracing-ab``) adds a traced
+    saga after the saga and a traced unwind after the unwind (``order`` swaps each pair
+    every other turn)."""
+    sides = {
         "chain": ChainSide(bench, poll),
         "saga": SagaSide(bench, poll),
         "chain_unwind": ChainUnwindSide(bench, poll),
         "unwind": UnwindSide(bench, poll),
     }
+    if traced:
+        sides["traced_saga"] = SagaSide(bench, poll, traced=True)
+        sides["traced_unwind"] = UnwindSide(bench, poll, traced=True)
+    return sides
+
+
+def order(sides: dict[str, Any], turn: int) -> list[str]:
+    """The sides' order in turn ``turn``: chain, saga, chain_unwind, unwind, each untraced
+    side followed by its traced one in even turns and preceded by it in odd turns, so that
+    neither always runs right after a plain Celery side."""
+    names = []
+    for name in ORDER:
+        pair = [name, f"traced_{name}"] if f"traced_{name}" in sides else [name]
+        names += pair if turn % 2 == 0 else pair[::-1]
+    return names
 
 
 def _warm_up(sides: dict[str, Any], args: argparse.Namespace) -> None:
@@ -56,9 +76,9 @@ def _warm_up(sides: dict[str, Any], args: argparse.Namespace) -> None:
 
 
 def _latency(sides: dict[str, Any], args: argparse.Namespace, worker: Worker, deadline: Deadline):
-    samples: dict[str, list[float]] = {name: [] for name in ORDER}
-    for _ in range(args.samples):
-        for name in ORDER:
+    samples: dict[str, list[float]] = {name: [] for name in sides}
+    for turn in range(args.samples):
+        for name in order(sides, turn):
             deadline.check("latency")
             worker.alive()
             samples[name].append(sides[name].one(args.run_timeout) * 1000)
@@ -72,9 +92,9 @@ def _batch_size(name: str, args: argparse.Namespace) -> int:
 def _throughput(
     sides: dict[str, Any], args: argparse.Namespace, worker: Worker, deadline: Deadline
 ):
-    rounds: dict[str, list[dict[str, float]]] = {name: [] for name in ORDER}
-    for _ in range(args.rounds):
-        for name in ORDER:
+    rounds: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
+    for turn in range(args.rounds):
+        for name in order(sides, turn):
             deadline.check("throughput")
             worker.alive()
             vacuumed = vacuum(sides[name].bench) if args.vacuum else None
@@ -100,7 +120,7 @@ def timed(bench: Any, args: argparse.Namespace, deadline: Deadline) -> dict[str,
     worker = Worker(bench, f"{bench.QUEUE[-10:]}-timed", profile=args.profile)
     # Stopping the worker lets profiled pool processes flush their last rows.
     with running(worker, args.keep):
-        sides = make_sides(bench, args.poll)
+        sides = make_sides(bench, args.poll, traced=bool(args.tracing_ab))
         began = time.monotonic()
         _warm_up(sides, args)
         print(f"  warm-up done after {time.monotonic() - began:.1f}s", flush=True)
@@ -115,6 +135,9 @@ def timed(bench: Any, args: argparse.Namespace, deadline: Deadline) -> dict[str,
                 for kind, values in hops(bench, sides["unwind"].single_ids).items()
             },
         }
+        for name in TRACED if args.tracing_ab else ():
+            for kind, values in hops(bench, sides[name].single_ids).items():
+                measured_hops[f"{name}_{kind}"] = values
         window_start = time.time()
         throughput = _throughput(sides, args, worker, deadline)
         windows["throughput"] = (window_start, time.time())

@@ -60,6 +60,11 @@ def summary(result: dict[str, Any]) -> dict[str, float]:
     out["hop_ratio"] = out["forward_hop"] / out["chain_hop"]
     for side, (first, last) in rss_growth(result.get("rss") or {}).items():
         out[f"rss_first_{side}"], out[f"rss_last_{side}"] = first, last
+    if "traced_saga" in latency:
+        import bench_traced
+
+        chain = {"latency": out["chain_latency_median"], "steps": out["chain_steps_per_s"]}
+        out.update(bench_traced.figures(result, chain))
     return out
 
 
@@ -234,6 +239,10 @@ def print_broker(result: dict[str, Any]) -> dict[str, float]:
     print_counts(result["counts"])
     print_rss(result.get("rss"))
     print_ratios(s)
+    if "traced_saga" in result["latency"]:
+        import bench_traced
+
+        bench_traced.print_traced(result, s)
     return s
 
 

@@ -120,8 +120,14 @@ class SagaSide:
     label = "saga"
     expected_state = "completed"
 
-    def __init__(self, bench: Any, poll: float) -> None:
+    def __init__(self, bench: Any, poll: float, traced: bool = False) -> None:
+        """``traced``: with ``bench.TRACING_AB``, this side's runs are the traced ones (their
+        ids start with ``bench.TRACED``, the others' never do: a hex digit or the label's
+        first letter), and its label starts with ``traced_``."""
         self.bench, self.poll = bench, poll
+        self.traced = traced
+        if traced:
+            self.label = f"traced_{self.label}"
         self.saga_name = bench.SAGA_NAME
         self.run_input: dict[str, Any] = {}
         self.submit_times: list[float] = []
@@ -136,9 +142,18 @@ class SagaSide:
             f"AND id LIKE :p AND state IN ({states})"
         )
 
+    def _start(self, execution_id: str | None = None) -> Any:
+        """Start one run; with ``bench.TRACING_AB`` the driver's tracer (the root span's)
+        first takes the run's mode, as the workers' does at each of its messages."""
+        if self.bench.TRACING_AB:
+            if execution_id is None:
+                execution_id = f"{self.bench.TRACED if self.traced else ''}{uuid.uuid4().hex}"
+            self.bench.trace_as(execution_id)
+        return self.bench.engine.start(self.saga_name, self.run_input, execution_id=execution_id)
+
     def one(self, timeout: float) -> float:
         started = time.perf_counter()
-        handle = self.bench.engine.start(self.saga_name, self.run_input)
+        handle = self._start()
         self.submit_times.append(time.perf_counter() - started)
         # One indexed read per poll, as the chain's marker: ``handle.wait()`` reads the
         # whole run with its steps at each poll, which took 1-2 ms of the driver's CPU
@@ -161,7 +176,7 @@ class SagaSide:
 
     def submit(self, batch: str, count: int) -> None:
         for index in range(count):
-            self.bench.engine.start(self.saga_name, self.run_input, execution_id=f"{batch}-{index}")
+            self._start(f"{batch}-{index}")
 
     def finished(self, batch: str) -> int:
         return int(
@@ -185,8 +200,8 @@ class UnwindSide(SagaSide):
     label = "unwind"
     expected_state = "failed"
 
-    def __init__(self, bench: Any, poll: float) -> None:
-        super().__init__(bench, poll)
+    def __init__(self, bench: Any, poll: float, traced: bool = False) -> None:
+        super().__init__(bench, poll, traced)
         self.saga_name = bench.UNWIND_NAME
 
     def verify_one(self, execution_id: str) -> None:

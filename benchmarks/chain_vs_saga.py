@@ -90,6 +90,14 @@ def _parse_args() -> argparse.Namespace:
         default="off",
         help="tracing in the workers: off, the API without an SDK, an SDK dropping every span",
     )
+    add(
+        "--tracing-ab",
+        choices=("api", "sdk"),
+        help=(
+            "trace every other run as api or sdk and the rest not at all, interleaved on the "
+            "same worker (bench_traced.py); replaces --tracing"
+        ),
+    )
     add("--keep", action="store_true", help="keep the schema and the worker logs")
     add("--json-out", help=argparse.SUPPRESS)  # used by --broker both
     return parser.parse_args()
@@ -130,7 +138,8 @@ def _measure(bench: Any, args: argparse.Namespace) -> dict[str, Any]:
 def run_broker(args: argparse.Namespace) -> int:
     run_id = uuid.uuid4().hex[:10]
     configure_environment(run_id, args.broker, args.profile)
-    os.environ["BENCH_TRACING"] = args.tracing
+    os.environ["BENCH_TRACING"] = args.tracing_ab or args.tracing
+    os.environ["BENCH_TRACING_AB"] = "1" if args.tracing_ab else "0"
     import bench_app as bench  # after configure_environment: it reads the environment
 
     began = time.monotonic()
@@ -141,6 +150,7 @@ def run_broker(args: argparse.Namespace) -> int:
         print_environment(bench, args.broker)
         result = _measure(bench, args)
         result["broker"] = args.broker
+        result["tracing_ab"] = args.tracing_ab
         if args.json_out:
             Path(args.json_out).write_text(json.dumps(result))
         print(f"\nload average at end: {loadavg()}; finished in {time.monotonic() - began:.1f}s")
