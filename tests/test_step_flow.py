@@ -34,6 +34,7 @@ from celery_saga import (
 from celery_saga.decisions.step_flow import grant, next_turn, start_of, waits_in_place
 from celery_saga.gauges import StoreGauges
 from celery_saga.store.tables import step_waits
+from celery_saga.web import Credentials, WebSettings, create_app
 from celery_saga.worker.embedded import embedded_worker
 
 
@@ -237,6 +238,11 @@ def test_show_and_limits_say_who_waits_at_a_door(world: World) -> None:
         time.sleep(0.05)
     else:
         raise AssertionError(views)
+    # The web view renders the same read model's line (so does the Django admin's column).
+    waiter = next(i for i, v in zip(ids, views, strict=True) if v and "at the door" in v)
+    client = create_app(world.engine, WebSettings(Credentials("ops", "pw"))).test_client()
+    page = client.get(f"/runs/{waiter}", auth=("ops", "pw")).get_data(as_text=True)
+    assert "waiting for a slot of key &#39;ups&#39; at the door of step &#39;call&#39;" in page
     loads = [k for k in world.engine.inspect().limits() if k.kind == "step" and k.key == "ups"]
     assert [(k.live, k.limit, k.queued) for k in loads] == [(1, 1, 2)]
     assert loads[0].saga.endswith("call")  # the task the limit counts
