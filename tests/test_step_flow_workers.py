@@ -1,7 +1,7 @@
 """Step flow control by key with real prefork workers on PostgreSQL, over RabbitMQ and Redis
 (guarantee 37), with a real ``celery beat``: at most five calls in flight per carrier
-across two workers, a rate of 20 calls a second per carrier, and a killed worker holding a
-slot.
+across two workers, a rate of 20 calls a second per carrier, a killed worker holding a
+slot, and a deploy's SIGTERM to the process group of the worker holding them.
 
 The sagas ``carrier_calls`` and ``carrier_rated`` are tests/sagaapp.py's; their step writes a
 ledger row when its body begins (with the time, for the rate) and when it ends, in one
@@ -10,6 +10,8 @@ sequence across every process, so a test replays who was inside at any moment.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 import uuid
@@ -243,3 +245,45 @@ def test_two_beats_and_a_killed_worker_double_no_slot(rabbit_rig: CrashRig, tmp_
     assert _most_inside(rows) <= 2, rows
     assert {r.execution_id for r in rows if r.direction == "forward"} == set(ids)
     assert _waiting(rig, carrier) == 0
+
+
+@pytest.fixture
+def patient_rig(tmp_path: Path) -> Iterator[CrashRig]:
+    """The library's default lease (30 s) and a recovery sweep that waits two minutes: a
+    call running again within seconds comes from its claim given up, not from a lease."""
+    yield from crash_rig("postgres-rabbitmq", tmp_path, lease=30.0, recover_after=120.0)
+
+
+def test_a_sigterm_to_the_process_group_at_the_door_loses_and_doubles_no_slot(
+    patient_rig: CrashRig,
+) -> None:
+    """A deploy stops the worker (SIGTERM to its whole process group) while two calls hold
+    the carrier's two slots and four wait at the door: the interrupted calls give up their
+    claims and run again at once on the next worker, in the slots they kept; never more
+    than two in flight; every call ends once; no place left at the door."""
+    rig = patient_rig
+    worker = rig.start_worker(concurrency=3)
+    carrier = f"deploy-{uuid.uuid4().hex[:6]}"
+    holders = [
+        _start(rig, "carrier_pairs", carrier, {"mark_begin": True, "first_sleep": 8})
+        for _ in range(2)
+    ]
+    wait_for(lambda: sum(r.direction == "forward_begin" for r in _calls(rig, holders)) == 2, 60)
+    waiters = [_start(rig, "carrier_pairs", carrier, {"mark_begin": True}) for _ in range(4)]
+    wait_for(lambda: _waiting(rig, carrier) == 4, 30)
+    os.killpg(worker.pid, signal.SIGTERM)
+    worker.wait(timeout=30)
+    assert _calls(rig, waiters) == [], "a waiter started while both slots were held"
+    rig.start_worker(concurrency=3)
+    wait_for(lambda: _completed(rig, [*holders, *waiters]), 45)  # no lease, no sweep waited
+    rows = _calls(rig, [*holders, *waiters])
+    assert _most_inside(rows) <= 2, rows
+    ended = sorted(r.execution_id for r in rows if r.direction == "forward")
+    assert ended == sorted([*holders, *waiters]), "each call ended exactly once"
+    begun = [r.execution_id for r in rows if r.direction == "forward_begin"]
+    assert sorted(begun) == sorted([*holders, *holders, *waiters]), "only the two ran again"
+    with rig.client.engine.db.engine.connect() as connection:
+        left = connection.execute(
+            select(step_waits.c.record).where(step_waits.c.flow_key == carrier)
+        )
+        assert left.all() == []

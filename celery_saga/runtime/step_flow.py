@@ -111,14 +111,13 @@ class StepFlow:
         if verdict.go:
             return DoorAnswer(True, woken)
         logger.info(
-            "saga %r execution %s: step %r waits for a slot of key %r (all %d held, %d "
-            "waiting ahead); no worker slot held",
+            "saga %r execution %s: step %r waits for a slot of key %r (all %d held, or "
+            "owed to steps that came first); no worker slot held",
             definition.name,
             door.execution_id,
             door.record,
             door.key,
             spec.concurrency.max,
-            verdict.ahead,
         )
         return DoorAnswer(False, woken, f"a slot of key {door.key!r}")
 

@@ -59,12 +59,11 @@ class StepDoor:
 
 @dataclass(frozen=True)
 class SlotVerdict:
-    """A door's answer: whether the step starts, the waiters that took a slot too (each
-    owed its message), and how many wait ahead of a step that waits."""
+    """A door's answer: whether the step starts, and the waiters that took a slot too
+    (each owed its message)."""
 
     go: bool
     woken: list[StepDoor]
-    ahead: int = 0
 
 
 @dataclass(frozen=True)
@@ -256,7 +255,7 @@ def enter(db: Database, door: StepDoor, limit: int, now: datetime, lease: float)
         go, woken = grant(free, ahead)
         _grant(connection, woken, now)
         _place(connection, door, mine, now, granted_at=to_db_time(now) if go else None)
-        return SlotVerdict(go, woken, 0 if go else len(ahead) - len(woken))
+        return SlotVerdict(go, woken)
 
 
 def leave(db: Database, door: StepDoor, limit: int, now: datetime, lease: float) -> list[StepDoor]:
@@ -266,7 +265,8 @@ def leave(db: Database, door: StepDoor, limit: int, now: datetime, lease: float)
     with db.transaction() as connection:
         _lock_key(connection, door.scope, door.key)
         connection.execute(delete(step_waits).where(_of(door), ~_body_runs()))
-        return _wake(connection, door, limit, now, lease)
+        # Its own row, if kept, counts: a slot kept for a claim given up is not free.
+        return _wake(connection, _anyone(door), limit, now, lease)
 
 
 def wake(db: Database, door: StepDoor, limit: int, now: datetime, lease: float) -> list[StepDoor]:
@@ -274,8 +274,12 @@ def wake(db: Database, door: StepDoor, limit: int, now: datetime, lease: float) 
     them): the recovery sweep's pass for a key whose wake-up was lost."""
     with db.transaction() as connection:
         _lock_key(connection, door.scope, door.key)
-        anyone = replace(door, execution_id="", record="")
-        return _wake(connection, anyone, limit, now, lease)
+        return _wake(connection, _anyone(door), limit, now, lease)
+
+
+def _anyone(door: StepDoor) -> StepDoor:
+    """``door``'s key, as no step of it: a pass that counts every row of the key."""
+    return replace(door, execution_id="", record="")
 
 
 def _wake(
