@@ -101,7 +101,14 @@ def _walk(tree: dict[str, Any], depth: int) -> Iterator[tuple[dict[str, Any], in
 
 
 def _on_runs(node: dict[str, Any]) -> bool:
-    return bool(node.get("Relation Name") == RUNS_TABLE)
+    """A node that reads runs: a scan of the table, or a bitmap scan of one of its indexes
+    (the heap scan above a bitmap reads only the rows the bitmaps leave; what each bitmap
+    read is on its own node)."""
+    if node.get("Relation Name") == RUNS_TABLE:
+        return True
+    index = str(node.get("Index Name", ""))
+    bitmap = node["Node Type"] == "Bitmap Index Scan"
+    return bitmap and (index.startswith(f"ix_{RUNS_TABLE}_") or index == f"{RUNS_TABLE}_pkey")
 
 
 def _read(node: dict[str, Any]) -> int:

@@ -33,6 +33,7 @@ from celery_saga import (
 )
 from celery_saga.decisions.step_flow import grant, next_turn, start_of, waits_in_place
 from celery_saga.gauges import StoreGauges
+from celery_saga.store import recovery
 from celery_saga.store.tables import step_waits
 from celery_saga.web import Credentials, WebSettings, create_app
 from celery_saga.worker.embedded import embedded_worker
@@ -304,3 +305,18 @@ def test_a_cancelled_run_waiting_at_a_door_never_makes_its_call(world: World) ->
     called = [run for _, _, run in world.ledger.started]
     assert waiting not in called and holder in called and after in called
     assert world.waits() == 0
+
+
+def test_the_recovery_sweep_reads_past_the_runs_waiting_at_a_door(world: World) -> None:
+    """However many runs wait at a door, the sweep's query leaves them out: they hide no
+    idle run behind them (its pages and its ``most`` count only runs it may act on)."""
+    saga = world.saga(sleep=1.5, concurrency=Limit(key=lambda i: i["carrier"], max=1))
+    holder = world.engine.start(saga, {"carrier": "ups"}).id
+    world.at_door(holder)  # through it: its call holds the slot
+    waiting = world.start_all(saga, ["ups"] * 4)
+    for run in waiting:
+        world.at_door(run)
+    later = datetime.now(UTC) + timedelta(hours=1)  # every live run looks idle by then
+    listed = [i for _, i in recovery.list_stale(world.engine.db, cutoff=later, limit=3)]
+    assert listed == [holder]
+    world.all_completed([holder, *waiting])

@@ -32,7 +32,7 @@ from celery_saga.runtime.moves import (
     then,
 )
 from celery_saga.runtime.process_name import process_name
-from celery_saga.store import queries, recovery, step_lines, unwind, versions
+from celery_saga.store import queries, recovery, unwind, versions
 from celery_saga.store.transient import retry_transient
 from celery_saga.tracing.carry import carrying
 
@@ -84,10 +84,7 @@ class Recoverer:
         after = None
         while seen < most:
             rows = recovery.list_stale(db, cutoff=now - stale_after, limit=page, after=after)
-            idle = [i for _, i in rows]
-            at_doors = step_lines.waiting_at_doors(db, idle, now - stale_after)
-            idle = [i for i in idle if i not in at_doors]  # waiting as they should
-            acted += self._recover_page(idle, now, stale_after, actor)
+            acted += self._recover_page([i for _, i in rows], now, stale_after, actor)
             seen += len(rows)
             if len(rows) < page:
                 break

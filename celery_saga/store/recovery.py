@@ -17,6 +17,7 @@ from celery_saga.store import history
 from celery_saga.store.database import Database, to_db_time
 from celery_saga.store.history import Kind
 from celery_saga.store.queries import bump_run, keyset_after, top_level
+from celery_saga.store.step_lines import waits_at_its_door
 from celery_saga.store.tables import executions
 
 
@@ -40,13 +41,14 @@ def list_stale(
 ) -> list[tuple[datetime, str]]:
     """(updated_at, id) of recoverable runs not updated since ``cutoff`` (inclusive), oldest
     first, one page of ``limit`` after ``after``. A child is left to its parent's sweep,
-    unless its parent is gone."""
+    unless its parent is gone; a run waiting at a limited step's door, to the door."""
     query = (
         select(executions.c.updated_at, executions.c.id)
         .where(
             _recoverable(),
             executions.c.updated_at <= to_db_time(cutoff),
             top_level(),
+            ~waits_at_its_door(cutoff),
         )
         .order_by(executions.c.updated_at, executions.c.id)
         .limit(limit)

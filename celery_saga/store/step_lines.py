@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import and_, exists, func, or_, select
 
 from celery_saga.records import DoorPlace, ExecutionState, KeyLoad
 from celery_saga.store.database import Database, from_db_time, to_db_time
@@ -72,24 +73,19 @@ def stale_lines(db: Database, cutoff: datetime, limit: int) -> list[StepDoor]:
     return found
 
 
-def waiting_at_doors(db: Database, execution_ids: list[str], cutoff: datetime) -> set[str]:
-    """Those of the runs that wait at a limited step's door of their position, as they
-    should: in a key's line, or booked for a turn after ``cutoff`` (a turn long past lost
-    its message). The recovery sweep leaves them to the door."""
-    if not execution_ids:
-        return set()
+def waits_at_its_door(cutoff: datetime) -> Any:
+    """Whether the run (the row of ``saga_executions`` of the enclosing query) waits at a
+    limited step's door of its position, as it should: in a key's line, or booked for a
+    turn after ``cutoff`` (a turn long past lost its message). The recovery sweep leaves
+    such runs to the door, in its query: however many wait, they hide no run behind them
+    from the sweep's pages. One lookup of the waits' primary key per run read."""
     in_line = step_waits.c.granted_at.is_(None) & step_waits.c.turn_at.is_(None)
-    query = (
-        select(step_waits.c.execution_id)
-        .join(executions, executions.c.id == step_waits.c.execution_id)
-        .where(
-            step_waits.c.execution_id.in_(execution_ids),
-            executions.c.state == ExecutionState.RUNNING.value,
-            step_waits.c.node == executions.c.cursor,
-            or_(in_line, step_waits.c.turn_at > to_db_time(cutoff)),
-        )
+    placed = exists().where(
+        step_waits.c.execution_id == executions.c.id,
+        step_waits.c.node == executions.c.cursor,
+        or_(in_line, step_waits.c.turn_at > to_db_time(cutoff)),
     )
-    return {row["execution_id"] for row in db.read(query)}
+    return and_(executions.c.state == ExecutionState.RUNNING.value, placed)
 
 
 def busiest_lines(db: Database, most: int) -> list[tuple[KeyLoad, tuple[str, str, str]]]:
