@@ -37,6 +37,7 @@ from celery_saga.store import recovery
 from celery_saga.store.tables import step_waits
 from celery_saga.web import Credentials, WebSettings, create_app
 from celery_saga.worker.embedded import embedded_worker
+from tests.sagaapp import DuplicatingPublisher
 
 
 class Ledger:
@@ -320,3 +321,17 @@ def test_the_recovery_sweep_reads_past_the_runs_waiting_at_a_door(world: World) 
     listed = [i for _, i in recovery.list_stale(world.engine.db, cutoff=later, limit=3)]
     assert listed == [holder]
     world.all_completed([holder, *waiting])
+
+
+def test_a_duplicate_message_of_a_running_limited_step_frees_no_slot(world: World) -> None:
+    """At-least-once delivery at its worst (every message sent twice): the duplicate of a
+    step whose body runs passes its door (its slot), is refused its claim and leaves; its
+    leave must not hand the slot that body still holds to a waiter."""
+    single = world.engine.executor.publisher
+    single.__class__ = DuplicatingPublisher
+    saga = world.saga(sleep=0.3, concurrency=Limit(key=lambda i: i["carrier"], max=1))
+    ids = world.start_all(saga, ["ups"] * 6)
+    world.all_completed(ids)
+    assert world.ledger.most["ups"] == 1
+    assert sorted(run for _, _, run in world.ledger.started) == sorted(ids)  # each once
+    assert world.waits() == 0
