@@ -287,3 +287,26 @@ def test_a_sigterm_to_the_process_group_at_the_door_loses_and_doubles_no_slot(
             select(step_waits.c.record).where(step_waits.c.flow_key == carrier)
         )
         assert left.all() == []
+
+
+def test_a_claim_the_store_lost_keeps_its_slot_while_its_holder_writes_it_back(
+    rabbit_rig: CrashRig,
+) -> None:
+    """What a database crash does to a claim committed without its flush (the step's
+    record gone while its body runs on; the door's grant before it is a durable commit):
+    the grant keeps the slot counted until the holder writes its claim back, so the calls
+    waiting at the door start only as the holders end, each once."""
+    rig = rabbit_rig
+    rig.start_worker(concurrency=4)
+    carrier = f"lost-{uuid.uuid4().hex[:6]}"
+    plan = {"mark_begin": True, "lose_claim": True, "first_sleep": 4}
+    holders = [_start(rig, "carrier_pairs", carrier, plan) for _ in range(2)]
+    wait_for(lambda: sum(r.direction == "forward_begin" for r in _calls(rig, holders)) == 2, 60)
+    waiters = [_start(rig, "carrier_pairs", carrier, {"mark_begin": True}) for _ in range(2)]
+    wait_for(lambda: _completed(rig, [*holders, *waiters]), 90)
+    rows = _calls(rig, [*holders, *waiters])
+    assert _most_inside(rows) <= 2, rows
+    begun = sorted(r.execution_id for r in rows if r.direction == "forward_begin")
+    assert begun == sorted([*holders, *waiters]), "each call began once"
+    logs = "".join(p.read_text(errors="replace") for p in sorted(rig.tmp.glob("gen*/*.log")))
+    assert logs.count("the store lost the claim of step 'call'") == 2, logs[-3000:]
