@@ -265,8 +265,7 @@ def leave(db: Database, door: StepDoor, limit: int, now: datetime, lease: float)
     with db.transaction() as connection:
         _lock_key(connection, door.scope, door.key)
         connection.execute(delete(step_waits).where(_of(door), ~_body_runs()))
-        # Its own row, if kept, counts: a slot kept for a claim given up is not free.
-        return _wake(connection, _anyone(door), limit, now, lease)
+        return _wake(connection, door, limit, now, lease)
 
 
 def wake(db: Database, door: StepDoor, limit: int, now: datetime, lease: float) -> list[StepDoor]:
@@ -274,20 +273,18 @@ def wake(db: Database, door: StepDoor, limit: int, now: datetime, lease: float) 
     them): the recovery sweep's pass for a key whose wake-up was lost."""
     with db.transaction() as connection:
         _lock_key(connection, door.scope, door.key)
-        return _wake(connection, _anyone(door), limit, now, lease)
-
-
-def _anyone(door: StepDoor) -> StepDoor:
-    """``door``'s key, as no step of it: a pass that counts every row of the key."""
-    return replace(door, execution_id="", record="")
+        return _wake(connection, door, limit, now, lease)
 
 
 def _wake(
     connection: Connection, door: StepDoor, limit: int, now: datetime, lease: float
 ) -> list[StepDoor]:
+    """Grant the free slots of ``door``'s key, counting every row of the key (``door``'s
+    own too: a slot kept for a claim given up is not free)."""
+    anyone = replace(door, execution_id="", record="")
     cutoff = now - timedelta(seconds=lease)
-    free = limit - _occupied(connection, door, cutoff)
-    woken = _ahead(connection, door, None, cutoff, max(free, 0))
+    free = limit - _occupied(connection, anyone, cutoff)
+    woken = _ahead(connection, anyone, None, cutoff, max(free, 0))
     _grant(connection, woken, now)
     return woken
 
