@@ -55,6 +55,18 @@ def _calls(rig: CrashRig, ids: list[str]) -> list[Any]:
         )
 
 
+def _begun(rig: CrashRig, ids: list[str]) -> int:
+    """How many calls of ``ids`` began (a call run again counts again)."""
+    return sum(r.direction == "forward_begin" for r in _calls(rig, ids))
+
+
+def _places_left(engine: Any, keys: list[str]) -> list[Any]:
+    """Every row at the doors of ``keys``: waiting, granted or booked."""
+    with engine.db.engine.connect() as connection:
+        query = select(step_waits.c.record).where(step_waits.c.flow_key.in_(keys))
+        return list(connection.execute(query).all())
+
+
 def _most_inside(rows: list[Any]) -> int:
     inside: set[str] = set()
     most = 0
@@ -137,7 +149,7 @@ def test_a_rate_of_20_per_second_is_never_exceeded_across_two_workers(rig: Crash
     ids = [_start(rig, "carrier_rated", carrier, plan) for _ in range(120)]
     rig.start_worker(count=2, concurrency=2)
     wait_for(lambda: _completed(rig, ids), 240)
-    assert sum(r.direction == "forward_begin" for r in _calls(rig, ids)) == 120  # once each
+    assert _begun(rig, ids) == 120  # once each
     # When each call was claimed, right after its door let it through (its body's first
     # line comes later, by as much as the worker's load makes it).
     with rig.client.engine.db.engine.connect() as connection:
@@ -162,7 +174,7 @@ def test_a_killed_worker_holding_a_slot_frees_it_only_when_its_call_is_recovered
         _start(rig, "carrier_calls", carrier, {"mark_begin": True, "first_sleep": 30})
         for _ in range(5)
     ]
-    wait_for(lambda: sum(r.direction == "forward_begin" for r in _calls(rig, holders)) == 5, 60)
+    wait_for(lambda: _begun(rig, holders) == 5, 60)
     waiting = _start(rig, "carrier_calls", carrier, {"mark_begin": True})
     wait_for(lambda: _waiting(rig, carrier) == 1, 30)
     rig.kill(worker)
@@ -212,11 +224,7 @@ def test_a_store_outage_at_the_doors_loses_and_doubles_no_slot(tmp_path: Path) -
             mine = [r for r in rows if key_of[r.execution_id] == carrier]
             assert _most_inside(mine) <= 2, mine
         assert sum(r.direction == "forward" for r in rows) == 32  # each call made once
-        with engine.db.engine.connect() as connection:
-            left = connection.execute(
-                select(step_waits.c.record).where(step_waits.c.flow_key.in_(carriers))
-            ).all()
-        assert left == [], left
+        assert _places_left(engine, carriers) == []
     finally:
         rig.close()
 
@@ -268,7 +276,7 @@ def test_a_sigterm_to_the_process_group_at_the_door_loses_and_doubles_no_slot(
         _start(rig, "carrier_pairs", carrier, {"mark_begin": True, "first_sleep": 8})
         for _ in range(2)
     ]
-    wait_for(lambda: sum(r.direction == "forward_begin" for r in _calls(rig, holders)) == 2, 60)
+    wait_for(lambda: _begun(rig, holders) == 2, 60)
     waiters = [_start(rig, "carrier_pairs", carrier, {"mark_begin": True}) for _ in range(4)]
     wait_for(lambda: _waiting(rig, carrier) == 4, 30)
     os.killpg(worker.pid, signal.SIGTERM)
@@ -282,11 +290,7 @@ def test_a_sigterm_to_the_process_group_at_the_door_loses_and_doubles_no_slot(
     assert ended == sorted([*holders, *waiters]), "each call ended exactly once"
     begun = [r.execution_id for r in rows if r.direction == "forward_begin"]
     assert sorted(begun) == sorted([*holders, *holders, *waiters]), "only the two ran again"
-    with rig.client.engine.db.engine.connect() as connection:
-        left = connection.execute(
-            select(step_waits.c.record).where(step_waits.c.flow_key == carrier)
-        )
-        assert left.all() == []
+    assert _places_left(rig.client.engine, [carrier]) == []
 
 
 def test_a_claim_the_store_lost_keeps_its_slot_while_its_holder_writes_it_back(
@@ -301,7 +305,7 @@ def test_a_claim_the_store_lost_keeps_its_slot_while_its_holder_writes_it_back(
     carrier = f"lost-{uuid.uuid4().hex[:6]}"
     plan = {"mark_begin": True, "lose_claim": True, "first_sleep": 4}
     holders = [_start(rig, "carrier_pairs", carrier, plan) for _ in range(2)]
-    wait_for(lambda: sum(r.direction == "forward_begin" for r in _calls(rig, holders)) == 2, 60)
+    wait_for(lambda: _begun(rig, holders) == 2, 60)
     waiters = [_start(rig, "carrier_pairs", carrier, {"mark_begin": True}) for _ in range(2)]
     wait_for(lambda: _completed(rig, [*holders, *waiters]), 90)
     rows = _calls(rig, [*holders, *waiters])
