@@ -32,11 +32,15 @@ def summary(result: dict[str, Any]) -> dict[str, float]:
     """The headline figures of one broker's run."""
     latency, rounds, hop = result["latency"], result["throughput"], result["hops"]
     out: dict[str, float] = {}
-    for name in ORDER:
+    for name in rounds:  # every side that ran: ORDER's, and --tracing-ab's traced twins
         out[f"{name}_latency_median"] = _median(latency[name])
         out[f"{name}_latency_p95"] = _p95(latency[name])
         out[f"{name}_runs_per_s"] = _median([r["runs_per_s"] for r in rounds[name]])
         out[f"{name}_steps_per_s"] = _median([r["steps_per_s"] for r in rounds[name]])
+        # The worker's CPU ms per step, the mean of the rounds (NaN: not measured).
+        out[f"{name}_cpu"] = statistics.mean(
+            r.get("cpu_worker", float("nan")) for r in rounds[name]
+        )
     out["chain_hop"] = _median(hop.get("chain", []))
     out["forward_hop"] = _median(hop["saga_forward"])
     out["unwind_forward_hop"] = _median(hop["unwind_forward"])
@@ -63,8 +67,7 @@ def summary(result: dict[str, Any]) -> dict[str, float]:
     if "traced_saga" in latency:
         import bench_traced
 
-        chain = {"latency": out["chain_latency_median"], "steps": out["chain_steps_per_s"]}
-        out.update(bench_traced.figures(result, chain))
+        out.update(bench_traced.figures(result, out))
     return out
 
 

@@ -40,21 +40,14 @@ INTERVALS = (
 DRAWS = 2000
 
 
-def figures(result: dict[str, Any], chain: dict[str, float]) -> dict[str, float]:
-    """The traced sides' figures (``traced_*``), the worker CPU of both kinds, and each of
-    ``INTERVALS`` as ``ab_<side>_<what>`` with its bounds (``_low``, ``_high``); ``chain``:
-    the plain chain's latency median and steps/s of the same run."""
-    latency, rounds, hop = result["latency"], result["throughput"], result["hops"]
+def figures(result: dict[str, Any], s: dict[str, float]) -> dict[str, float]:
+    """What the traced sides add to ``s`` (``bench_report.summary``'s figures of every side,
+    the traced ones too): their forward hop and saga/chain ratios, and each of
+    ``INTERVALS`` as ``ab_<side>_<what>`` with its bounds (``_low``, ``_high``)."""
     out: dict[str, float] = {}
-    for name in ("saga", "unwind", "traced_saga", "traced_unwind"):
-        out[f"{name}_latency_median"] = statistics.median(latency[name])
-        out[f"{name}_runs_per_s"] = statistics.median(r["runs_per_s"] for r in rounds[name])
-        out[f"{name}_steps_per_s"] = statistics.median(r["steps_per_s"] for r in rounds[name])
-        cpu = [r.get("cpu_worker", float("nan")) for r in rounds[name]]
-        out[f"{name}_cpu"] = statistics.mean(cpu)
-    out["traced_forward_hop"] = statistics.median(hop["traced_saga_forward"])
-    out["traced_latency_ratio"] = out["traced_saga_latency_median"] / chain["latency"]
-    out["traced_throughput_ratio"] = out["traced_saga_steps_per_s"] / chain["steps"]
+    out["traced_forward_hop"] = statistics.median(result["hops"]["traced_saga_forward"])
+    out["traced_latency_ratio"] = s["traced_saga_latency_median"] / s["chain_latency_median"]
+    out["traced_throughput_ratio"] = s["traced_saga_steps_per_s"] / s["chain_steps_per_s"]
     for _label, side, what in INTERVALS:
         key = f"ab_{side}_{what}"
         out[key], out[f"{key}_low"], out[f"{key}_high"] = interval(*_paired(result, side, what))

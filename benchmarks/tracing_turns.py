@@ -61,11 +61,7 @@ def one(mode: str, broker: str, rest: list[str], tree: Path = HERE.parent) -> di
         result: dict[str, Any] = json.loads(path.read_text())
     finally:
         path.unlink(missing_ok=True)
-    figures = bench_report.summary(result)
-    for side in ("saga", "unwind"):
-        rounds = result["throughput"][side]
-        figures[f"{side}_cpu"] = statistics.mean(r.get("cpu_worker", float("nan")) for r in rounds)
-    return figures
+    return bench_report.summary(result)
 
 
 def main() -> int:
