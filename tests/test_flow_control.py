@@ -32,7 +32,7 @@ from celery_saga import (
     compensated_by,
 )
 from celery_saga.decisions.flow import FlowVerdict, admit, slots_to_hand_on
-from celery_saga.store.tables import executions, flow_slots
+from celery_saga.store.tables import executions, flow_slots, history
 from celery_saga.worker.embedded import embedded_worker
 
 
@@ -104,6 +104,16 @@ class World:
                 )
             )
             return {row.flow_key: row.live for row in rows}
+
+    def admitted(self) -> list[str]:
+        """The runs handed a slot as another ended, in the order the store committed it."""
+        with self.engine.db.engine.connect() as connection:
+            rows = connection.execute(
+                select(history.c.execution_id)
+                .where(history.c.kind == "admitted")
+                .order_by(history.c.id)
+            )
+            return [row.execution_id for row in rows]
 
 
 @pytest.fixture
@@ -228,11 +238,12 @@ def test_under_a_saga_total_a_flooded_key_does_not_starve_the_others(world: Worl
     _all_ended(world, flood + others)
     assert world.ledger.most_at_once == 3, "never more than the total live"
     assert max(world.ledger.most.values()) == 2, "never more than a key's limit"
-    entered = [run for kind, _, run in world.ledger.events if kind == "enter"]
-    last_other = max(entered.index(run) for run in others)
-    assert last_other < entered.index(flood[-1]) - 20, "the others went while the flood waited"
-    began = world.ledger.order("flood")  # two at once: a pair may enter either way round
-    assert all(abs(began.index(run) - n) <= 1 for n, run in enumerate(flood)), "start order"
+    # The order slots were handed in, as stored: the order bodies enter may differ by more
+    # than a pair on a loaded machine (a thread given its message late), the decision not.
+    admitted = world.admitted()
+    assert [run for run in admitted if run in flood] == flood[2:], "start order"
+    last_other = max(admitted.index(run) for run in others if run in admitted)
+    assert last_other < admitted.index(flood[-1]) - 20, "the others went while the flood waited"
     assert world.slots(name) == {"": 0, "flood": 0, **{f"k{n}": 0 for n in range(5)}}
 
 
