@@ -43,7 +43,7 @@ _OWN = {
 
 
 def bulk_capable(move: str) -> Callable[[F], F]:
-    """Give the command of ``move`` (a name in ``worker.bulk.MOVES``) the bulk options."""
+    """Give the command of ``move`` (a name in ``worker.bulk_moves.MOVES``) the bulk options."""
 
     def wrap(command: F) -> F:
         params = getattr(command, "__click_params__", [])

@@ -2,7 +2,9 @@
 how far it got), and the question a resumed operation asks before it acts on a run: did
 this operation act on it already? Every move writes a history row naming its actor in the
 move's own transaction; a bulk operation's actor names the operation (``marked_actor``),
-so that row is the proof, whether the process that wrote it lived to count it or not."""
+so that row is the proof, whether the process that wrote it lived to count it or not.
+One process at a time carries an operation out: the one whose ``holder`` it stores, and
+every write of its progress is conditional on that (``decisions.bulk_lease``)."""
 
 from __future__ import annotations
 
@@ -37,6 +39,9 @@ class BulkOperation:
     refused: int
     created_at: datetime
     finished_at: datetime | None
+    #: The process carrying it out (``decisions.bulk_lease.Holder``), and until when.
+    holder: str | None = None
+    lease_until: datetime | None = None
 
 
 def marked_actor(actor: str | None, operation_id: str) -> str:
@@ -61,6 +66,8 @@ def create(db: Database, operation: BulkOperation) -> None:
                 refused=0,
                 created_at=to_db_time(operation.created_at),
                 updated_at=to_db_time(operation.created_at),
+                holder=operation.holder,
+                lease_until=_stamp(operation.lease_until),
             )
         )
 
@@ -68,26 +75,60 @@ def create(db: Database, operation: BulkOperation) -> None:
 def advance(
     db: Database,
     operation_id: str,
+    holder: str,
     *,
     cursor: str | None,
     acted: int,
     refused: int,
     now: datetime,
     finished: bool,
-) -> None:
-    """Record how far the operation got (after a page, every run of it dealt with)."""
+) -> bool:
+    """Record how far the operation got (after a page, every run of it dealt with); a
+    finished operation is held by no one. False: ``holder`` no longer holds it (nothing
+    written)."""
+    values: dict[str, Any] = {"cursor": cursor, "acted": acted, "refused": refused}
+    values["updated_at"] = to_db_time(now)
+    if finished:
+        values.update(finished_at=to_db_time(now), holder=None, lease_until=None)
     with db.transaction() as connection:
-        connection.execute(
-            update(bulk_operations)
-            .where(bulk_operations.c.id == operation_id)
-            .values(
-                cursor=cursor,
-                acted=acted,
-                refused=refused,
-                updated_at=to_db_time(now),
-                finished_at=to_db_time(now) if finished else None,
-            )
-        )
+        return bool(connection.execute(_held_by(operation_id, holder).values(values)).rowcount)
+
+
+def _held_by(operation_id: str, holder: str) -> Any:
+    where = (bulk_operations.c.id == operation_id) & (bulk_operations.c.holder == holder)
+    return update(bulk_operations).where(where)
+
+
+def take(db: Database, operation_id: str, seen: str | None, holder: str, until: datetime) -> bool:
+    """Hold the operation as ``holder`` until ``until``, if its holder is still ``seen``
+    (the one the decision was taken on): of two processes taking it at once, one does. A
+    take tried again after its reply was lost finds it held by ``holder`` already."""
+    column = bulk_operations.c.holder
+    seen_now = column.is_(None) if seen is None else column == seen
+    statement = (
+        update(bulk_operations)
+        .where(bulk_operations.c.id == operation_id, seen_now | (column == holder))
+        .values(holder=holder, lease_until=to_db_time(until))
+    )
+    with db.transaction() as connection:
+        return bool(connection.execute(statement).rowcount)
+
+
+def renew(db: Database, operation_id: str, holder: str, until: datetime) -> bool:
+    """Hold on until ``until``; False: another process took the operation over."""
+    with db.transaction() as connection:
+        statement = _held_by(operation_id, holder).values(lease_until=to_db_time(until))
+        return bool(connection.execute(statement).rowcount)
+
+
+def let_go(db: Database, operation_id: str, holder: str) -> None:
+    """Give the operation up (stopped on an error): another process may resume it now."""
+    with db.transaction() as connection:
+        connection.execute(_held_by(operation_id, holder).values(holder=None, lease_until=None))
+
+
+def _stamp(value: datetime | None) -> datetime | None:
+    return None if value is None else to_db_time(value)
 
 
 def load(db: Database, operation_id: str) -> BulkOperation:
@@ -107,6 +148,8 @@ def load(db: Database, operation_id: str) -> BulkOperation:
         refused=row["refused"],
         created_at=from_db_time(row["created_at"]) or datetime.min,
         finished_at=from_db_time(row["finished_at"]),
+        holder=row["holder"],
+        lease_until=from_db_time(row["lease_until"]),
     )
 
 

@@ -310,7 +310,8 @@ paused_runs = Table(
 
 #: A move applied to every run a filter selects (``engine.bulk``): what it does, who asked
 #: and why, and how far it got (``cursor``: the last run it went past), so an interrupted
-#: operation resumes where it stopped (``--resume``).
+#: operation resumes where it stopped (``--resume``); ``holder``: the process carrying it
+#: out, until ``lease_until`` unless it renews (``decisions.bulk_lease``).
 bulk_operations = Table(
     "saga_bulk_operations",
     metadata,
@@ -326,6 +327,8 @@ bulk_operations = Table(
     Column("created_at", Timestamp, nullable=False),
     Column("updated_at", Timestamp, nullable=False),
     Column("finished_at", Timestamp),
+    Column("holder", String(200)),
+    Column("lease_until", Timestamp),
 )
 
 #: Flow control (guarantee 37): how many runs of a saga's key hold a slot (``live``), and

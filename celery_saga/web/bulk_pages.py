@@ -16,7 +16,8 @@ from celery_saga.errors import SagaError
 from celery_saga.runtime.clock import get_clock
 from celery_saga.web import actions
 from celery_saga.web.pages import _engine, _store_failure, pages
-from celery_saga.worker.bulk import MOVES, BulkReport
+from celery_saga.worker.bulk import BulkReport
+from celery_saga.worker.bulk_moves import MOVES
 
 
 def _terms(values: Mapping[str, str] | None = None) -> list[str]:

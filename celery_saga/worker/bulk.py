@@ -1,14 +1,16 @@
 """Many runs at once: one move applied to every run a filter selects (``engine.bulk``).
 
-The moves a bulk operation can make are one registry, ``MOVES``: a new move is one
-``BulkMove`` there (the states it acts on, and the engine call that makes it on one run).
-An operation is stored (``store.bulk_operations``) before it acts; it walks the filter's
+The moves a bulk operation can make are one registry, ``bulk_moves.MOVES``. An
+operation is stored (``store.bulk_operations``) before it acts; it walks the filter's
 runs a page at a time (``store.run_selection``), at most ``rate`` moves a second, and
 records its cursor after each page. Every move it makes records the operation's id in the
 run's history, in the move's own transaction (``marked_actor``); before acting on a page
 it asks which runs already have that row, so an operation interrupted anywhere (its
 process killed, the store gone) and resumed (``resume=``) acts on each run at most once.
-A store that cannot be reached makes it wait and retry, up to ``patience`` seconds.
+A store that cannot be reached makes it wait and retry, up to ``patience`` seconds. One
+process at a time carries an operation out (``bulk_lease``): a resume while another
+process still works on it is refused, and a process whose operation was taken over stops
+before its next move.
 """
 
 from __future__ import annotations
@@ -18,129 +20,22 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from celery_saga.decisions.cancel import CANCELLABLE_STATES, CancelVerdict
-from celery_saga.definition.builder import SagaDefinition
 from celery_saga.errors import SagaError, StoreUnavailableError
-from celery_saga.records import Execution, ExecutionState
 from celery_saga.run_filter import FilterError, RunFilter, filter_from_text, parse_where
 from celery_saga.runtime.clock import get_clock
 from celery_saga.store import bulk_operations, run_selection
 from celery_saga.store.bulk_operations import BulkOperation, marked_actor
-from celery_saga.store.database import Database
 from celery_saga.store.transient import is_transient
 from celery_saga.typed_payload import parse_payload
-from celery_saga.worker import held_moves, run_commands
 from celery_saga.worker.arguments import check_actor, check_reason
-from celery_saga.worker.parts import WorkerParts
+from celery_saga.worker.bulk_lease import LEASE, OperationLease, this_process
+from celery_saga.worker.bulk_moves import BulkMove, SagaEngine, bulk_move
 
 logger = logging.getLogger("celery_saga")
-
-
-class SagaEngine(Protocol):
-    """What a bulk operation uses of the engine: its store, its parts (the moves on one run
-    are ``run_commands``' and ``held_moves``' calls on them) and its upgrade."""
-
-    db: Database
-    parts: WorkerParts
-
-    def get(self, execution_id: str) -> Execution: ...
-    def upgrade(
-        self, execution_id: str, to: str | None = None, *, actor: str | None = None
-    ) -> SagaDefinition: ...
-
-
-#: The engine call that makes a move on one run: (engine, run id, actor, reason, options)
-#: -> True if it moved the run, False if the run needed nothing; raises its refusal.
-Act = Callable[[SagaEngine, str, str, "str | None", Mapping[str, Any]], bool]
-
-_LIVE = (ExecutionState.RUNNING, ExecutionState.WAITING, ExecutionState.HELD)
-_PARKED = (ExecutionState.COMPENSATION_STUCK,)
-_HELD = (ExecutionState.HELD,)
-
-
-@dataclass(frozen=True)
-class BulkMove:
-    """A move a bulk operation can make: ``states``, the runs it acts on when the filter
-    names no state, and ``act``, the engine's call on one run."""
-
-    name: str
-    states: tuple[ExecutionState, ...]
-    act: Act
-    #: The options it needs (``engine.bulk(..., step=..., note=...)``), checked before.
-    needs: tuple[str, ...] = ()
-    #: Options given as text that are read as a value (a skip's JSON ``result``): each is
-    #: parsed before the operation is stored, so a bad one is refused with nothing stored.
-    parsed: tuple[str, ...] = ()
-
-
-def _moves_or_raises(
-    call: Callable[[WorkerParts, str, str, str | None], object],
-) -> Act:
-    """A move whose call (``parts, run, actor, reason``) moves the run or raises."""
-
-    def act(
-        engine: SagaEngine, run: str, actor: str, reason: str | None, options: Mapping[str, Any]
-    ) -> bool:
-        call(engine.parts, run, actor, reason)
-        return True
-
-    return act
-
-
-def _cancel(
-    engine: SagaEngine, run: str, actor: str, reason: str | None, options: Mapping[str, Any]
-) -> bool:
-    return run_commands.cancel_run(engine.parts, run, reason, actor) is CancelVerdict.CANCEL
-
-
-def _resume(
-    engine: SagaEngine, run: str, actor: str, reason: str | None, options: Mapping[str, Any]
-) -> bool:
-    run_commands.resume_run(engine.parts, run, actor)
-    return True
-
-
-def _upgrade(
-    engine: SagaEngine, run: str, actor: str, reason: str | None, options: Mapping[str, Any]
-) -> bool:
-    engine.upgrade(run, options.get("to"), actor=actor)
-    return True
-
-
-def _resolve(
-    engine: SagaEngine, run: str, actor: str, reason: str | None, options: Mapping[str, Any]
-) -> bool:
-    run_commands.resolve_run(engine.parts, run, options["step"], options["note"], actor)
-    return True
-
-
-def _skip(
-    engine: SagaEngine, run: str, actor: str, reason: str | None, options: Mapping[str, Any]
-) -> bool:
-    result = options.get("result")
-    value = None if result is None else parse_payload(result)
-    held_moves.skip_run(engine.parts, run, value, actor, reason)
-    return True
-
-
-#: Every move a bulk operation can make, by the name the CLI and ``engine.bulk`` take.
-MOVES: dict[str, BulkMove] = {
-    move.name: move
-    for move in (
-        BulkMove("cancel", CANCELLABLE_STATES, _cancel),
-        BulkMove("resume", _PARKED, _resume),
-        BulkMove("abandon", _PARKED, _moves_or_raises(run_commands.abandon_run)),
-        BulkMove("upgrade", (*_LIVE, ExecutionState.COMPENSATING, *_PARKED), _upgrade),
-        BulkMove("resolve", _PARKED, _resolve, needs=("step", "note")),
-        BulkMove("retry", _HELD, _moves_or_raises(held_moves.retry_run)),
-        BulkMove("skip", _HELD, _skip, parsed=("result",)),
-        BulkMove("unwind", _HELD, _moves_or_raises(held_moves.unwind_run)),
-    )
-}
 
 
 @dataclass
@@ -170,13 +65,6 @@ def check_rate(rate: object) -> None:
         raise SagaError(f"rate is a number of runs per second > 0, got {rate!r:.40}")
 
 
-def bulk_move(name: str) -> BulkMove:
-    move = MOVES.get(name)
-    if move is None:
-        raise SagaError(f"unknown bulk move {name!r:.40}; moves: {', '.join(MOVES)}")
-    return move
-
-
 def _filter_for(move: BulkMove, where: str | Iterable[str] | RunFilter) -> RunFilter:
     if isinstance(where, RunFilter):
         run_filter = where
@@ -198,13 +86,14 @@ class BulkRun:
         self,
         engine: SagaEngine,
         operation: BulkOperation,
+        lease: OperationLease,
         *,
         rate: float | None,
         progress: Callable[[BulkReport], None] | None,
         page_size: int = 100,
         patience: float = 300.0,
     ) -> None:
-        self.engine, self.operation, self.rate = engine, operation, rate
+        self.engine, self.operation, self.lease, self.rate = engine, operation, lease, rate
         self.move = bulk_move(operation.move)
         self.filter = _filter_for(self.move, filter_from_text(operation.filter))
         self.progress, self.page_size, self.patience = progress, page_size, patience
@@ -252,6 +141,7 @@ class BulkRun:
         return report
 
     def _page(self) -> None:
+        self.lease.keep()
         db, now = self.engine.db, get_clock().now()
         if self.unsure is not None:  # its reply lost: its history row says if it moved
             unsure = self.unsure
@@ -268,15 +158,17 @@ class BulkRun:
                 continue
             self._act(run)
         report = self.report
-        bulk_operations.advance(
+        if not bulk_operations.advance(
             db,
             self.operation.id,
+            self.lease.name,
             cursor=page.cursor,
             acted=report.acted,
             refused=report.refused,
             now=get_clock().now(),
             finished=page.cursor is None,
-        )
+        ):
+            raise self.lease.lost()
         self.cursor, report.finished = page.cursor, page.cursor is None
         self.moved.clear()
         if self.progress is not None:
@@ -284,6 +176,7 @@ class BulkRun:
 
     def _act(self, run: str) -> None:
         self._pace()
+        self.lease.keep()  # raises before the move if another process took over
         options = self.operation.options
         try:
             moved = self.move.act(self.engine, run, self.actor, self.operation.reason, options)
@@ -312,14 +205,15 @@ class BulkRun:
         self.report.acted += 1
 
     def _pace(self) -> None:
-        """At most ``rate`` moves a second, counted from the operation's start here."""
+        """At most ``rate`` moves a second, counted from the operation's start here; the
+        hold renewed while it waits (a slow rate waits longer than a lease)."""
         if self.rate is None:
             return
         due = self._started + self._paced / self.rate
         self._paced += 1
-        delay = due - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
+        while (delay := due - time.monotonic()) > 0:
+            time.sleep(min(delay, LEASE.total_seconds() / 6))
+            self.lease.keep()
 
 
 def start(
@@ -330,8 +224,9 @@ def start(
     actor: str | None,
     reason: str | None,
     options: Mapping[str, Any],
+    holder: str | None = None,
 ) -> BulkOperation:
-    """Check and store a new operation (not started yet)."""
+    """Check and store a new operation (not started yet), held by ``holder``."""
     chosen = bulk_move(move)
     run_filter = _filter_for(chosen, where)
     check_actor(actor)
@@ -356,6 +251,8 @@ def start(
         refused=0,
         created_at=get_clock().now(),
         finished_at=None,
+        holder=holder,
+        lease_until=get_clock().now() + LEASE if holder else None,
     )
     engine.parts.store.run(
         f"storing bulk operation {operation.id}",
@@ -417,13 +314,23 @@ def carry_out(
     resumed) operation carried out."""
     check_rate(rate)
     engine.parts.store.ensure_schema()
+    here = this_process()
     if resume is not None:
         operation = resumed(engine, resume)
+        lease = OperationLease(engine.db, operation.id, here)
+        engine.parts.store.run(f"taking bulk operation {resume}", lambda: lease.take(operation))
     elif dry:
         return dry_run(engine, move, where)
     else:
-        operation = start(engine, move, where, actor=actor, reason=reason, options=options)
+        operation = start(
+            engine, move, where, actor=actor, reason=reason, options=options, holder=str(here)
+        )
+        lease = OperationLease(engine.db, operation.id, here)
     # One span for the operation; each run's move is a span of its trace, linked to it.
     named = {"saga.bulk_id": operation.id, "saga.move": operation.move}
-    with engine.parts.tracer.operation("bulk", operation.actor, named):
-        return BulkRun(engine, operation, rate=rate, progress=progress).run()
+    try:
+        with engine.parts.tracer.operation("bulk", operation.actor, named):
+            return BulkRun(engine, operation, lease, rate=rate, progress=progress).run()
+    except BaseException:
+        lease.let_go()  # stopped on an error (or Ctrl-C): another process may resume it now
+        raise

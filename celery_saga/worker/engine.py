@@ -412,7 +412,7 @@ class SagaEngine:
         progress: Callable[[bulk.BulkReport], None] | None = None,
         **options: str,
     ) -> bulk.BulkReport:
-        """Make ``move`` (a name in ``bulk.MOVES``: cancel, resume, resolve, abandon, upgrade,
+        """Make ``move`` (a name in ``bulk_moves.MOVES``: cancel, resume, resolve, abandon, upgrade,
         retry, skip, unwind) on
         every run the ``where`` terms select (``run_filter``; with no ``state=`` term, the
         states the move acts on). ``dry_run``: count them and show the first, storing
