@@ -12,7 +12,18 @@ import time
 from typing import Any
 
 from celery import Celery
-from sqlalchemy import Column, Integer, MetaData, String, Table, Text, create_engine, insert, select
+from sqlalchemy import (
+    Column,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    insert,
+    select,
+    text,
+)
 from sqlalchemy.pool import NullPool
 
 from celery_saga import (
@@ -235,6 +246,9 @@ class TestApp:
             self.write(ctx, "forward_begin", f"attempt={ctx.attempt}{at}")
         if plan.get("lose_claim"):
             self.lose_claim(ctx)
+        if plan.get("query_sleep"):  # inside a query (PostgreSQL's) when a stop comes
+            with self.sql.begin() as connection:
+                connection.execute(text("SELECT pg_sleep(:s)"), {"s": plan["query_sleep"]})
         if plan.get("fenced"):
             self.fenced_write(ctx.idempotency_key, fencing_token(), f"attempt={ctx.attempt}")
         pause = plan.get("sleep", 0) + (plan.get("first_sleep", 0) if ctx.attempt == 1 else 0)

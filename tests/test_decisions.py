@@ -12,6 +12,7 @@ from typing import Any
 
 import celery
 import pytest
+from billiard.exceptions import SoftTimeLimitExceeded
 from hypothesis import assume, given
 from hypothesis import strategies as st
 from pydantic import BaseModel, TypeAdapter
@@ -41,7 +42,7 @@ from celery_saga.decisions.unwind import (
 from celery_saga.definition.nodes import Node, PivotNode, StepNode, StepSpec
 from celery_saga.runtime.invoke import apply_schema, call_arguments
 from celery_saga.runtime.keys import idempotency_key
-from celery_saga.runtime.timeouts import run_with_timeout
+from celery_saga.runtime.timeouts import cut_short, run_with_timeout
 
 NOW = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)
 HASH = "abc123"
@@ -831,3 +832,35 @@ def test_function_error_within_the_timeout_is_raised_unchanged() -> None:
 
 def test_no_timeout_runs_the_function_in_the_calling_thread() -> None:
     assert run_with_timeout(threading.get_ident, None, "x") == threading.get_ident()
+
+
+def test_a_stop_is_recognised_through_the_errors_raised_while_unwinding_from_it() -> None:
+    """The cancel's stop (the soft limit's signal) landing inside a query: the rollback of
+    the busy connection raises another error from it (SQLAlchemy's ``OperationalError``,
+    "another command is already in progress"), which is what leaves the body; its task
+    must still end as the revoke left it (tests/test_flower.py), not as that failure."""
+
+    def wrapped(explicit: bool) -> BaseException:
+        try:
+            try:
+                raise SoftTimeLimitExceeded()
+            except SoftTimeLimitExceeded:
+                try:
+                    raise OSError("another command is already in progress")
+                except OSError as driver:
+                    if explicit:
+                        raise RuntimeError("(OperationalError) rollback failed") from driver
+                    raise RuntimeError("cleanup failed") from None
+        except RuntimeError as error:
+            return error
+        raise AssertionError("unreachable")
+
+    assert cut_short(SoftTimeLimitExceeded())
+    assert cut_short(StepTimeoutError("step 'charge' timed out after 5s"))
+    assert cut_short(wrapped(explicit=True))  # cause -> context -> the stop
+    assert cut_short(wrapped(explicit=False))  # ``from None`` keeps the context all the same
+    assert not cut_short(ValueError("declined"))
+    looped = ValueError("a cycle")
+    looped.__context__ = KeyError("back")
+    looped.__context__.__context__ = looped
+    assert not cut_short(looped)

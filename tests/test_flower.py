@@ -123,25 +123,38 @@ def flower_state(harness: Harness) -> Iterator[tuple[EventsState, list[tuple[str
             consumer.join(10)
 
 
-def _cancelled_mid_body(harness: Harness, saga: str, step: str, order: int) -> tuple[Any, str]:
-    """Start ``saga`` with ``step``'s body ticking for 30 s and cancel the run once it runs;
-    the run's handle and the id of the body's task."""
-    run = harness.start(saga, {"order": order, "plan": {step: {"sleep": 30, "tick": True}}})
+#: A body the cancel stops: between its ticks (mostly in ``time.sleep``), or inside a query,
+#: whose rollback then raises the error that leaves the body (the stop in its context).
+BODIES = {
+    "ticking": ({"sleep": 30, "tick": True}, "tick"),
+    "in a query": ({"mark_begin": True, "query_sleep": 30}, "forward_begin"),
+}
+
+
+def _cancelled_mid_body(
+    harness: Harness, saga: str, step: str, order: int, body: str = "ticking"
+) -> tuple[Any, str]:
+    """Start ``saga`` with ``step``'s body running for 30 s (``BODIES``) and cancel the run
+    once it runs; the run's handle and the id of the body's task."""
+    plan, begun = BODIES[body]
+    run = harness.start(saga, {"order": order, "plan": {step: plan}})
     entries = harness.test_app.entries
-    _until(lambda: any(e.direction == "tick" for e in entries(run.id)), 30, f"{step} running")
+    _until(lambda: any(e.direction == begun for e in entries(run.id)), 30, f"{step} running")
     holder = harness.engine.get(run.id).step(step).holder or ""
     assert harness.engine.cancel(run.id, "fraud suspected") is CancelVerdict.CANCEL
     return run, holder.rsplit("/", 1)[-1]
 
 
+@pytest.mark.parametrize("body", list(BODIES))
 def test_a_body_stopped_by_a_cancel_ends_revoked_in_flowers_state(
-    harness: Harness, flower_state: tuple[EventsState, list[tuple[str, str]]]
+    harness: Harness, flower_state: tuple[EventsState, list[tuple[str, str]]], body: str
 ) -> None:
     """docs/cancellation.md: the cancel revokes the body's task (Celery's terminate, which
     announces ``task-revoked``); the stopped task must send nothing that Flower ranks above
-    REVOKED (``task-succeeded``, ``task-failed``)."""
+    REVOKED (``task-succeeded``, ``task-failed``), whatever error the stop left the body
+    with (stopped inside a query, the rollback's ``OperationalError``)."""
     state, seen = flower_state
-    run, stopped = _cancelled_mid_body(harness, "failed_eligible", "b", 11)
+    run, stopped = _cancelled_mid_body(harness, "failed_eligible", "b", 11, body)
     assert run.wait(60).state is ExecutionState.CANCELLED
     # Both reversals ran after the stopped task ended: its own events were sent before theirs.
     undone = _until(

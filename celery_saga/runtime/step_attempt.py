@@ -8,7 +8,6 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
-from billiard.exceptions import SoftTimeLimitExceeded
 from sqlalchemy.exc import SQLAlchemyError
 
 from celery_saga.decisions.admission import NodeMessage
@@ -20,7 +19,6 @@ from celery_saga.errors import (
     PayloadError,
     SchemaValidationError,
     StepRetryRequested,
-    StepTimeoutError,
 )
 from celery_saga.records import Attempt, StepRecord
 from celery_saga.redaction import scrub
@@ -52,6 +50,7 @@ from celery_saga.runtime.scrubbing import (
 from celery_saga.runtime.step_outcomes import StepOutcomes
 from celery_saga.runtime.stopping import RESEND_AFTER
 from celery_saga.runtime.takeovers import keep_late_outcome
+from celery_saga.runtime.timeouts import cut_short
 from celery_saga.store import claims, forward
 from celery_saga.store.codec import pack
 from celery_saga.tracing.spans import OFF, AttemptSpan
@@ -196,7 +195,7 @@ class StepSide:
         reason = scrub(describe_error(cause or error), secrets)
         description = attempt_failed("step", definition.name, step.name, step.attempt, reason)
         fields = {**self.fields, "error": reason}
-        if isinstance(error, (SoftTimeLimitExceeded, StepTimeoutError)):
+        if cut_short(error):  # the signal itself, or an error raised while unwinding from it
             cancelling = self.outcomes.ended_while_cancelling(step)
             if cancelling is not None:
                 if stopped_by_revoke(step.holder):

@@ -23,6 +23,26 @@ from celery_saga.errors import StepTimeoutError
 _SOFT = getattr(signal, "SIGUSR1", None)
 
 
+def cut_short(error: BaseException) -> bool:
+    """Whether ``error`` is the soft time limit's stop (a step's ``timeout=``, or a cancel's
+    revoke: the same signal), or was raised while the body unwound from it. A stop that
+    lands inside the body's I/O often leaves it as another error: SQLAlchemy's rollback of
+    the connection whose query it interrupted raises ``OperationalError`` ("another command
+    is already in progress") from it, and a body may wrap what it caught. So the chain of
+    causes and contexts is searched, not only the error the body raised."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [error]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        if isinstance(current, (SoftTimeLimitExceeded, StepTimeoutError)):
+            return True
+        seen.add(id(current))
+        pending += (current.__cause__, current.__context__)
+    return False
+
+
 def pool_enforces_limits() -> bool:
     """Whether this is a prefork pool process whose soft time limits raise in its body."""
     if _SOFT is None or threading.current_thread() is not threading.main_thread():
