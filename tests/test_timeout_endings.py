@@ -12,9 +12,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
 from celery import signals
 
 from celery_saga import CancelVerdict, ExecutionState, RollbackStatus
+from celery_saga.store import history
+from celery_saga.store.history import ATTEMPT_KINDS, HistoryEntry
 from tests.conftest import Harness
 
 #: How each message of a task ended: (state, exception type), by (task name, task id).
@@ -125,3 +128,30 @@ def test_a_timeout_while_its_run_is_cancelled_ends_failure_on_a_threads_pool(
             time.sleep(0.1)
         seen = endings()
     assert list(seen.values()) == [[("FAILURE", "StepTimeoutError")]], seen
+
+
+def test_a_timeout_that_stops_a_body_inside_a_query_is_a_timeout(harness: Harness) -> None:
+    """The soft limit landing inside a query leaves the body with the driver's rollback
+    error (the stop in its context): the attempt still ends as timed out, its task a
+    FAILURE with ``StepTimeoutError``, and the run's history says so."""
+    if harness.name != "postgres-rabbitmq":
+        pytest.skip("a prefork worker's soft limit inside PostgreSQL's pg_sleep")
+    with _worker_events(harness, {"timed.slow"}) as endings:
+        run = harness.start("timed", {"order": 83, "plan": {"slow": {"query_sleep": 30}}})
+        deadline = time.monotonic() + 30
+        while not (failed := _attempt_rows(harness, run.id)):
+            assert time.monotonic() < deadline, "slow's first attempt never ended"
+            time.sleep(0.2)
+        while time.monotonic() < deadline and not endings():
+            time.sleep(0.1)
+        seen = endings()
+        harness.engine.cancel(run.id, "done looking")
+        run.wait(60)
+    assert "StepTimeoutError" in str(failed[0].detail), failed[0]
+    assert "timed out after 5s" in str(failed[0].detail), failed[0]
+    assert next(iter(seen.values())) == [("FAILURE", "StepTimeoutError")], seen
+
+
+def _attempt_rows(harness: Harness, execution_id: str) -> list[HistoryEntry]:
+    rows = history.load(harness.engine.db, execution_id)
+    return [e for e in rows if e.kind in ATTEMPT_KINDS and e.step == "slow" and e.attempt == 1]

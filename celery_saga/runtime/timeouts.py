@@ -80,6 +80,11 @@ def run_with_timeout(function: Callable[[], Any], timeout: float | None, what: s
             return function()
         except SoftTimeLimitExceeded as stopped:  # its traceback shows where the body was
             raise StepTimeoutError(f"{what} timed out after {timeout:g}s") from stopped
+        except Exception as error:
+            if not cut_short(error):  # the body's own failure
+                raise
+            # Stopped inside a query: the driver's rollback failed from the stop.
+            raise StepTimeoutError(f"{what} timed out after {timeout:g}s") from error
         finally:
             shield_from_soft_limit()
     return _run_in_thread(function, timeout, what)
