@@ -98,7 +98,13 @@ class TracedRig:
             if execution.state in states:
                 return execution
             time.sleep(0.2)
-        raise AssertionError(f"run {execution_id} never got to {states}: {execution.state}")
+        logs = "".join(
+            f"\n--- {log.relative_to(self.tmp)} (its last 60 lines)\n"
+            + "\n".join(log.read_text(errors="replace").splitlines()[-60:])
+            for log in sorted([*self.tmp.glob("gen*/worker*.log"), self.tmp / "beat.log"])
+            if log.exists()
+        )
+        raise AssertionError(f"run {execution_id} never got to {states}: {execution.state}{logs}")
 
     def close(self) -> None:
         stop_workers([*self.workers, self.beat])
