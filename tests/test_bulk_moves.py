@@ -212,9 +212,10 @@ def test_a_bulk_cancel_killed_mid_way_and_resumed_acts_on_every_run_once(
     runs = _waiting_batch(engine, "gate_last", 240, batch, lambda i: "42" if i % 6 else "7")
     chosen = runs["42"]
     where = ["--where", f"label.batch={batch}", "--where", "label.customer=42"]
-    # The states a cancel leaves too: the runs it moved stay selected, and only the
-    # operation's own history rows keep it from trying them again.
-    for state in ("waiting", "cancelling", "cancelled"):
+    # The states a cancel leaves too (compensating while its unwind runs): the runs it
+    # moved stay selected, and only the operation's own history rows keep it from trying
+    # them again.
+    for state in ("waiting", "cancelling", "compensating", "cancelled"):
         where += ["--where", f"state={state}"]
     mark = _killed_and_resumed(harness, "cancel", where, lambda: moved_rows(engine, chosen))
     rows = moved_rows(engine, chosen)
