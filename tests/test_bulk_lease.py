@@ -87,6 +87,17 @@ def _operation(engine: SagaEngine, operation_id: str) -> Any:
     return rows[0]
 
 
+def _held_by(engine: SagaEngine, operation_id: str, holder: str, seconds: float) -> None:
+    """Store ``holder`` as the operation's, its lease running ``seconds`` from now."""
+    until = to_db_time(datetime.now(timezone.utc) + timedelta(seconds=seconds))
+    with engine.db.transaction() as connection:
+        connection.execute(
+            update(bulk_operations)
+            .where(bulk_operations.c.id == operation_id)
+            .values(holder=holder, lease_until=until)
+        )
+
+
 class Carrier:
     """A bulk cancel carried out in a thread of its own, its operation's id as it starts."""
 
@@ -140,13 +151,7 @@ def test_a_process_whose_operation_was_taken_over_stops_before_its_next_move(
     carrier = Carrier(engine, where, rate=4.0)
     _until(lambda: sum(map(bool, moved_rows(engine, runs).values())) >= 2, 10, "two moved")
     elsewhere = "web-9:77:ffffffff.1:t9"
-    until = to_db_time(datetime.now(timezone.utc) + timedelta(seconds=30))
-    with engine.db.transaction() as connection:
-        connection.execute(
-            update(bulk_operations)
-            .where(bulk_operations.c.id == carrier.operation_id)
-            .values(holder=elsewhere, lease_until=until)
-        )
+    _held_by(engine, carrier.operation_id, elsewhere, 30)
     taken_over_with = sum(map(bool, moved_rows(engine, runs).values()))
     carrier.join()
     assert isinstance(carrier.error, OperationTakenOver), carrier.error
@@ -188,21 +193,11 @@ def test_an_operation_held_by_a_vanished_process_elsewhere_resumes_once_its_leas
         select(bulk_operations.c.id).order_by(bulk_operations.c.created_at.desc())
     )[0]["id"]
     vanished = "worker-host-7:4242:0badf00d.4026531836:t7"
-
-    def held_until(seconds: float) -> None:
-        until = to_db_time(datetime.now(timezone.utc) + timedelta(seconds=seconds))
-        with engine.db.transaction() as connection:
-            connection.execute(
-                update(bulk_operations)
-                .where(bulk_operations.c.id == operation_id)
-                .values(holder=vanished, lease_until=until)
-            )
-
-    held_until(25)
+    _held_by(engine, operation_id, vanished, 25)
     with pytest.raises(SagaError, match="carried out by worker-host-7 pid 4242"):
         engine.bulk("cancel", resume=operation_id)
     assert not any(moved_rows(engine, runs).values()), "a refused resume moves nothing"
-    held_until(-1)
+    _held_by(engine, operation_id, vanished, -1)
     with caplog.at_level(logging.WARNING, logger="celery_saga"):
         done = engine.bulk("cancel", resume=operation_id)
     assert (done.acted, done.finished) == (3, True)

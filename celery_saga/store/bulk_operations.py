@@ -52,6 +52,7 @@ def marked_actor(actor: str | None, operation_id: str) -> str:
 
 
 def create(db: Database, operation: BulkOperation) -> None:
+    until = operation.lease_until
     with db.transaction() as connection:
         connection.execute(
             insert(bulk_operations).values(
@@ -67,7 +68,7 @@ def create(db: Database, operation: BulkOperation) -> None:
                 created_at=to_db_time(operation.created_at),
                 updated_at=to_db_time(operation.created_at),
                 holder=operation.holder,
-                lease_until=_stamp(operation.lease_until),
+                lease_until=None if until is None else to_db_time(until),
             )
         )
 
@@ -125,10 +126,6 @@ def let_go(db: Database, operation_id: str, holder: str) -> None:
     """Give the operation up (stopped on an error): another process may resume it now."""
     with db.transaction() as connection:
         connection.execute(_held_by(operation_id, holder).values(holder=None, lease_until=None))
-
-
-def _stamp(value: datetime | None) -> datetime | None:
-    return None if value is None else to_db_time(value)
 
 
 def load(db: Database, operation_id: str) -> BulkOperation:

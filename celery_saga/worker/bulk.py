@@ -239,6 +239,7 @@ def start(
     for name in chosen.parsed:
         if options.get(name) is not None:
             parse_payload(options[name])
+    now = get_clock().now()
     operation = BulkOperation(
         id=f"bulk-{uuid.uuid4().hex[:12]}",
         move=chosen.name,
@@ -249,10 +250,10 @@ def start(
         cursor=None,
         acted=0,
         refused=0,
-        created_at=get_clock().now(),
+        created_at=now,
         finished_at=None,
         holder=holder,
-        lease_until=get_clock().now() + LEASE if holder else None,
+        lease_until=now + LEASE if holder else None,
     )
     engine.parts.store.run(
         f"storing bulk operation {operation.id}",
